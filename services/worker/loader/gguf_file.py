@@ -1,0 +1,60 @@
+"""GGUF -> our weight names: dequantize with `gguf`, undo llama.cpp's Q/K rotary permutation.
+
+The dequantized weights are cached as safetensors so a restart skips the slow part.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from services.worker.model_config import ModelConfig
+from shared.gguf_fields import read_fields
+from shared.model_files import cache_dir_for
+
+_LAYER_NAMES = {
+    "attn_q": "attention.wq", "attn_k": "attention.wk", "attn_v": "attention.wv",
+    "attn_output": "attention.wo", "ffn_gate": "feed_forward.w1", "ffn_down": "feed_forward.w2",
+    "ffn_up": "feed_forward.w3", "attn_norm": "attention_norm", "ffn_norm": "ffn_norm",
+}
+_TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output"}
+
+
+def our_name(gguf_name: str) -> str:
+    """'blk.3.attn_q.weight' -> 'layers.3.attention.wq.weight'."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+
+
+def unpermute_rotary(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp interleaves each head's rotary halves; Hugging Face's layout splits them."""
+    rows = w.shape[0]
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    fields = read_fields(path)
+    config = ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in fields["__tensor_names__"])
+    cached = cache_dir_for(path, "weights-v1") / "model.safetensors"
+    if cached.exists():
+        return config, load_file(str(cached))
+    state_dict = {}
+    reader = GGUFReader(path)
+    for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor"):
+        w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        w = w.reshape([int(d) for d in reversed(tensor.shape)])
+        if tensor.name.endswith("attn_q.weight"):
+            w = unpermute_rotary(w, config.num_heads)
+        elif tensor.name.endswith("attn_k.weight"):
+            w = unpermute_rotary(w, config.num_kv_heads)
+        state_dict[our_name(tensor.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
+    tmp = cached.with_suffix(".tmp")
+    save_file(state_dict, str(tmp))
+    tmp.rename(cached)  # atomic: a concurrent loader never reads half a file
+    return config, state_dict

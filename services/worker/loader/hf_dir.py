@@ -1,0 +1,47 @@
+"""A Hugging Face directory: config.json + *.safetensors, renamed to our weight names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from services.worker.model_config import ModelConfig
+
+_LAYER_NAMES = {
+    "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+    "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+    "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_TOP_NAMES = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
+
+
+def our_name(hf_name: str) -> str | None:
+    """'model.layers.3.self_attn.q_proj.weight' -> 'layers.3.attention.wq.weight'."""
+    stem, kind = hf_name.rsplit(".", 1)
+    if stem.startswith("model.layers."):
+        _, _, idx, rest = stem.split(".", 3)
+        if rest not in _LAYER_NAMES:
+            return None  # e.g. rotary inv_freq buffers saved by old checkpoints
+        return f"layers.{idx}.{_LAYER_NAMES[rest]}.{kind}"
+    return f"{_TOP_NAMES[stem]}.{kind}" if stem in _TOP_NAMES else None
+
+
+def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    root = Path(path)
+    config = ModelConfig.from_hf_config(root / "config.json")
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors files")
+    state_dict = {}
+    for file in tqdm(files, desc="loading safetensors", unit="file"):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                ours = our_name(name)
+                if ours is not None:
+                    state_dict[ours] = f.get_tensor(name).float()
+    return config, state_dict

@@ -1,0 +1,56 @@
+"""Pick the loader for an artifact, build the model on `meta`, then assign real weights."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from services.worker.loader import dummy, gguf_file, hf_dir
+from services.worker.model_config import ModelConfig
+from services.worker.models import model_class_for
+from services.worker.models.llama import Rotary
+from shared.gguf_fields import is_gguf
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    config: ModelConfig
+    source: str
+
+
+def detect_format(path: str, load_format: str) -> str:
+    if load_format != "auto":
+        return load_format
+    if is_gguf(path):
+        return "gguf"
+    if os.path.isdir(path) and (Path(path) / "config.json").exists():
+        return "hf"
+    raise ValueError(f"{path}: neither a GGUF file nor a directory with config.json")
+
+
+def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    fmt = detect_format(path, load_format)
+    if fmt == "gguf":
+        config, state_dict = gguf_file.load(path)
+    elif fmt == "hf":
+        config, state_dict = hf_dir.load(path)
+    else:
+        config, state_dict = dummy.load(path)
+    cls = model_class_for(config.architecture)
+    with torch.device("meta"):
+        model = cls(config)
+    if config.tie_word_embeddings:
+        state_dict.pop("output.weight", None)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "output.weight")]
+    if missing or unexpected:
+        raise ValueError(f"{path}: weights do not match {config.architecture}: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.rotary = Rotary(config.head_dim, config.rope_theta)  # its buffer is not in the state dict
+    model.tie_weights()
+    model = model.to(dtype).eval()
+    return LoadedModel(model=model, config=config, source=f"{fmt}:{path}")

@@ -1,0 +1,19 @@
+"""Architecture name -> model class. Qwen2 and Mistral share the Llama code path."""
+
+from __future__ import annotations
+
+from services.worker.models.llama import Llama
+
+_REGISTRY: dict[str, type] = {
+    "LlamaForCausalLM": Llama,
+    "MistralForCausalLM": Llama,  # Llama + (unused below its window) sliding-window attention
+    "Qwen2ForCausalLM": Llama,  # Llama + q/k/v biases (config.attention_bias)
+}
+
+
+def model_class_for(architecture: str) -> type:
+    try:
+        return _REGISTRY[architecture]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"architecture {architecture!r} is not supported; known: {known}") from None

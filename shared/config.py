@@ -1,0 +1,88 @@
+"""Typed engine configuration, validated at the edge with messages a user understands.
+
+Every service that needs a value takes it from the same flags (or SY_* environment variables),
+so the launcher passes one set of flags to all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import msgspec
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A configuration value a user must fix; the message says which and why."""
+
+
+class EngineConfig(msgspec.Struct, kw_only=True):
+    model: str = DEFAULT_MODEL_NAME  # served name; also the subject token
+    model_path: str | None = None  # GGUF file or HF directory; None = the default model
+    load_format: str = "auto"  # auto | gguf | hf | dummy
+    max_model_len: int | None = None  # None = the model's own context length
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    kv_cache_dtype: str = "auto"
+    kv_cache_memory_gib: float = 1.0  # CPU memory budget for the paged KV pool
+    num_kv_blocks: int | None = None  # overrides the budget (tests use it to force preemption)
+    max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
+    step_timeout_s: float = 60.0
+
+    def validate(self) -> "EngineConfig":
+        if not (8 <= self.block_size <= 128) or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two between 8 and 128, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ConfigError(
+                f"max_num_batched_tokens must be at least block_size ({self.block_size}), "
+                f"got {self.max_num_batched_tokens}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.load_format not in ("auto", "gguf", "hf", "dummy"):
+            raise ConfigError(f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ConfigError(f"num_kv_blocks must be at least 2, got {self.num_kv_blocks}")
+        return self
+
+
+def _env(name: str, default):
+    return os.environ.get(f"SY_{name.upper()}", default)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    parser.add_argument("--model", default=_env("model", d.model), help="served model name")
+    parser.add_argument("--model-path", default=_env("model_path", d.model_path))
+    parser.add_argument("--load-format", default=_env("load_format", d.load_format))
+    parser.add_argument("--max-model-len", type=int, default=_env("max_model_len", d.max_model_len))
+    parser.add_argument("--max-num-seqs", type=int, default=_env("max_num_seqs", d.max_num_seqs))
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=_env("max_num_batched_tokens", d.max_num_batched_tokens)
+    )
+    parser.add_argument("--block-size", type=int, default=_env("block_size", d.block_size))
+    parser.add_argument("--kv-cache-dtype", default=_env("kv_cache_dtype", d.kv_cache_dtype))
+    parser.add_argument(
+        "--kv-cache-memory-gib", type=float, default=_env("kv_cache_memory_gib", d.kv_cache_memory_gib)
+    )
+    parser.add_argument("--num-kv-blocks", type=int, default=_env("num_kv_blocks", d.num_kv_blocks))
+    parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
+    parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    fields = {f: getattr(args, f) for f in EngineConfig.__struct_fields__ if hasattr(args, f)}
+    typed = msgspec.convert(fields, EngineConfig, strict=False)
+    return typed.validate()
+
+
+def add_nats_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))

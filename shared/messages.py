@@ -1,0 +1,242 @@
+"""Wire schemas: msgspec Structs, MessagePack-encoded. Fields are only appended, with defaults.
+
+One decoder per subject lives next to the types (`*_DECODER`); never pickle.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NewType, Union
+
+import msgspec
+
+RequestId = NewType("RequestId", str)
+WorkerId = NewType("WorkerId", str)
+BlockHash = bytes
+
+
+class FinishReason(enum.IntEnum):
+    STOP = 0  # EOS, a stop token id, or (decided by the API) a stop string
+    LENGTH = 1  # max_tokens or max_model_len reached
+    ABORT = 2  # client went away or asked to stop
+    ERROR = 3  # the engine failed this request; `error` says why
+
+    @property
+    def openai_name(self) -> str:
+        return {0: "stop", 1: "length", 2: "abort", 3: "error"}[int(self)]
+
+
+class RejectCode(enum.IntEnum):
+    INVALID = 0  # -> HTTP 400
+    QUEUE_FULL = 1  # -> HTTP 429
+    UNAVAILABLE = 2  # no worker for the model -> HTTP 503
+
+
+class SamplingParams(msgspec.Struct, frozen=True):
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 keeps every token
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+# ---- API -> scheduler ----------------------------------------------------------------------
+
+
+class Submit(msgspec.Struct, tag="submit"):
+    request_id: RequestId
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    reply_to: str
+    arrival_time: float
+    cache_salt: str | None = None
+
+
+class Accepted(msgspec.Struct, tag="accepted"):
+    request_id: RequestId
+    num_waiting: int = 0
+
+
+class Rejected(msgspec.Struct, tag="rejected"):
+    request_id: RequestId
+    code: RejectCode
+    reason: str
+
+
+SubmitReply = Union[Accepted, Rejected]
+
+
+class Abort(msgspec.Struct, tag="abort"):
+    request_ids: list[RequestId]
+
+
+# ---- tokens back to whoever asked ----------------------------------------------------------
+
+
+class TokenEntry(msgspec.Struct):
+    request_id: RequestId
+    offset: int  # index of token_ids[0] among the request's output tokens; a reader detects gaps
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None
+    produced_at: float = 0.0  # wall clock on the producer when the step finished
+    first_scheduled_at: float = 0.0  # when the scheduler first ran the request (queue time)
+
+
+class TokenBatch(msgspec.Struct, tag="tokens"):
+    """All of one step's new tokens for one reply subject."""
+
+    entries: list[TokenEntry]
+    worker_id: str = ""
+
+
+# ---- scheduler <-> worker ------------------------------------------------------------------
+
+
+class NewSeq(msgspec.Struct):
+    """A sequence the worker has no state for (first admission or recompute after preemption)."""
+
+    request_id: RequestId
+    token_ids: list[int]  # prompt, plus earlier outputs when recomputing
+    num_prompt_tokens: int
+    num_computed_tokens: int  # already in the KV cache (prefix hit)
+    num_new_tokens: int  # to compute in this step
+    block_ids: list[int]
+    sampling: SamplingParams
+    reply_to: str
+    num_cached_tokens: int = 0
+    first_scheduled_at: float = 0.0
+
+
+class ScheduledSeq(msgspec.Struct):
+    """A sequence the worker already holds: only the delta crosses the wire."""
+
+    request_id: RequestId
+    num_new_tokens: int
+    new_block_ids: list[int] = []
+
+
+class Step(msgspec.Struct, tag="step"):
+    step_id: int
+    new_seqs: list[NewSeq] = []
+    scheduled: list[ScheduledSeq] = []
+    dropped_ids: list[RequestId] = []  # aborted or preempted: forget their state
+
+
+class Sampled(msgspec.Struct):
+    request_id: RequestId
+    token_id: int
+    finish_reason: FinishReason | None = None
+
+
+class StepResult(msgspec.Struct, tag="step_result"):
+    step_id: int
+    sampled: list[Sampled] = []
+    error: str | None = None
+    forward_seconds: float = 0.0
+
+
+# ---- worker discovery ----------------------------------------------------------------------
+
+
+class WorkerHello(msgspec.Struct, tag="hello"):
+    worker_id: WorkerId
+    model: str
+    backend: str
+    kind: str  # "paged" | "slots"
+    num_blocks: int
+    block_size: int
+    max_batch: int
+    dtype: str
+    max_model_len: int
+    kv_cache_dtype: str = "auto"
+
+
+class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
+    worker_id: WorkerId
+    model: str
+    num_running: int = 0
+
+
+class Discover(msgspec.Struct, tag="discover"):
+    model: str
+
+
+# ---- KV events and the cluster index -------------------------------------------------------
+
+
+class BlockStored(msgspec.Struct, tag="stored"):
+    block_hashes: list[BlockHash]
+    parent_hash: BlockHash | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag="removed"):
+    block_hashes: list[BlockHash]
+
+
+class PoolCleared(msgspec.Struct, tag="cleared"):
+    pass
+
+
+KvEvent = Union[BlockStored, BlockRemoved, PoolCleared]
+
+
+class KvEventBatch(msgspec.Struct, tag="kv_events"):
+    pool: str
+    model: str
+    events: list[KvEvent]
+
+
+class KvLookup(msgspec.Struct, tag="kv_lookup"):
+    model: str
+    block_hashes: list[BlockHash]
+
+
+class KvLookupReply(msgspec.Struct, tag="kv_lookup_reply"):
+    num_matched_blocks: dict[str, int]  # pool -> longest cached prefix, in blocks
+
+
+class KvStatsRequest(msgspec.Struct, tag="kv_stats"):
+    pass
+
+
+class KvStatsReply(msgspec.Struct, tag="kv_stats_reply"):
+    num_blocks_by_pool: dict[str, int]
+    model_by_pool: dict[str, str]
+
+
+class Resync(msgspec.Struct, tag="resync"):
+    pass
+
+
+# ---- encoding ------------------------------------------------------------------------------
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(message)
+
+
+SUBMIT_DECODER = msgspec.msgpack.Decoder(Submit)
+SUBMIT_REPLY_DECODER = msgspec.msgpack.Decoder(SubmitReply)
+ABORT_DECODER = msgspec.msgpack.Decoder(Abort)
+TOKEN_BATCH_DECODER = msgspec.msgpack.Decoder(TokenBatch)
+STEP_DECODER = msgspec.msgpack.Decoder(Step)
+STEP_RESULT_DECODER = msgspec.msgpack.Decoder(StepResult)
+WORKER_ANNOUNCE_DECODER = msgspec.msgpack.Decoder(Union[WorkerHello, WorkerHeartbeat])
+DISCOVER_DECODER = msgspec.msgpack.Decoder(Discover)
+KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)
+KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
+KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)
+KV_STATS_REPLY_DECODER = msgspec.msgpack.Decoder(KvStatsReply)

@@ -1,0 +1,46 @@
+"""The only place a NATS subject string is spelled."""
+
+PREFIX = "sy.v1"
+
+
+def submit(model: str) -> str:
+    """Request/reply: Submit -> Accepted | Rejected."""
+    return f"{PREFIX}.{model}.submit"
+
+
+def abort(model: str) -> str:
+    return f"{PREFIX}.{model}.abort"
+
+
+def api_out(api_id: str) -> str:
+    """Each API process reads every token for its requests here."""
+    return f"{PREFIX}.out.{api_id}"
+
+
+def tokens(model: str) -> str:
+    """Observer subject: every step's tokens for a model."""
+    return f"{PREFIX}.tokens.{model}"
+
+
+def worker_step(worker_id: str) -> str:
+    """Request/reply: Step -> StepResult."""
+    return f"{PREFIX}.worker.{worker_id}.step"
+
+
+WORKERS_HELLO = f"{PREFIX}.workers.hello"
+WORKERS_HEARTBEAT = f"{PREFIX}.workers.heartbeat"
+WORKERS_DISCOVER = f"{PREFIX}.workers.discover"  # schedulers ask workers to say hello again
+
+
+def kv_events(pool: str) -> str:
+    return f"{PREFIX}.kv.events.{pool}"
+
+
+KV_EVENTS_ALL = f"{PREFIX}.kv.events.*"
+KV_LOOKUP = f"{PREFIX}.kv.lookup"
+KV_STATS = f"{PREFIX}.kv.stats"
+KV_RESYNC = f"{PREFIX}.kv.resync"  # kvcache asks schedulers to republish what they hold
+
+
+def scheduler_stats(model: str) -> str:
+    return f"{PREFIX}.{model}.stats"

@@ -1,0 +1,49 @@
+"""Drive the worker's ModelRunner directly (no bus): the oracle tests' view of our model."""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.kv_cache import allocate_kv_cache
+from services.worker.model_runner import ModelRunner
+from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+
+BLOCK_SIZE = 16
+
+
+def make_runner(loaded, num_blocks: int = 256) -> ModelRunner:
+    caches = allocate_kv_cache(loaded.config, num_blocks, BLOCK_SIZE, torch.float32)
+    return ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=num_blocks * BLOCK_SIZE,
+                       eos_token_ids=loaded.config.eos_token_ids)
+
+
+def prefill_logits(runner: ModelRunner, prompt_ids: list[int]) -> torch.Tensor:
+    """Logits for every prompt position, through the paged cache path."""
+    num_blocks = (len(prompt_ids) + BLOCK_SIZE - 1) // BLOCK_SIZE
+    new = NewSeq(request_id="logits", token_ids=prompt_ids, num_prompt_tokens=len(prompt_ids),
+                 num_computed_tokens=0, num_new_tokens=len(prompt_ids), block_ids=list(range(num_blocks)),
+                 sampling=SamplingParams(max_tokens=1, temperature=0.0), reply_to="")
+    batch = runner.apply_deltas(Step(step_id=0, new_seqs=[new]))
+    input_ids, positions, meta = runner.build_inputs(batch)
+    with torch.inference_mode():
+        hidden = runner.model(input_ids, positions, runner.kv_caches, meta)
+        logits = runner.model.compute_logits(hidden)
+    runner.seqs.clear()
+    return logits
+
+
+def greedy_generate(runner: ModelRunner, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """One sequence, prefill then decode steps, exactly as the scheduler would send them."""
+    total = len(prompt_ids) + max_tokens
+    blocks = list(range((total + BLOCK_SIZE - 1) // BLOCK_SIZE))
+    # min_tokens bans EOS as transformers' min_new_tokens does, so both run the full length
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, min_tokens=max_tokens)
+    new = NewSeq(request_id="gen", token_ids=prompt_ids, num_prompt_tokens=len(prompt_ids),
+                 num_computed_tokens=0, num_new_tokens=len(prompt_ids), block_ids=blocks,
+                 sampling=sampling, reply_to="")
+    out = runner.execute(Step(step_id=0, new_seqs=[new]))
+    tokens = [out.sampled[0].token_id]
+    while out.sampled[0].finish_reason is None:
+        out = runner.execute(Step(step_id=len(tokens), scheduled=[ScheduledSeq(request_id="gen", num_new_tokens=1)]))
+        tokens.append(out.sampled[0].token_id)
+    return tokens
