@@ -1,0 +1,58 @@
+"""A request as the scheduler sees it: a counter, num_computed_tokens catching up with num_tokens.
+
+One rule covers chunked prefill, prefix hits and preemption (which resets the counter to 0).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shared.messages import SamplingParams, Submit
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    reply_to: str
+    arrival_time: float
+    cache_salt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache at first admission
+    block_hashes: list[bytes] = field(default_factory=list)  # of every full block so far
+    status: RequestStatus = RequestStatus.WAITING
+    is_on_worker: bool = False  # the worker holds its state: send deltas only
+    num_preemptions: int = 0
+    first_scheduled_at: float = 0.0
+
+    @classmethod
+    def from_submit(cls, submit: Submit) -> "Request":
+        return cls(request_id=submit.request_id, prompt_token_ids=submit.prompt_token_ids,
+                   sampling=submit.sampling, reply_to=submit.reply_to,
+                   arrival_time=submit.arrival_time, cache_salt=submit.cache_salt)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.sampling.max_tokens

@@ -1,0 +1,183 @@
+"""Iteration-level continuous batching for one worker pool.
+
+Each iteration: running requests first (decode tokens, unfinished prefill chunks), then waiting
+ones join while the token budget and max_num_seqs allow. When a running request needs a block
+and none is free, the youngest running request is preempted (freed, recomputed later).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request, RequestStatus
+from shared.messages import FinishReason, NewSeq, ScheduledSeq, Step, StepResult
+
+
+@dataclass
+class SchedulerOutput:
+    step: Step
+    num_new_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens this step
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_new_tokens and not self.step.dropped_ids
+
+
+@dataclass
+class FinishedRequest:
+    request: Request
+    reason: FinishReason
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.dropped_ids: list[str] = []  # worker must forget these at the next step
+        self.num_steps = 0
+        self.num_preemptions = 0
+
+    # ---- requests in and out -----------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._release(request)
+        return request
+
+    def take_all(self) -> list[Request]:
+        """Empty the scheduler (its worker is gone); returns every request it held."""
+        requests = list(self.requests.values())
+        for request in requests:
+            self.kv.free(request)
+        self.requests.clear()
+        self.running.clear()
+        self.waiting.clear()
+        return requests
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.dropped_ids)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- one iteration ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self.num_steps += 1
+        out = SchedulerOutput(step=Step(step_id=self.num_steps, new_seqs=[], scheduled=[], dropped_ids=[]))
+        budget = self.max_num_batched_tokens
+        preempted_any = False
+        for request in list(self.running):
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            new_blocks = self._allocate_or_preempt(request, num_new)
+            if new_blocks is None:
+                preempted_any = True
+                continue
+            self._emit(out, request, num_new, [b.block_id for b in new_blocks])
+            budget -= num_new
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_any:
+            request = self.waiting[0]
+            hits = self.kv.get_computed_blocks(request)
+            num_computed = len(hits) * self.kv.block_size
+            num_new = min(request.num_tokens - num_computed, budget)
+            if self.kv.allocate_slots(request, num_new, hits) is None:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_computed
+                request.first_scheduled_at = time.time()
+            self._emit(out, request, num_new, [])
+            budget -= num_new
+        out.step.dropped_ids = self.take_dropped_ids()
+        return out
+
+    def _allocate_or_preempt(self, request: Request, num_new: int):
+        while True:
+            new_blocks = self.kv.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self.running[-1]  # the youngest running request
+            self._preempt(victim)
+            if victim is request:
+                return None
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _release(self, request: Request) -> None:
+        self.kv.free(request)
+        if request.is_on_worker:
+            self.dropped_ids.append(request.request_id)
+            request.is_on_worker = False
+
+    def _emit(self, out: SchedulerOutput, request: Request, num_new: int, new_block_ids: list[int]) -> None:
+        out.num_new_tokens[request.request_id] = num_new
+        if request.is_on_worker:
+            out.step.scheduled.append(ScheduledSeq(request.request_id, num_new, new_block_ids))
+            return
+        request.is_on_worker = True
+        out.step.new_seqs.append(NewSeq(
+            request_id=request.request_id, token_ids=request.all_token_ids,
+            num_prompt_tokens=request.num_prompt_tokens, num_computed_tokens=request.num_computed_tokens,
+            num_new_tokens=num_new, block_ids=self.kv.block_ids(request.request_id),
+            sampling=request.sampling, reply_to=request.reply_to,
+            num_cached_tokens=request.num_cached_tokens, first_scheduled_at=request.first_scheduled_at,
+        ))
+
+    def take_dropped_ids(self) -> list[str]:
+        ids, self.dropped_ids = self.dropped_ids, []
+        return ids
+
+    # ---- results --------------------------------------------------------------------------------
+
+    def update(self, out: SchedulerOutput, result: StepResult) -> list[FinishedRequest]:
+        for request_id, num_new in out.num_new_tokens.items():
+            request = self.requests.get(request_id)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                request.num_computed_tokens += num_new
+        finished = []
+        for sampled in result.sampled:
+            request = self.requests.get(sampled.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.output_token_ids.append(sampled.token_id)
+            if sampled.finish_reason is not None:
+                request.is_on_worker = False  # the worker dropped it itself
+                self.running.remove(request)
+                self.requests.pop(request.request_id)
+                request.status = RequestStatus.FINISHED
+                self.kv.free(request)
+                finished.append(FinishedRequest(request, sampled.finish_reason))
+        return finished

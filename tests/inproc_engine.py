@@ -1,0 +1,46 @@
+"""The scheduler's loop and the worker's runner in one process, without the bus.
+
+Used to test batching invariants exactly (no timing): the services run this same loop over NATS.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request
+from services.scheduler.scheduler import Scheduler
+from services.worker.kv_cache import allocate_kv_cache
+from services.worker.model_runner import ModelRunner
+from shared.hashing import root_hash
+from shared.messages import SamplingParams, StepResult
+
+BLOCK_SIZE = 16
+
+
+class InProcessEngine:
+    def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256):
+        caches = allocate_kv_cache(loaded.config, num_blocks, BLOCK_SIZE, loaded.model.output.weight.dtype)
+        self.runner = ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=8192,
+                                  eos_token_ids=loaded.config.eos_token_ids)
+        kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
+        self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens)
+        self.outputs: dict[str, list[int]] = {}
+        self.num_cached_tokens: dict[str, int] = {}
+        self.num_steps = 0
+
+    def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, **sampling) -> None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=sampling.pop("temperature", 0.0), **sampling)
+        self.scheduler.add_request(Request(request_id, list(prompt_ids), params, reply_to="", arrival_time=0.0))
+
+    def step(self) -> None:
+        plan = self.scheduler.schedule()
+        out = self.runner.execute(plan.step)
+        finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=out.sampled))
+        for f in finished:
+            self.outputs[f.request.request_id] = f.request.output_token_ids
+            self.num_cached_tokens[f.request.request_id] = f.request.num_cached_tokens
+        self.num_steps += 1
+
+    def run(self, max_steps: int = 10_000) -> dict[str, list[int]]:
+        while self.scheduler.has_work and self.num_steps < max_steps:
+            self.step()
+        return self.outputs
