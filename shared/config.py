@@ -86,3 +86,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def add_nats_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+
+
+def resolve_max_model_len(configured: int | None, model_max: int) -> int:
+    """The context limit every service applies: the configured one, never past the model's."""
+    if configured is None:
+        return model_max
+    if configured > model_max:
+        raise ConfigError(f"max_model_len {configured} exceeds the model's context length {model_max}")
+    return configured

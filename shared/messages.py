@@ -219,6 +219,22 @@ class Resync(msgspec.Struct, tag="resync"):
     pass
 
 
+class SchedulerStatsRequest(msgspec.Struct, tag="sched_stats"):
+    pass
+
+
+class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
+    model: str
+    num_workers: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0..1, averaged over pools
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # of which were cached
+    max_model_len: int = 0
+
+
 # ---- encoding ------------------------------------------------------------------------------
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -239,4 +255,5 @@ DISCOVER_DECODER = msgspec.msgpack.Decoder(Discover)
 KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)
 KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
 KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)
+SCHEDULER_STATS_DECODER = msgspec.msgpack.Decoder(SchedulerStats)
 KV_STATS_REPLY_DECODER = msgspec.msgpack.Decoder(KvStatsReply)

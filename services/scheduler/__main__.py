@@ -1,0 +1,35 @@
+"""python -m services.scheduler: admission, per-worker continuous-batching loops, KV allocation."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from services.scheduler.service import SchedulerService
+from shared import log as sylog
+from shared.bus import connect
+from shared.config import add_engine_args, add_nats_arg, engine_config_from_args
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description="Switchyard scheduler")
+    add_engine_args(parser)
+    add_nats_arg(parser)
+    args = parser.parse_args()
+    config = engine_config_from_args(args)
+    sylog.configure("scheduler")
+    nc = await connect(args.nats_url, f"scheduler-{config.model}")
+    service = SchedulerService(nc, config)
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await service.stop()
+    await nc.drain()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,150 @@
+"""One worker pool: its scheduler and the iteration loop that drives its worker over the bus.
+
+    plan = scheduler.schedule(); result = await step(plan); finished = scheduler.update(plan, result)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
+
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.reply import publish_error
+from services.scheduler.request import Request
+from services.scheduler.scheduler import Scheduler
+from shared import subjects
+from shared.config import EngineConfig
+from shared.hashing import root_hash
+from shared.log import get_logger
+from shared.messages import (
+    STEP_RESULT_DECODER, BlockStored, KvEventBatch, PoolCleared, Step, StepResult, WorkerHello, encode,
+)
+
+log = get_logger("scheduler.pool")
+
+
+class WorkerGone(Exception):
+    pass
+
+
+class PoolLoop:
+    def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
+                 on_gone: Callable[["PoolLoop", list[Request]], Awaitable[None]]):
+        self.nc = nc
+        self.hello = hello
+        self.worker_id = hello.worker_id
+        self.step_timeout_s = config.step_timeout_s
+        self.root_hash = root_hash(hello.model, hello.kv_cache_dtype)
+        kv = KVCacheManager(hello.num_blocks, hello.block_size, self.root_hash)
+        self.scheduler = Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens)
+        self.on_gone = on_gone
+        self.last_seen = time.monotonic()
+        self.is_alive = True
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+        self._wake.set()
+
+    def abort(self, request_id: str) -> bool:
+        aborted = self.scheduler.abort(request_id) is not None
+        if aborted:
+            self._wake.set()
+        return aborted
+
+    @property
+    def load(self) -> int:
+        return self.scheduler.num_requests
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"pool-{self.worker_id}")
+
+    async def stop(self) -> None:
+        self.is_alive = False
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        await self.publish_snapshot()
+        while self.is_alive:
+            if not self.scheduler.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            plan = self.scheduler.schedule()
+            if plan.is_empty:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                result = await self._step(plan.step)
+            except WorkerGone as exc:
+                await self._fail_over(str(exc))
+                return
+            if result.error:
+                await self._fail_step(plan.num_new_tokens, result.error)
+            else:
+                self.scheduler.update(plan, result)
+            await self._publish_kv_events()
+
+    async def _step(self, step: Step) -> StepResult:
+        try:
+            msg = await self.nc.request(subjects.worker_step(self.worker_id), encode(step),
+                                        timeout=self.step_timeout_s)
+        except NoRespondersError:
+            raise WorkerGone(f"worker {self.worker_id} is gone (no responders)") from None
+        except (NatsTimeoutError, asyncio.TimeoutError):
+            raise WorkerGone(f"worker {self.worker_id} missed its step deadline ({self.step_timeout_s}s)") from None
+        self.last_seen = time.monotonic()
+        return STEP_RESULT_DECODER.decode(msg.data)
+
+    async def _fail_step(self, request_ids, error: str) -> None:
+        log.error("step_error", worker_id=self.worker_id, error=error)
+        for request_id in list(request_ids):
+            request = self.scheduler.abort(request_id)
+            if request is not None:
+                await publish_error(self.nc, request, f"engine error: {error}")
+        self.scheduler.take_dropped_ids()  # the worker already forgot them
+
+    async def _fail_over(self, reason: str) -> None:
+        """Fail what the worker held; hand back what was only waiting."""
+        log.error("worker_gone", worker_id=self.worker_id, reason=reason)
+        self.is_alive = False
+        requeue = []
+        for request in self.scheduler.take_all():
+            if request.output_token_ids or request.is_on_worker:
+                await publish_error(self.nc, request, reason)
+            else:
+                requeue.append(request)
+        await self.nc.publish(subjects.kv_events(self.worker_id), encode(
+            KvEventBatch(pool=self.worker_id, model=self.hello.model, events=[PoolCleared()])))
+        await self.on_gone(self, requeue)
+
+    async def fail_over(self, reason: str) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self._fail_over(reason)
+
+    # ---- KV events ---------------------------------------------------------------------------
+
+    async def _publish_kv_events(self) -> None:
+        events = self.scheduler.kv.pool.take_events()
+        if events:
+            await self.nc.publish(subjects.kv_events(self.worker_id), encode(
+                KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))
+
+    async def publish_snapshot(self) -> None:
+        """PoolCleared then everything cached: how the KV index (re)learns this pool."""
+        hashes = self.scheduler.kv.cached_hashes()
+        events = [PoolCleared()] + ([BlockStored(block_hashes=hashes)] if hashes else [])
+        await self.nc.publish(subjects.kv_events(self.worker_id), encode(
+            KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))

@@ -1,0 +1,17 @@
+"""What the scheduler itself sends to a request's reply subject: terminal error entries."""
+
+from __future__ import annotations
+
+import time
+
+from nats.aio.client import Client
+
+from services.scheduler.request import Request
+from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
+
+
+async def publish_error(nc: Client, request: Request, error: str) -> None:
+    entry = TokenEntry(request_id=request.request_id, offset=len(request.output_token_ids), token_ids=[],
+                       finish_reason=FinishReason.ERROR, num_prompt_tokens=request.num_prompt_tokens,
+                       num_cached_tokens=request.num_cached_tokens, error=error, produced_at=time.time())
+    await nc.publish(request.reply_to, encode(TokenBatch(entries=[entry])))

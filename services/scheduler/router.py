@@ -1,0 +1,43 @@
+"""Route a request to a worker pool: longest cached prefix (from the KV index), then least load."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from services.scheduler.pool import PoolLoop
+from shared import subjects
+from shared.log import get_logger
+from shared.messages import KV_LOOKUP_REPLY_DECODER, KvLookup, encode
+
+log = get_logger("scheduler.router")
+LOOKUP_TIMEOUT_S = 0.05
+
+
+class Router:
+    def __init__(self, nc: Client, model: str):
+        self.nc = nc
+        self.model = model
+        self.num_lookup_failures = 0
+
+    async def choose(self, pools: list[PoolLoop], block_hashes: list[bytes]) -> PoolLoop:
+        matches = await self._cached_blocks(pools, block_hashes) if len(pools) > 1 and block_hashes else {}
+        return max(pools, key=lambda p: (matches.get(p.worker_id, 0), -p.load))
+
+    async def _cached_blocks(self, pools: list[PoolLoop], block_hashes: list[bytes]) -> dict[str, int]:
+        try:
+            msg = await self.nc.request(subjects.KV_LOOKUP, encode(KvLookup(self.model, block_hashes)),
+                                        timeout=LOOKUP_TIMEOUT_S)
+            return KV_LOOKUP_REPLY_DECODER.decode(msg.data).num_matched_blocks
+        except Exception as exc:  # the index is an optimisation: without it, route on our own pools
+            self.num_lookup_failures += 1
+            log.warning("kv_lookup_failed", error=type(exc).__name__)
+            return {p.worker_id: _local_matches(p, block_hashes) for p in pools}
+
+
+def _local_matches(pool: PoolLoop, block_hashes: list[bytes]) -> int:
+    n = 0
+    for block_hash in block_hashes:
+        if pool.scheduler.kv.pool.get_cached_block(block_hash) is None:
+            break
+        n += 1
+    return n

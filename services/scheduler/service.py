@@ -1,0 +1,179 @@
+"""The scheduler on the bus: admission (Submit -> Accepted | Rejected), aborts, worker discovery."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.scheduler.pool import PoolLoop
+from services.scheduler.reply import publish_error
+from services.scheduler.request import Request
+from services.scheduler.router import Router
+from shared import subjects
+from shared.config import EngineConfig
+from shared.hashing import hash_block_chain, max_cacheable_blocks
+from shared.log import get_logger
+from shared.messages import (
+    ABORT_DECODER, SUBMIT_DECODER, WORKER_ANNOUNCE_DECODER, Accepted, Discover, RejectCode, Rejected,
+    SchedulerStats, Submit, WorkerHeartbeat, WorkerHello, encode,
+)
+
+log = get_logger("scheduler")
+WORKER_SILENCE_S = 5.0  # no heartbeat for this long: the worker is gone
+
+
+class SchedulerService:
+    def __init__(self, nc: Client, config: EngineConfig):
+        self.nc = nc
+        self.config = config
+        self.model = config.model
+        self.pools: dict[str, PoolLoop] = {}
+        self.router = Router(nc, config.model)
+        self._subs = []
+        self._watchdog: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        on = self.nc.subscribe
+        group = f"scheduler.{self.model}"
+        self._subs += [
+            await on(subjects.submit(self.model), queue=group, cb=self._on_submit),
+            await on(subjects.abort(self.model), cb=self._on_abort),
+            await on(subjects.WORKERS_HELLO, cb=self._on_announce),
+            await on(subjects.WORKERS_HEARTBEAT, cb=self._on_announce),
+            await on(subjects.KV_RESYNC, cb=self._on_resync),
+            await on(subjects.scheduler_stats(self.model), cb=self._on_stats),
+        ]
+        await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
+        self._watchdog = asyncio.create_task(self._watch_workers())
+        log.info("scheduler_ready", model=self.model)
+
+    async def stop(self) -> None:
+        if self._watchdog:
+            self._watchdog.cancel()
+        for sub in self._subs:
+            await sub.unsubscribe()
+        for pool in self.pools.values():
+            await pool.stop()
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    async def _on_submit(self, msg: Msg) -> None:
+        try:
+            submit = SUBMIT_DECODER.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            await msg.respond(encode(Rejected(request_id="", code=RejectCode.INVALID, reason=f"bad Submit: {exc}")))
+            return
+        await msg.respond(encode(self.admit(submit)))
+
+    def admit(self, submit: Submit) -> Accepted | Rejected:
+        def reject(code: RejectCode, reason: str) -> Rejected:
+            log.info("request_rejected", request_id=submit.request_id, reason=reason)
+            return Rejected(request_id=submit.request_id, code=code, reason=reason)
+
+        pools = [p for p in self.pools.values() if p.is_alive]
+        if submit.model != self.model:
+            return reject(RejectCode.INVALID, f"this scheduler serves {self.model!r}, not {submit.model!r}")
+        if not pools:
+            return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
+        if not submit.prompt_token_ids:
+            return reject(RejectCode.INVALID, "the prompt is empty")
+        if submit.sampling.max_tokens < 1:
+            return reject(RejectCode.INVALID, f"max_tokens must be at least 1, got {submit.sampling.max_tokens}")
+        max_model_len = self.max_model_len
+        total = len(submit.prompt_token_ids) + submit.sampling.max_tokens
+        if total > max_model_len:
+            return reject(RejectCode.INVALID, (
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{total} tokens ({len(submit.prompt_token_ids)} in the prompt, "
+                f"{submit.sampling.max_tokens} for the completion)."))
+        if sum(len(p.scheduler.waiting) for p in pools) >= self.config.max_waiting:
+            return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full")
+        if not all(p.scheduler.kv.can_ever_fit(total) for p in pools):
+            return reject(RejectCode.INVALID, f"{total} tokens can never fit in the KV cache")
+        request = Request.from_submit(submit)
+        asyncio.get_running_loop().create_task(self._route(request, pools))
+        return Accepted(request_id=submit.request_id, num_waiting=sum(len(p.scheduler.waiting) for p in pools))
+
+    async def _route(self, request: Request, pools: list[PoolLoop]) -> None:
+        pool0 = pools[0]
+        limit = max_cacheable_blocks(request.num_tokens, pool0.hello.block_size)
+        request.block_hashes = hash_block_chain(
+            pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
+        pool = await self.router.choose([p for p in pools if p.is_alive] or pools, request.block_hashes[:limit])
+        log.info("request_routed", request_id=request.request_id, worker_id=pool.worker_id)
+        pool.add(request)
+
+    @property
+    def max_model_len(self) -> int:
+        return min(p.hello.max_model_len for p in self.pools.values())
+
+    async def _on_abort(self, msg: Msg) -> None:
+        for request_id in ABORT_DECODER.decode(msg.data).request_ids:
+            for pool in self.pools.values():
+                if pool.abort(request_id):
+                    log.info("request_aborted", request_id=request_id, worker_id=pool.worker_id)
+                    break
+
+    # ---- workers -------------------------------------------------------------------------------
+
+    async def _on_announce(self, msg: Msg) -> None:
+        announce = WORKER_ANNOUNCE_DECODER.decode(msg.data)
+        if announce.model != self.model:
+            return
+        pool = self.pools.get(announce.worker_id)
+        if pool is not None and pool.is_alive:
+            pool.last_seen = time.monotonic()
+        elif isinstance(announce, WorkerHello):
+            self._add_pool(announce)
+        elif isinstance(announce, WorkerHeartbeat):
+            await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
+
+    def _add_pool(self, hello: WorkerHello) -> None:
+        pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone)
+        self.pools[hello.worker_id] = pool
+        pool.start()
+        log.info("worker_joined", worker_id=hello.worker_id, num_blocks=hello.num_blocks)
+
+    async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
+        self.pools.pop(pool.worker_id, None)
+        alive = [p for p in self.pools.values() if p.is_alive]
+        for request in requeue:
+            if alive:
+                min(alive, key=lambda p: p.load).add(request)
+            else:
+                await publish_error(self.nc, request, f"no worker left for model {self.model!r}")
+
+    async def _watch_workers(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for pool in list(self.pools.values()):
+                if pool.is_alive and now - pool.last_seen > WORKER_SILENCE_S:
+                    await pool.fail_over(f"worker {pool.worker_id} stopped sending heartbeats")
+
+    # ---- stats and resync ----------------------------------------------------------------------
+
+    async def _on_resync(self, msg: Msg) -> None:
+        for pool in self.pools.values():
+            await pool.publish_snapshot()
+        if msg.reply:
+            await msg.respond(b"")
+
+    async def _on_stats(self, msg: Msg) -> None:
+        pools = [p for p in self.pools.values() if p.is_alive]
+        kvs = [p.scheduler.kv for p in pools]
+        stats = SchedulerStats(
+            model=self.model, num_workers=len(pools),
+            num_running=sum(len(p.scheduler.running) for p in pools),
+            num_waiting=sum(len(p.scheduler.waiting) for p in pools),
+            kv_cache_usage=sum(kv.pool.usage for kv in kvs) / len(kvs) if kvs else 0.0,
+            num_preemptions=sum(p.scheduler.num_preemptions for p in pools),
+            prefix_cache_queries=sum(kv.num_queries for kv in kvs),
+            prefix_cache_hits=sum(kv.num_hits for kv in kvs),
+            max_model_len=self.max_model_len if pools else 0,
+        )
+        await msg.respond(encode(stats))

@@ -1,0 +1,71 @@
+"""python -m services.worker: load the model, allocate the paged KV pool, serve Steps over NATS."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import uuid
+
+import torch
+
+from services.worker.kv_cache import allocate_kv_cache, kv_dtype_for, num_blocks_for_budget
+from services.worker.loader import load_model
+from services.worker.model_runner import ModelRunner
+from services.worker.service import WorkerService
+from shared import log as sylog
+from shared.bus import connect
+from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len
+from shared.messages import WorkerHello
+from shared.model_files import resolve_model_path
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Switchyard worker (torch backend)")
+    add_engine_args(parser)
+    add_nats_arg(parser)
+    parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
+    parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=sorted(DTYPES))
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
+                        help="torch intra-op threads (0 = torch's default)")
+    return parser.parse_args()
+
+
+async def main() -> None:
+    args = parse_args()
+    config = engine_config_from_args(args)
+    worker_id = args.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    sylog.configure("worker")
+    log = sylog.get_logger("worker")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    loaded = load_model(resolve_model_path(config.model_path), config.load_format, dtype)
+    max_model_len = resolve_max_model_len(config.max_model_len, loaded.config.max_position_embeddings)
+    kv_dtype = kv_dtype_for(config.kv_cache_dtype, dtype)
+    num_blocks = config.num_kv_blocks or num_blocks_for_budget(
+        loaded.config, config.block_size, kv_dtype, int(config.kv_cache_memory_gib * 2**30))
+    caches = allocate_kv_cache(loaded.config, num_blocks, config.block_size, kv_dtype)
+    runner = ModelRunner(loaded.model, caches, config.block_size, max_model_len, loaded.config.eos_token_ids)
+    hello = WorkerHello(worker_id=worker_id, model=config.model, backend="torch", kind="paged",
+                        num_blocks=num_blocks, block_size=config.block_size, max_batch=config.max_num_seqs,
+                        dtype=args.dtype, max_model_len=max_model_len, kv_cache_dtype=config.kv_cache_dtype)
+    nc = await connect(args.nats_url, f"worker-{worker_id}")
+    service = WorkerService(nc, runner, hello)
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("worker_stopping", worker_id=worker_id)
+    await service.stop()
+    await nc.drain()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,95 @@
+"""The worker on the bus: announce itself, run each Step, publish tokens straight to reply subjects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.worker.model_runner import ModelRunner, StepOutput
+from shared import subjects
+from shared.log import get_logger
+from shared.messages import (
+    DISCOVER_DECODER, STEP_DECODER, StepResult, TokenBatch, TokenEntry, WorkerHeartbeat, WorkerHello, encode,
+)
+
+log = get_logger("worker")
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+class WorkerService:
+    def __init__(self, nc: Client, runner: ModelRunner, hello: WorkerHello):
+        self.nc = nc
+        self.runner = runner
+        self.hello = hello
+        self._tasks: list[asyncio.Task] = []
+        self._subs = []
+
+    async def start(self) -> None:
+        self._subs.append(await self.nc.subscribe(subjects.worker_step(self.hello.worker_id), cb=self._on_step))
+        self._subs.append(await self.nc.subscribe(subjects.WORKERS_DISCOVER, cb=self._on_discover))
+        await self.say_hello()
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
+        log.info("worker_ready", worker_id=self.hello.worker_id, model=self.hello.model,
+                 num_blocks=self.hello.num_blocks)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    async def say_hello(self) -> None:
+        await self.nc.publish(subjects.WORKERS_HELLO, encode(self.hello))
+
+    async def _on_discover(self, msg: Msg) -> None:
+        if DISCOVER_DECODER.decode(msg.data).model == self.hello.model:
+            await self.say_hello()
+
+    async def _heartbeat_loop(self) -> None:
+        beat = WorkerHeartbeat(worker_id=self.hello.worker_id, model=self.hello.model)
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            beat.num_running = len(self.runner.seqs)
+            await self.nc.publish(subjects.WORKERS_HEARTBEAT, encode(beat))
+
+    async def _on_step(self, msg: Msg) -> None:
+        step = STEP_DECODER.decode(msg.data)
+        started = time.perf_counter()
+        try:
+            # the forward runs off the event loop so heartbeats keep flowing; torch frees the GIL
+            out = await asyncio.to_thread(self.runner.execute, step)
+        except Exception as exc:  # a failed step must not kill the worker: the scheduler fails its requests
+            log.exception("step_failed", step_id=step.step_id)
+            for seq in [*step.new_seqs, *step.scheduled]:
+                self.runner.seqs.pop(seq.request_id, None)
+            await msg.respond(encode(StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}")))
+            return
+        await self._publish_tokens(out)
+        elapsed = time.perf_counter() - started
+        await msg.respond(encode(StepResult(step_id=step.step_id, sampled=out.sampled, forward_seconds=elapsed)))
+
+    async def _publish_tokens(self, out: StepOutput) -> None:
+        """One TokenBatch per reply subject per step, plus the whole step on the observer subject."""
+        if not out.sampled:
+            return
+        now = time.time()
+        by_reply: dict[str, list[TokenEntry]] = defaultdict(list)
+        for sampled in out.sampled:
+            seq = self.runner.seqs.get(sampled.request_id) or out.finished[sampled.request_id]
+            by_reply[seq.reply_to].append(TokenEntry(
+                request_id=seq.request_id, offset=seq.num_output_tokens - 1, token_ids=[sampled.token_id],
+                finish_reason=sampled.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
+                num_cached_tokens=seq.num_cached_tokens, produced_at=now,
+                first_scheduled_at=seq.first_scheduled_at,
+            ))
+        all_entries = []
+        for reply_to, entries in by_reply.items():
+            all_entries.extend(entries)
+            if reply_to:
+                await self.nc.publish(reply_to, encode(TokenBatch(entries=entries, worker_id=self.hello.worker_id)))
+        await self.nc.publish(subjects.tokens(self.hello.model),
+                              encode(TokenBatch(entries=all_entries, worker_id=self.hello.worker_id)))
