@@ -1,0 +1,50 @@
+"""python -m services.api: the OpenAI-compatible HTTP gateway."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import uvicorn
+
+from services.api.app import create_app
+from services.api.context import ApiContext, ServedModel
+from services.api.tokenizer import load_tokenizer
+from shared import log as sylog
+from shared.bus import connect
+from shared.client import BusClient
+from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len
+from shared.model_files import resolve_model_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Switchyard API gateway")
+    add_engine_args(parser)
+    add_nats_arg(parser)
+    parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
+    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")))
+    args = parser.parse_args()
+    config = engine_config_from_args(args)
+    sylog.configure("api")
+    tokenizer = load_tokenizer(resolve_model_path(config.model_path))
+    served = ServedModel(name=config.model, tokenizer=tokenizer, created=int(time.time()),
+                         max_model_len=resolve_max_model_len(config.max_model_len, tokenizer.context_length))
+
+    async def make_context() -> ApiContext:
+        nc = await connect(args.nats_url, "api")
+        bus = BusClient(nc)
+        await bus.start()
+        return ApiContext(nc=nc, bus=bus, models={served.name: served}, idle_timeout_s=args.idle_timeout_s)
+
+    async def close_context(ctx: ApiContext) -> None:
+        await ctx.bus.stop()
+        await ctx.nc.drain()
+
+    app = create_app(make_context, close_context)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop="uvloop")
+
+
+if __name__ == "__main__":
+    main()

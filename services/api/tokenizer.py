@@ -1,0 +1,116 @@
+"""The tokenizer, special tokens and chat template of a model, built from GGUF metadata or an HF dir.
+
+Building a `tokenizers.Tokenizer` from GGUF arrays is slow, so the result is cached as tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from shared.gguf_fields import is_gguf, read_fields
+from shared.model_files import cache_dir_for
+
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types that are special tokens
+
+
+@dataclass
+class ModelTokenizer:
+    tokenizer: Tokenizer
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos: bool
+    context_length: int
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self.add_bos and self.bos_token is not None:
+            bos_id = self.tokenizer.token_to_id(self.bos_token)
+            if not ids or ids[0] != bos_id:
+                ids = [bos_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+class _Meta(msgspec.Struct):
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos: bool
+    context_length: int
+
+
+def load_tokenizer(path: str) -> ModelTokenizer:
+    if is_gguf(path):
+        return _from_gguf(path)
+    return _from_hf_dir(Path(path))
+
+
+def _from_gguf(path: str) -> ModelTokenizer:
+    cache = cache_dir_for(path, "tokenizer-v1")
+    if (cache / "tokenizer.json").exists() and (cache / "meta.json").exists():
+        meta = msgspec.json.decode((cache / "meta.json").read_bytes(), type=_Meta)
+        return ModelTokenizer(Tokenizer.from_file(str(cache / "tokenizer.json")), **msgspec.structs.asdict(meta))
+    fields = read_fields(path, with_vocab=True)
+    if fields.get("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"{path}: tokenizer model {fields.get('tokenizer.ggml.model')!r} is not supported (gpt2 BPE only)")
+    tokens = fields["tokenizer.ggml.tokens"]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab, merges))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if fields.get("tokenizer.ggml.pre") == "smollm":  # SmolLM's own tokenizer splits digits one by one
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    types = fields["tokenizer.ggml.token_type"]
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
+    tokenizer.add_special_tokens(special)
+
+    def token(key: str) -> str | None:
+        idx = fields.get(key)
+        return tokens[idx] if idx is not None else None
+
+    meta = _Meta(
+        chat_template=fields.get("tokenizer.chat_template"),
+        bos_token=token("tokenizer.ggml.bos_token_id"),
+        eos_token=token("tokenizer.ggml.eos_token_id"),
+        add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+        context_length=int(fields[f"{fields['general.architecture']}.context_length"]),
+    )
+    tokenizer.save(str(cache / "tokenizer.json"))
+    (cache / "meta.json").write_bytes(msgspec.json.encode(meta))
+    return ModelTokenizer(tokenizer, **msgspec.structs.asdict(meta))
+
+
+def _special(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _from_hf_dir(root: Path) -> ModelTokenizer:
+    tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+    cfg_path = root / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    model_cfg = json.loads((root / "config.json").read_text())
+    template = tok_cfg.get("chat_template")
+    if template is None and (root / "chat_template.jinja").exists():
+        template = (root / "chat_template.jinja").read_text()
+    return ModelTokenizer(
+        tokenizer=tokenizer, chat_template=template,
+        bos_token=_special(tok_cfg.get("bos_token")), eos_token=_special(tok_cfg.get("eos_token")),
+        add_bos=bool(tok_cfg.get("add_bos_token", False)),
+        context_length=int(model_cfg.get("max_position_embeddings", 2048)),
+    )

@@ -1,0 +1,1 @@
+"""Switchyard's user-facing package: the launcher behind `make run` (the SDK will live here too)."""

@@ -1,0 +1,152 @@
+"""`make run`: nats-server (unless NATS_URL is given), then kvcache, workers, scheduler and API.
+
+Waits until the API reports healthy, restarts a service that dies, and on Ctrl-C stops them all.
+Unknown flags (e.g. --max-num-seqs 32) go to every service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from switchyard.nats_server import NatsServer
+
+RESTART_BACKOFF_S = 2.0
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    num_restarts: int = 0
+    log_file: Path | None = None
+
+    def start(self, env: dict) -> None:
+        out = open(self.log_file, "ab") if self.log_file else None
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+
+    @property
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class Stack:
+    nats_url: str | None = None
+    api_port: int = 8000
+    num_workers: int = 1
+    service_args: list[str] = field(default_factory=list)
+    log_dir: Path | None = None
+    nats: NatsServer | None = None
+    services: list[Service] = field(default_factory=list)
+
+    def start(self) -> "Stack":
+        if self.nats_url is None:
+            self.nats = NatsServer().start()
+            self.nats_url = self.nats.url
+        py = [sys.executable, "-m"]
+        common = ["--nats-url", self.nats_url, *self.service_args]
+        self.services = [Service("kvcache", py + ["services.kvcache", "--nats-url", self.nats_url])]
+        for i in range(self.num_workers):
+            self.services.append(Service(f"worker-{i}", py + ["services.worker", *common, "--worker-id", f"worker-{i}"]))
+        self.services.append(Service("scheduler", py + ["services.scheduler", *common]))
+        self.services.append(Service("api", py + ["services.api", *common, "--port", str(self.api_port)]))
+        for svc in self.services:
+            if self.log_dir:
+                svc.log_file = self.log_dir / f"{svc.name}.log"
+            svc.start(self._env())
+        return self
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for svc in self.services:
+                if svc.proc is not None and svc.proc.poll() is not None:
+                    raise RuntimeError(f"{svc.name} exited with {svc.proc.returncode} while starting")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"the stack was not healthy after {timeout}s")
+
+    def service(self, name: str) -> Service:
+        return next(s for s in self.services if s.name == name)
+
+    def supervise_once(self) -> None:
+        """Restart any service that died (with a pause, so a crash loop does not spin)."""
+        for svc in self.services:
+            if svc.proc is not None and svc.proc.poll() is not None:
+                print(f"[launcher] {svc.name} exited with {svc.proc.returncode}; restarting", flush=True)
+                time.sleep(RESTART_BACKOFF_S)
+                svc.num_restarts += 1
+                svc.start(self._env())
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        for svc in reversed(self.services):
+            if svc.is_running:
+                svc.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for svc in self.services:
+            if svc.proc is None:
+                continue
+            try:
+                svc.proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                svc.proc.kill()
+                svc.proc.wait()
+        if self.nats is not None:
+            self.nats.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run the whole Switchyard stack")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("SY_WORKERS", "1")))
+    args, service_args = parser.parse_known_args()
+    stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
+                  service_args=service_args)
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"[launcher] starting: nats {'at ' + stack.nats_url if stack.nats_url else '(own)'}, "
+          f"{args.workers} worker(s), API on {stack.base_url}", flush=True)
+    stack.start()
+    try:
+        stack.wait_ready()
+        print(f"[launcher] ready: {stack.base_url}/v1 (Ctrl-C stops everything)", flush=True)
+        while not stopping:
+            stack.supervise_once()
+            time.sleep(0.5)
+    finally:
+        print("[launcher] stopping", flush=True)
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()
