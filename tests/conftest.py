@@ -9,6 +9,7 @@ import pytest
 from shared.model_files import default_model_path as _default_model_path
 
 
+
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     return _default_model_path()
@@ -26,3 +27,50 @@ def hf_tokenizer(default_model_path):
     transformers = pytest.importorskip("transformers")
     folder, name = os.path.split(default_model_path)
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list[str]):
+    from switchyard.launcher import Stack
+    from switchyard.nats_server import NatsServer, free_port
+
+    nats = NatsServer().start()
+    log_dir = tmp_path_factory.mktemp(name)
+    stack = Stack(nats_url=nats.url, api_port=free_port(), num_workers=num_workers, log_dir=log_dir,
+                  service_args=["--kv-cache-memory-gib", "0.25", "--threads", "1", *extra_args])
+    stack.nats = nats  # stopped with the stack
+    stack.start()
+    try:
+        stack.wait_ready(timeout=240)
+    except Exception:
+        stack.stop()
+        for log in sorted(log_dir.glob("*.log")):
+            print(f"---- {log.name}\n{log.read_text()[-3000:]}")
+        raise
+    return stack
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """nats-server on a free port + kvcache + one worker + scheduler + API, real processes."""
+    s = _start_stack(tmp_path_factory, "stack", num_workers=1, extra_args=[])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_client(stack):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def async_openai_client(stack):
+    openai = pytest.importorskip("openai")
+    return openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def model_name() -> str:
+    from shared.config import DEFAULT_MODEL_NAME
+
+    return DEFAULT_MODEL_NAME

@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
     parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")))
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # the launcher passes every service the same flags
     config = engine_config_from_args(args)
     sylog.configure("api")
     tokenizer = load_tokenizer(resolve_model_path(config.model_path))

