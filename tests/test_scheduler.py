@@ -1,0 +1,91 @@
+"""Scheduler logic without a model: budgets, chunking, joining and leaving, aborts, preemption."""
+
+from __future__ import annotations
+
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.scheduler import Scheduler
+from shared.hashing import root_hash
+from shared.messages import FinishReason, Sampled, SamplingParams, StepResult
+
+
+def make(num_blocks=16, block_size=4, max_num_seqs=4, budget=8) -> Scheduler:
+    return Scheduler(KVCacheManager(num_blocks, block_size, root_hash("m", "auto")), max_num_seqs, budget)
+
+
+def req(request_id: str, n: int, max_tokens: int = 4, first: int = 0) -> Request:
+    return Request(request_id, list(range(first, first + n)), SamplingParams(max_tokens=max_tokens),
+                   reply_to="r", arrival_time=0.0)
+
+
+def run_step(s: Scheduler, finish: set[str] = frozenset(), token: int = 7):
+    """Pretend the worker ran the plan: every request whose known tokens are all computed samples."""
+    plan = s.schedule()
+    sampled = []
+    for rid, n in plan.num_new_tokens.items():
+        r = s.requests[rid]
+        if r.num_computed_tokens + n == r.num_tokens:
+            done = rid in finish or len(r.output_token_ids) + 1 >= r.sampling.max_tokens
+            sampled.append(Sampled(rid, token, FinishReason.LENGTH if done else None))
+    return plan, s.update(plan, StepResult(step_id=plan.step.step_id, sampled=sampled))
+
+
+def test_long_prompt_is_chunked_by_the_token_budget():
+    s = make(budget=8)
+    s.add_request(req("a", 20))
+    plans = [run_step(s)[0].num_new_tokens["a"] for _ in range(3)]
+    assert plans == [8, 8, 4]
+    assert s.requests["a"].output_token_ids == [7]  # sampled only once the prompt was complete
+
+
+def test_decodes_go_first_and_new_requests_join_next_step():
+    s = make(budget=8)
+    s.add_request(req("a", 6))
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"a": 6} and [n.request_id for n in plan.step.new_seqs] == ["a"]
+    s.add_request(req("b", 10, first=100))
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"a": 1, "b": 7}  # a's decode first, b takes the rest of the budget
+    assert [x.request_id for x in plan.step.scheduled] == ["a"] and plan.step.scheduled[0].new_block_ids == []
+
+
+def test_finished_requests_leave_at_once_and_free_blocks():
+    s = make()
+    s.add_request(req("a", 4, max_tokens=1))
+    _, finished = run_step(s)
+    assert [f.request.request_id for f in finished] == ["a"]
+    assert s.running == [] and s.kv.pool.num_free == 16 and not s.has_work
+
+
+def test_max_num_seqs_caps_the_batch():
+    s = make(max_num_seqs=2, budget=64)
+    for i in range(3):
+        s.add_request(req(f"r{i}", 4, first=10 * i))
+    plan, _ = run_step(s)
+    assert sorted(plan.num_new_tokens) == ["r0", "r1"] and [r.request_id for r in s.waiting] == ["r2"]
+
+
+def test_abort_frees_blocks_and_tells_the_worker():
+    s = make()
+    s.add_request(req("a", 6))
+    run_step(s)
+    assert s.kv.pool.num_free == 14
+    s.abort("a")
+    assert s.kv.pool.num_free == 16
+    plan = s.schedule()
+    assert plan.step.dropped_ids == ["a"] and plan.num_new_tokens == {}
+
+
+def test_preemption_takes_the_youngest_and_recomputes_it_first():
+    # 4 blocks of 4 tokens: two 7-token prompts fill them once each grows to 9 tokens
+    s = make(num_blocks=4, budget=64)
+    s.add_request(req("old", 7, max_tokens=8))
+    s.add_request(req("young", 7, max_tokens=8, first=100))
+    run_step(s)  # both prefill (2 blocks each), both sample a token -> 8 tokens each
+    plan, _ = run_step(s)  # both decode the 8th token in their 2nd block
+    plan = s.schedule()  # 9th token needs a third block: none free -> preempt young
+    assert s.num_preemptions == 1
+    young = s.requests["young"]
+    assert young.status == RequestStatus.PREEMPTED and young.num_computed_tokens == 0
+    assert list(s.waiting) == [young] and plan.step.dropped_ids == ["young"]
+    assert list(plan.num_new_tokens) == ["old"] and s.kv.block_ids("young") == []
