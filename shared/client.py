@@ -42,6 +42,7 @@ class RequestStream:
         self.queue: asyncio.Queue[TokenEntry] = asyncio.Queue()
         self.num_tokens = 0
         self.is_finished = False
+        self.worker_id = ""  # the worker that produced the latest tokens
 
     async def entries(self, timeout: float | None = None) -> AsyncIterator[TokenEntry]:
         try:
@@ -79,9 +80,11 @@ class BusClient:
             await self._sub.unsubscribe()
 
     async def _on_tokens(self, msg) -> None:
-        for entry in TOKEN_BATCH_DECODER.decode(msg.data).entries:
+        batch = TOKEN_BATCH_DECODER.decode(msg.data)
+        for entry in batch.entries:
             stream = self.streams.get(entry.request_id)
             if stream is not None:
+                stream.worker_id = batch.worker_id or stream.worker_id
                 stream.queue.put_nowait(entry)
 
     async def submit(self, model: str, prompt_token_ids: list[int], sampling: SamplingParams, *,

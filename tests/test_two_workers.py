@@ -1,0 +1,75 @@
+"""Two workers: a request whose prefix is cached is routed to the worker that holds it; the
+KV-cache service knows which pool holds what, and rebuilds that after its own restart."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+
+from shared import subjects
+from shared.client import BusClient
+from shared.messages import KV_STATS_REPLY_DECODER, KvStatsRequest, SamplingParams, encode
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def two_worker_stack(tmp_path_factory):
+    from tests.conftest import _start_stack
+
+    s = _start_stack(tmp_path_factory, "two-workers", num_workers=2, extra_args=[])
+    yield s
+    s.stop()
+
+
+async def run(bus: BusClient, model: str, prompt_ids: list[int], max_tokens: int):
+    stream = await bus.submit(model, prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                                 ignore_eos=True))
+    entries = [e async for e in stream.entries(timeout=120)]
+    return stream.worker_id, entries[0].num_cached_tokens, [t for e in entries for t in e.token_ids]
+
+
+async def kv_stats(nc) -> dict[str, int]:
+    msg = await nc.request(subjects.KV_STATS, encode(KvStatsRequest()), timeout=2)
+    return KV_STATS_REPLY_DECODER.decode(msg.data).num_blocks_by_pool
+
+
+async def test_prefix_routing_and_kv_index(two_worker_stack, model_name):
+    nc = await nats.connect(two_worker_stack.nats_url)
+    bus = BusClient(nc)
+    await bus.start()
+    p1 = [1000 + i for i in range(80)]
+    p2 = [5000 + i for i in range(80)]
+    # p1 runs long on one worker, so least-load sends p2 to the other
+    long_run = asyncio.create_task(run(bus, model_name, p1 + [1], 40))
+    await asyncio.sleep(1.0)
+    w2, cached2, _ = await run(bus, model_name, p2 + [1], 4)
+    w1, cached1, _ = await long_run
+    assert {w1, w2} == {"worker-0", "worker-1"} and cached1 == cached2 == 0
+
+    # both idle now: with plain least-load both repeats would go to the same worker
+    for prefix, home in ((p1, w1), (p2, w2)):
+        worker, cached, _ = await run(bus, model_name, prefix + [2], 4)
+        assert worker == home
+        assert cached == 80  # 5 full blocks of 16
+
+    stats = await kv_stats(nc)
+    assert stats["worker-0"] >= 5 and stats["worker-1"] >= 5
+
+    # the index rebuilds itself from the schedulers after a restart
+    kvcache = two_worker_stack.service("kvcache")
+    kvcache.proc.kill()
+    kvcache.proc.wait()
+    kvcache.start(two_worker_stack._env())
+    for _ in range(100):
+        await asyncio.sleep(0.2)
+        try:
+            if await kv_stats(nc) == stats:
+                break
+        except Exception:
+            continue
+    assert await kv_stats(nc) == stats
+    await bus.stop()
+    await nc.close()
