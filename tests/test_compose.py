@@ -1,0 +1,20 @@
+"""compose.yaml names nats and the four services, each started as `python -m services.<name>`."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import yaml
+
+
+def test_compose_runs_every_service_module():
+    compose = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"nats", "kvcache", "worker", "scheduler", "api"}
+    assert "-js" in services["nats"]["command"]
+    for name in ("kvcache", "worker", "scheduler", "api"):
+        command = services[name]["command"]
+        assert command[:3] == ["python", "-m", f"services.{name}"]
+        assert importlib.util.find_spec(f"services.{name}.__main__") is not None
+        assert services[name]["environment"]["NATS_URL"] == "nats://nats:4222"
