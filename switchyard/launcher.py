@@ -47,6 +47,7 @@ class Stack:
     log_dir: Path | None = None
     nats: NatsServer | None = None
     services: list[Service] = field(default_factory=list)
+    is_stopping: bool = False
 
     def start(self) -> "Stack":
         if self.nats_url is None:
@@ -96,6 +97,8 @@ class Stack:
     def supervise_once(self) -> None:
         """Restart any service that died (with a pause, so a crash loop does not spin)."""
         for svc in self.services:
+            if self.is_stopping:
+                return
             if svc.proc is not None and svc.proc.poll() is not None:
                 print(f"[launcher] {svc.name} exited with {svc.proc.returncode}; restarting", flush=True)
                 time.sleep(RESTART_BACKOFF_S)
@@ -103,6 +106,7 @@ class Stack:
                 svc.start(self._env())
 
     def stop(self, grace_s: float = 10.0) -> None:
+        self.is_stopping = True
         for svc in reversed(self.services):
             if svc.is_running:
                 svc.proc.send_signal(signal.SIGTERM)
@@ -126,11 +130,8 @@ def main() -> None:
     args, service_args = parser.parse_known_args()
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
                   service_args=service_args)
-    stopping = False
-
     def on_signal(signum, _frame):
-        nonlocal stopping
-        stopping = True
+        stack.is_stopping = True  # Ctrl-C also reached the children: do not restart them
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -140,7 +141,7 @@ def main() -> None:
     try:
         stack.wait_ready()
         print(f"[launcher] ready: {stack.base_url}/v1 (Ctrl-C stops everything)", flush=True)
-        while not stopping:
+        while not stack.is_stopping:
             stack.supervise_once()
             time.sleep(0.5)
     finally:

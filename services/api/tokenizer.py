@@ -6,6 +6,7 @@ Building a `tokenizers.Tokenizer` from GGUF arrays is slow, so the result is cac
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,9 +92,15 @@ def _from_gguf(path: str) -> ModelTokenizer:
         add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
         context_length=int(fields[f"{fields['general.architecture']}.context_length"]),
     )
-    tokenizer.save(str(cache / "tokenizer.json"))
-    (cache / "meta.json").write_bytes(msgspec.json.encode(meta))
+    _write_atomic(cache / "tokenizer.json", tokenizer.to_str().encode())
+    _write_atomic(cache / "meta.json", msgspec.json.encode(meta))
     return ModelTokenizer(tokenizer, **msgspec.structs.asdict(meta))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.rename(path)
 
 
 def _special(value) -> str | None:

@@ -5,6 +5,8 @@ The dequantized weights are cached as safetensors so a restart skips the slow pa
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from gguf import GGUFReader
@@ -54,7 +56,7 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         elif tensor.name.endswith("attn_k.weight"):
             w = unpermute_rotary(w, config.num_kv_heads)
         state_dict[our_name(tensor.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
-    tmp = cached.with_suffix(".tmp")
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # several workers may build it at once
     save_file(state_dict, str(tmp))
     tmp.rename(cached)  # atomic: a concurrent loader never reads half a file
     return config, state_dict
