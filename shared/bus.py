@@ -29,3 +29,11 @@ async def connect(url: str, name: str) -> Client:
         reconnected_cb=on_reconnect,
         error_cb=on_error,
     )
+
+
+async def close(nc: Client) -> None:
+    """Drain if the server is still there; otherwise just close. Shutdown must never raise."""
+    try:
+        await nc.drain()
+    except Exception:
+        await nc.close()

@@ -78,7 +78,7 @@ class Stack:
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.is_stopping:
             for svc in self.services:
                 if svc.proc is not None and svc.proc.poll() is not None:
                     raise RuntimeError(f"{svc.name} exited with {svc.proc.returncode} while starting")
@@ -89,6 +89,8 @@ class Stack:
             except OSError:
                 pass
             time.sleep(0.25)
+        if self.is_stopping:
+            return
         raise TimeoutError(f"the stack was not healthy after {timeout}s")
 
     def service(self, name: str) -> Service:

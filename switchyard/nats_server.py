@@ -38,7 +38,8 @@ class NatsServer:
     def start(self) -> "NatsServer":
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
         self.proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)  # Ctrl-C stops services first, us last
         wait_for_port(self.port)
         return self
 

@@ -12,6 +12,7 @@ from services.api.app import create_app
 from services.api.context import ApiContext, ServedModel
 from services.api.tokenizer import load_tokenizer
 from shared import log as sylog
+from shared import bus
 from shared.bus import connect
 from shared.client import BusClient
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len
@@ -34,13 +35,13 @@ def main() -> None:
 
     async def make_context() -> ApiContext:
         nc = await connect(args.nats_url, "api")
-        bus = BusClient(nc)
-        await bus.start()
-        return ApiContext(nc=nc, bus=bus, models={served.name: served}, idle_timeout_s=args.idle_timeout_s)
+        client = BusClient(nc)
+        await client.start()
+        return ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s)
 
     async def close_context(ctx: ApiContext) -> None:
         await ctx.bus.stop()
-        await ctx.nc.drain()
+        await bus.close(ctx.nc)
 
     app = create_app(make_context, close_context)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop="uvloop")

@@ -8,6 +8,7 @@ import signal
 
 from services.kvcache.service import KvCacheService
 from shared import log as sylog
+from shared import bus
 from shared.bus import connect
 from shared.config import add_nats_arg
 
@@ -26,7 +27,7 @@ async def main() -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await service.stop()
-    await nc.drain()
+    await bus.close(nc)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import signal
 
 from services.scheduler.service import SchedulerService
 from shared import log as sylog
+from shared import bus
 from shared.bus import connect
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args
 
@@ -28,7 +29,7 @@ async def main() -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await service.stop()
-    await nc.drain()
+    await bus.close(nc)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from services.worker.service import WorkerService
 from shared import log as sylog
+from shared import bus
 from shared.bus import connect
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len
 from shared.messages import WorkerHello
@@ -64,7 +65,7 @@ async def main() -> None:
     await stop.wait()
     log.info("worker_stopping", worker_id=worker_id)
     await service.stop()
-    await nc.drain()
+    await bus.close(nc)
 
 
 if __name__ == "__main__":
