@@ -12,11 +12,19 @@ import uuid
 from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from shared import subjects
 from shared.messages import (
-    SUBMIT_REPLY_DECODER, TOKEN_BATCH_DECODER, Abort, Rejected, RejectCode, SamplingParams, Submit, TokenEntry,
+    SUBMIT_REPLY_DECODER,
+    TOKEN_BATCH_DECODER,
+    Abort,
+    RejectCode,
+    Rejected,
+    SamplingParams,
+    Submit,
+    TokenEntry,
     encode,
 )
 
@@ -35,7 +43,7 @@ class SubmitRejected(Exception):
 class RequestStream:
     """The entries of one request, in order; ends after the entry with a finish_reason."""
 
-    def __init__(self, client: "BusClient", model: str, request_id: str):
+    def __init__(self, client: BusClient, model: str, request_id: str):
         self.client = client
         self.model = model
         self.request_id = request_id
@@ -101,7 +109,7 @@ class BusClient:
         except NoRespondersError:
             self.forget(request_id)
             raise EngineUnavailable(f"no scheduler is serving model {model!r}") from None
-        except (NatsTimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, NatsTimeoutError):
             self.forget(request_id)
             raise EngineUnavailable(f"the scheduler for {model!r} did not answer within {timeout}s") from None
         reply = SUBMIT_REPLY_DECODER.decode(msg.data)

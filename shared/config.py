@@ -33,7 +33,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     step_timeout_s: float = 60.0
 
-    def validate(self) -> "EngineConfig":
+    def validate(self) -> EngineConfig:
         if not (8 <= self.block_size <= 128) or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two between 8 and 128, got {self.block_size}")
         if self.max_num_seqs < 1:

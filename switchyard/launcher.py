@@ -49,7 +49,7 @@ class Stack:
     services: list[Service] = field(default_factory=list)
     is_stopping: bool = False
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         if self.nats_url is None:
             self.nats = NatsServer().start()
             self.nats_url = self.nats.url

@@ -35,7 +35,7 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self) -> "NatsServer":
+    def start(self) -> NatsServer:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
         self.proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -9,7 +9,6 @@ import pytest
 from shared.model_files import default_model_path as _default_model_path
 
 
-
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     return _default_model_path()

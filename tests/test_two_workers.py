@@ -10,7 +10,7 @@ import pytest
 
 from shared import subjects
 from shared.client import BusClient
-from shared.messages import KV_STATS_REPLY_DECODER, KvStatsRequest, SamplingParams, encode
+from shared.messages import KV_STATS_REPLY_DECODER, FinishReason, KvStatsRequest, SamplingParams, encode
 
 pytestmark = pytest.mark.stack
 
@@ -71,5 +71,24 @@ async def test_prefix_routing_and_kv_index(two_worker_stack, model_name):
         except Exception:
             continue
     assert await kv_stats(nc) == stats
+    await bus.stop()
+    await nc.close()
+
+
+async def test_worker_killed_mid_stream_fails_its_requests_and_others_carry_on(two_worker_stack, model_name):
+    nc = await nats.connect(two_worker_stack.nats_url)
+    bus = BusClient(nc)
+    await bus.start()
+    stream = await bus.submit(model_name, [3000 + i for i in range(20)],
+                              SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True))
+    entries = stream.entries(timeout=60)
+    first = await entries.__anext__()
+    assert first.finish_reason is None
+    victim = stream.worker_id
+    two_worker_stack.service(victim).proc.kill()  # SIGKILL: no goodbye, heartbeats just stop
+    last = [e async for e in entries][-1]
+    assert last.finish_reason == FinishReason.ERROR and victim in last.error
+    survivor, _, tokens = await run(bus, model_name, [7000 + i for i in range(20)], 4)
+    assert survivor != victim and len(tokens) == 4
     await bus.stop()
     await nc.close()

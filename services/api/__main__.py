@@ -11,8 +11,8 @@ import uvicorn
 from services.api.app import create_app
 from services.api.context import ApiContext, ServedModel
 from services.api.tokenizer import load_tokenizer
-from shared import log as sylog
 from shared import bus
+from shared import log as sylog
 from shared.bus import connect
 from shared.client import BusClient
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len

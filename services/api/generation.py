@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -75,7 +74,7 @@ class Generation:
                     return
                 if text:
                     yield Delta(text)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise APIError(503, f"no token for {self.idle_timeout_s}s; the request was aborted",
                            code="timeout") from None
         finally:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 
 from services.kvcache.service import KvCacheService
 from shared import log as sylog
-from shared import bus
 from shared.bus import connect
 from shared.config import add_nats_arg
+from shared.lifecycle import serve_until_signalled
 
 
 async def main() -> None:
@@ -20,14 +19,7 @@ async def main() -> None:
     sylog.configure("kvcache")
     nc = await connect(args.nats_url, "kvcache")
     service = KvCacheService(nc)
-    await service.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await service.stop()
-    await bus.close(nc)
+    await serve_until_signalled(nc, service)
 
 
 if __name__ == "__main__":

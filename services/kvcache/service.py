@@ -9,7 +9,12 @@ from services.kvcache.index import KvIndex
 from shared import subjects
 from shared.log import get_logger
 from shared.messages import (
-    KV_EVENT_BATCH_DECODER, KV_LOOKUP_DECODER, KvLookupReply, KvStatsReply, Resync, encode,
+    KV_EVENT_BATCH_DECODER,
+    KV_LOOKUP_DECODER,
+    KvLookupReply,
+    KvStatsReply,
+    Resync,
+    encode,
 )
 
 log = get_logger("kvcache")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 
 from services.scheduler.service import SchedulerService
 from shared import log as sylog
-from shared import bus
 from shared.bus import connect
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args
+from shared.lifecycle import serve_until_signalled
 
 
 async def main() -> None:
@@ -22,14 +21,7 @@ async def main() -> None:
     sylog.configure("scheduler")
     nc = await connect(args.nats_url, f"scheduler-{config.model}")
     service = SchedulerService(nc, config)
-    await service.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await service.stop()
-    await bus.close(nc)
+    await serve_until_signalled(nc, service)
 
 
 if __name__ == "__main__":

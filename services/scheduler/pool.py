@@ -10,7 +10,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeoutError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.reply import publish_error
@@ -21,7 +22,14 @@ from shared.config import EngineConfig
 from shared.hashing import root_hash
 from shared.log import get_logger
 from shared.messages import (
-    STEP_RESULT_DECODER, BlockStored, KvEventBatch, PoolCleared, Step, StepResult, WorkerHello, encode,
+    STEP_RESULT_DECODER,
+    BlockStored,
+    KvEventBatch,
+    PoolCleared,
+    Step,
+    StepResult,
+    WorkerHello,
+    encode,
 )
 
 log = get_logger("scheduler.pool")
@@ -33,7 +41,7 @@ class WorkerGone(Exception):
 
 class PoolLoop:
     def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
-                 on_gone: Callable[["PoolLoop", list[Request]], Awaitable[None]]):
+                 on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]]):
         self.nc = nc
         self.hello = hello
         self.worker_id = hello.worker_id
@@ -102,7 +110,7 @@ class PoolLoop:
                                         timeout=self.step_timeout_s)
         except NoRespondersError:
             raise WorkerGone(f"worker {self.worker_id} is gone (no responders)") from None
-        except (NatsTimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, NatsTimeoutError):
             raise WorkerGone(f"worker {self.worker_id} missed its step deadline ({self.step_timeout_s}s)") from None
         self.last_seen = time.monotonic()
         return STEP_RESULT_DECODER.decode(msg.data)

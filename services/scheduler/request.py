@@ -36,7 +36,7 @@ class Request:
     first_scheduled_at: float = 0.0
 
     @classmethod
-    def from_submit(cls, submit: Submit) -> "Request":
+    def from_submit(cls, submit: Submit) -> Request:
         return cls(request_id=submit.request_id, prompt_token_ids=submit.prompt_token_ids,
                    sampling=submit.sampling, reply_to=submit.reply_to,
                    arrival_time=submit.arrival_time, cache_salt=submit.cache_salt)

@@ -18,8 +18,18 @@ from shared.config import EngineConfig
 from shared.hashing import hash_block_chain, max_cacheable_blocks
 from shared.log import get_logger
 from shared.messages import (
-    ABORT_DECODER, SUBMIT_DECODER, WORKER_ANNOUNCE_DECODER, Accepted, Discover, RejectCode, Rejected,
-    SchedulerStats, Submit, WorkerHeartbeat, WorkerHello, encode,
+    ABORT_DECODER,
+    SUBMIT_DECODER,
+    WORKER_ANNOUNCE_DECODER,
+    Accepted,
+    Discover,
+    RejectCode,
+    Rejected,
+    SchedulerStats,
+    Submit,
+    WorkerHeartbeat,
+    WorkerHello,
+    encode,
 )
 
 log = get_logger("scheduler")
@@ -33,6 +43,8 @@ class SchedulerService:
         self.model = config.model
         self.pools: dict[str, PoolLoop] = {}
         self.router = Router(nc, config.model)
+        self._routing: set[str] = set()  # accepted, not yet in a pool (the KV lookup is in flight)
+        self._aborted_while_routing: set[str] = set()
         self._subs = []
         self._watchdog: asyncio.Task | None = None
 
@@ -95,6 +107,7 @@ class SchedulerService:
         if not all(p.scheduler.kv.can_ever_fit(total) for p in pools):
             return reject(RejectCode.INVALID, f"{total} tokens can never fit in the KV cache")
         request = Request.from_submit(submit)
+        self._routing.add(request.request_id)
         asyncio.get_running_loop().create_task(self._route(request, pools))
         return Accepted(request_id=submit.request_id, num_waiting=sum(len(p.scheduler.waiting) for p in pools))
 
@@ -104,6 +117,10 @@ class SchedulerService:
         request.block_hashes = hash_block_chain(
             pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
         pool = await self.router.choose([p for p in pools if p.is_alive] or pools, request.block_hashes[:limit])
+        self._routing.discard(request.request_id)
+        if request.request_id in self._aborted_while_routing:
+            self._aborted_while_routing.discard(request.request_id)
+            return
         log.info("request_routed", request_id=request.request_id, worker_id=pool.worker_id)
         pool.add(request)
 
@@ -113,6 +130,9 @@ class SchedulerService:
 
     async def _on_abort(self, msg: Msg) -> None:
         for request_id in ABORT_DECODER.decode(msg.data).request_ids:
+            if request_id in self._routing:
+                self._aborted_while_routing.add(request_id)
+                continue
             for pool in self.pools.values():
                 if pool.abort(request_id):
                     log.info("request_aborted", request_id=request_id, worker_id=pool.worker_id)

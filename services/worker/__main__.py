@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import socket
 import uuid
 
@@ -16,9 +15,9 @@ from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from services.worker.service import WorkerService
 from shared import log as sylog
-from shared import bus
 from shared.bus import connect
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len
+from shared.lifecycle import serve_until_signalled
 from shared.messages import WorkerHello
 from shared.model_files import resolve_model_path
 
@@ -41,7 +40,6 @@ async def main() -> None:
     config = engine_config_from_args(args)
     worker_id = args.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     sylog.configure("worker")
-    log = sylog.get_logger("worker")
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
@@ -57,15 +55,7 @@ async def main() -> None:
                         dtype=args.dtype, max_model_len=max_model_len, kv_cache_dtype=config.kv_cache_dtype)
     nc = await connect(args.nats_url, f"worker-{worker_id}")
     service = WorkerService(nc, runner, hello)
-    await service.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("worker_stopping", worker_id=worker_id)
-    await service.stop()
-    await bus.close(nc)
+    await serve_until_signalled(nc, service)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     eos_token_ids: list[int] = []
 
     @classmethod
-    def from_hf_config(cls, path: str | Path) -> "ModelConfig":
+    def from_hf_config(cls, path: str | Path) -> ModelConfig:
         raw = json.loads(Path(path).read_text())
         archs = raw.get("architectures") or []
         if not archs:
@@ -56,7 +56,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         )
 
     @classmethod
-    def from_gguf_fields(cls, fields: dict, has_output_weight: bool) -> "ModelConfig":
+    def from_gguf_fields(cls, fields: dict, has_output_weight: bool) -> ModelConfig:
         arch = fields["general.architecture"]
         if arch != "llama":
             raise ValueError(f"GGUF architecture {arch!r} is not supported (llama only)")

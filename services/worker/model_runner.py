@@ -103,7 +103,7 @@ class ModelRunner:
 
     def _record(self, seqs: list[SeqState], token_ids: list[int]) -> StepOutput:
         sampled, finished = [], {}
-        for seq, token_id in zip(seqs, token_ids):
+        for seq, token_id in zip(seqs, token_ids, strict=True):
             seq.token_ids.append(token_id)
             reason: FinishReason | None = seq.check_finished(token_id, self.eos_token_ids, self.max_model_len)
             sampled.append(Sampled(request_id=seq.request_id, token_id=token_id, finish_reason=reason))

@@ -22,7 +22,7 @@ class SeqState:
     seed: int = field(default_factory=lambda: secrets.randbits(62))
 
     @classmethod
-    def from_new(cls, new: NewSeq) -> "SeqState":
+    def from_new(cls, new: NewSeq) -> SeqState:
         state = cls(
             request_id=new.request_id, token_ids=list(new.token_ids),
             num_prompt_tokens=new.num_prompt_tokens, num_computed_tokens=new.num_computed_tokens,

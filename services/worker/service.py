@@ -13,7 +13,14 @@ from services.worker.model_runner import ModelRunner, StepOutput
 from shared import subjects
 from shared.log import get_logger
 from shared.messages import (
-    DISCOVER_DECODER, STEP_DECODER, StepResult, TokenBatch, TokenEntry, WorkerHeartbeat, WorkerHello, encode,
+    DISCOVER_DECODER,
+    STEP_DECODER,
+    StepResult,
+    TokenBatch,
+    TokenEntry,
+    WorkerHeartbeat,
+    WorkerHello,
+    encode,
 )
 
 log = get_logger("worker")

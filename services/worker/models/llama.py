@@ -107,7 +107,7 @@ class Llama(nn.Module):
         """Ragged batch of new tokens [num_tokens] -> hidden states [num_tokens, hidden]."""
         cos, sin = self.rotary.cos_sin(positions)
         x = self.tok_embeddings(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, meta)
         return self.norm(x)
 
