@@ -131,6 +131,7 @@ class Step(msgspec.Struct, tag="step"):
     new_seqs: list[NewSeq] = []
     scheduled: list[ScheduledSeq] = []
     dropped_ids: list[RequestId] = []  # aborted or preempted: forget their state
+    reset: bool = False  # first step of a new pool (e.g. a restarted scheduler): forget every sequence
 
 
 class Sampled(msgspec.Struct):

@@ -89,3 +89,12 @@ def test_preemption_takes_the_youngest_and_recomputes_it_first():
     assert young.status == RequestStatus.PREEMPTED and young.num_computed_tokens == 0
     assert list(s.waiting) == [young] and plan.step.dropped_ids == ["young"]
     assert list(plan.num_new_tokens) == ["old"] and s.kv.block_ids("young") == []
+
+
+def test_worker_forgets_everything_on_a_reset_step():
+    from services.worker.model_runner import ModelRunner
+    from shared.messages import Step
+
+    runner = ModelRunner(model=None, kv_caches=[], block_size=4, max_model_len=64, eos_token_ids=[])
+    runner.seqs["stale"] = object()
+    assert runner.apply_deltas(Step(step_id=1, reset=True)) == [] and runner.seqs == {}

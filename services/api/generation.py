@@ -10,8 +10,10 @@ from services.api.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.openai_format import Usage
 from shared.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
+from shared.log import get_logger
 from shared.messages import FinishReason, RejectCode, SamplingParams
 
+log = get_logger("api")
 _REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCode.UNAVAILABLE: 503}
 
 
@@ -36,6 +38,7 @@ class Generation:
         self.first_token_at: float | None = None
         self.stream: RequestStream | None = None
         self.num_cached_tokens = 0
+        self.finish_reason = "abort"  # until the stream says otherwise: disconnect or timeout
 
     async def submit(self) -> None:
         """Raises APIError with the right status if the engine does not take the request."""
@@ -63,13 +66,16 @@ class Generation:
                     self.num_cached_tokens = entry.num_cached_tokens
                 if entry.finish_reason == FinishReason.ERROR:
                     is_done = True
+                    self.finish_reason = "error"
                     raise APIError(503, entry.error or "the engine failed this request", code="engine_error")
                 text = self.detokenizer.push(entry.token_ids)
                 if self.detokenizer.is_stopped:
+                    self.finish_reason = "stop"
                     yield Delta(text, "stop", self.usage())
                     return
                 if entry.finish_reason is not None:
                     is_done = True
+                    self.finish_reason = entry.finish_reason.openai_name
                     yield Delta(text + self.detokenizer.flush(), entry.finish_reason.openai_name, self.usage())
                     return
                 if text:
@@ -80,3 +86,7 @@ class Generation:
         finally:
             if not is_done:  # stop string, disconnect, timeout: the engine must let go
                 await self.stream.abort()
+            u = self.usage()
+            log.info("request_finished", request_id=self.stream.request_id, model=self.model,
+                     prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                     cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)

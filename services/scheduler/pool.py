@@ -53,6 +53,7 @@ class PoolLoop:
         self.last_seen = time.monotonic()
         self.is_alive = True
         self._wake = asyncio.Event()
+        self._has_stepped = False
         self._task: asyncio.Task | None = None
 
     # ---- requests ----------------------------------------------------------------------------
@@ -105,6 +106,8 @@ class PoolLoop:
             await self._publish_kv_events()
 
     async def _step(self, step: Step) -> StepResult:
+        step.reset = not self._has_stepped  # the worker may hold state from a scheduler before us
+        self._has_stepped = True
         try:
             msg = await self.nc.request(subjects.worker_step(self.worker_id), encode(step),
                                         timeout=self.step_timeout_s)

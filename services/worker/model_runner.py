@@ -32,6 +32,8 @@ class ModelRunner:
 
     def apply_deltas(self, step: Step) -> list[tuple[SeqState, int]]:
         """Returns (sequence, num_new_tokens) in batch order."""
+        if step.reset:
+            self.seqs.clear()
         for request_id in step.dropped_ids:
             self.seqs.pop(request_id, None)
         batch = []
