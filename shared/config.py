@@ -95,3 +95,13 @@ def resolve_max_model_len(configured: int | None, model_max: int) -> int:
     if configured > model_max:
         raise ConfigError(f"max_model_len {configured} exceeds the model's context length {model_max}")
     return configured
+
+
+def context_length_error(max_model_len: int, num_prompt_tokens: int, max_tokens: int) -> str | None:
+    """The one message for a request that does not fit, naming both numbers (API and scheduler)."""
+    total = num_prompt_tokens + max_tokens
+    if total <= max_model_len:
+        return None
+    return (f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{total} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in the completion). "
+            "Please reduce the length of the prompt or of max_tokens.")

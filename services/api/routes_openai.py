@@ -18,6 +18,7 @@ from services.api.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.generation import Delta, Generation
 from services.api.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from shared.config import context_length_error
 from shared.messages import SamplingParams
 
 router = APIRouter()
@@ -37,12 +38,9 @@ def _sampling(body: _Sampling, max_tokens: int | None, num_prompt: int, model: S
         raise APIError(400, "n > 1 is not supported yet", param="n")
     if max_tokens is None:
         max_tokens = model.max_model_len - num_prompt
-    if num_prompt + max_tokens > model.max_model_len:
-        raise APIError(400, (
-            f"This model's maximum context length is {model.max_model_len} tokens. However, you requested "
-            f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} in the completion). "
-            "Please reduce the length of the prompt or of max_tokens."), param="max_tokens",
-            code="context_length_exceeded")
+    too_long = context_length_error(model.max_model_len, num_prompt, max_tokens)
+    if too_long:
+        raise APIError(400, too_long, param="max_tokens", code="context_length_exceeded")
     if max_tokens < 1:
         raise APIError(400, f"the prompt ({num_prompt} tokens) leaves no room in the model's context "
                             f"of {model.max_model_len} tokens", param="messages")

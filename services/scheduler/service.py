@@ -14,7 +14,7 @@ from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.router import Router
 from shared import subjects
-from shared.config import EngineConfig
+from shared.config import EngineConfig, context_length_error
 from shared.hashing import hash_block_chain, max_cacheable_blocks
 from shared.log import get_logger
 from shared.messages import (
@@ -95,15 +95,13 @@ class SchedulerService:
             return reject(RejectCode.INVALID, "the prompt is empty")
         if submit.sampling.max_tokens < 1:
             return reject(RejectCode.INVALID, f"max_tokens must be at least 1, got {submit.sampling.max_tokens}")
-        max_model_len = self.max_model_len
-        total = len(submit.prompt_token_ids) + submit.sampling.max_tokens
-        if total > max_model_len:
-            return reject(RejectCode.INVALID, (
-                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                f"{total} tokens ({len(submit.prompt_token_ids)} in the prompt, "
-                f"{submit.sampling.max_tokens} for the completion)."))
+        num_prompt, max_tokens = len(submit.prompt_token_ids), submit.sampling.max_tokens
+        too_long = context_length_error(self.max_model_len, num_prompt, max_tokens)
+        if too_long:
+            return reject(RejectCode.INVALID, too_long)
         if sum(len(p.scheduler.waiting) for p in pools) >= self.config.max_waiting:
             return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full")
+        total = num_prompt + max_tokens
         if not all(p.scheduler.kv.can_ever_fit(total) for p in pools):
             return reject(RejectCode.INVALID, f"{total} tokens can never fit in the KV cache")
         request = Request.from_submit(submit)

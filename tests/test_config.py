@@ -1,0 +1,31 @@
+"""Configuration is validated at the edge with messages that name the field and the value."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.config import ConfigError, EngineConfig, context_length_error, resolve_max_model_len
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("block_size", 12, "block_size must be a power of two between 8 and 128, got 12"),
+    ("max_num_seqs", 0, "max_num_seqs must be at least 1, got 0"),
+    ("kv_cache_dtype", "int3", "kv_cache_dtype must be one of"),
+    ("num_kv_blocks", 1, "num_kv_blocks must be at least 2, got 1"),
+])
+def test_bad_values_are_refused_by_name(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(**{field: value}).validate()
+
+
+def test_max_model_len_never_exceeds_the_model():
+    assert resolve_max_model_len(None, 8192) == 8192
+    assert resolve_max_model_len(2048, 8192) == 2048
+    with pytest.raises(ConfigError, match="max_model_len 9000 exceeds the model's context length 8192"):
+        resolve_max_model_len(9000, 8192)
+
+
+def test_context_length_message_names_both_numbers():
+    assert context_length_error(100, 90, 10) is None
+    message = context_length_error(100, 90, 11)
+    assert "maximum context length is 100 tokens" in message and "101 tokens (90 in the prompt, 11 in" in message
