@@ -30,6 +30,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     kv_cache_dtype: str = "auto"
     kv_cache_memory_gib: float = 1.0  # CPU memory budget for the paged KV pool
     num_kv_blocks: int | None = None  # overrides the budget (tests use it to force preemption)
+    enable_prefix_caching: bool = True
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     step_timeout_s: float = 60.0
 
@@ -74,6 +75,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-memory-gib", type=float, default=_env("kv_cache_memory_gib", d.kv_cache_memory_gib)
     )
     parser.add_argument("--num-kv-blocks", type=int, default=_env("num_kv_blocks", d.num_kv_blocks))
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=_env("enable_prefix_caching", "1") not in ("0", "false", "False"))
     parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
 

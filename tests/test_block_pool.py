@@ -86,3 +86,12 @@ def test_allocation_that_does_not_fit_changes_nothing():
     b = req("b", [50, 51, 52, 53, 54, 55, 56, 57])
     assert kv.allocate_slots(b, 8) is None
     assert kv.pool.num_free == 1 and kv.block_ids("b") == []
+
+
+def test_prefix_caching_off_never_hashes_or_hits():
+    kv = KVCacheManager(num_blocks=8, block_size=4, root_hash=ROOT, enable_prefix_caching=False)
+    a = req("a", list(range(10)))
+    kv.allocate_slots(a, 10)
+    assert a.block_hashes == [] and kv.pool.take_events() == []
+    b = req("b", list(range(10)))
+    assert kv.get_computed_blocks(b) == []

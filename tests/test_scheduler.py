@@ -98,3 +98,15 @@ def test_worker_forgets_everything_on_a_reset_step():
     runner = ModelRunner(model=None, kv_caches=[], block_size=4, max_model_len=64, eos_token_ids=[])
     runner.seqs["stale"] = object()
     assert runner.apply_deltas(Step(step_id=1, reset=True)) == [] and runner.seqs == {}
+
+
+def test_prefix_cache_stats_count_each_request_once():
+    s = make(num_blocks=4, budget=64)
+    s.add_request(req("a", 9, max_tokens=1))
+    run_step(s)  # a: 9 tokens, 2 full blocks cached, then finished and freed
+    s.add_request(req("big", 14, max_tokens=1, first=100))  # 4 blocks: fits
+    s.add_request(req("b", 9, max_tokens=1))  # waits behind big; its retries must not count
+    run_step(s)
+    run_step(s)
+    assert s.kv.num_queried_tokens == 9 + 14 + 9
+    assert s.kv.num_hit_tokens == 0  # big evicted a's cached blocks before b got in

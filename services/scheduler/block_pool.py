@@ -100,6 +100,16 @@ class BlockPool:
     def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
         return self.cached.get(block_hash)
 
+    def cached_prefix(self, block_hashes: Iterable[bytes]) -> list[KVBlock]:
+        """The blocks of the longest run of `block_hashes`, from the start, that are cached."""
+        hits = []
+        for block_hash in block_hashes:
+            block = self.cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} blocks, {self.num_free} free")

@@ -19,8 +19,8 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # how many of a request's blocks carry a hash
-        self.num_queries = 0  # prompt tokens looked up
-        self.num_hits = 0  # of which found cached
+        self.num_queried_tokens = 0  # prompt tokens of admitted requests
+        self.num_hit_tokens = 0  # of which came from the prefix cache
 
     def update_block_hashes(self, request: Request) -> None:
         """Extend the request's hash chain over its full blocks (outputs included)."""
@@ -37,15 +37,12 @@ class KVCacheManager:
             return []
         self.update_block_hashes(request)
         limit = max_cacheable_blocks(request.num_tokens, self.block_size)
-        hits = []
-        for block_hash in request.block_hashes[:limit]:
-            block = self.pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        self.num_queries += request.num_tokens
-        self.num_hits += len(hits) * self.block_size
-        return hits
+        return self.pool.cached_prefix(request.block_hashes[:limit])
+
+    def record_admission(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Prefix-cache statistics count a request once, when it is admitted (not per retry)."""
+        self.num_queried_tokens += num_tokens
+        self.num_hit_tokens += num_hit_tokens
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return cdiv(num_tokens, self.block_size) <= self.pool.num_blocks

@@ -47,7 +47,8 @@ class PoolLoop:
         self.worker_id = hello.worker_id
         self.step_timeout_s = config.step_timeout_s
         self.root_hash = root_hash(hello.model, hello.kv_cache_dtype)
-        kv = KVCacheManager(hello.num_blocks, hello.block_size, self.root_hash)
+        kv = KVCacheManager(hello.num_blocks, hello.block_size, self.root_hash,
+                            enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens)
         self.on_gone = on_gone
         self.last_seen = time.monotonic()

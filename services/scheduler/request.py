@@ -52,7 +52,3 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def max_total_tokens(self) -> int:
-        return self.num_prompt_tokens + self.sampling.max_tokens

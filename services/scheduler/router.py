@@ -17,7 +17,6 @@ class Router:
     def __init__(self, nc: Client, model: str):
         self.nc = nc
         self.model = model
-        self.num_lookup_failures = 0
 
     async def choose(self, pools: list[PoolLoop], block_hashes: list[bytes]) -> PoolLoop:
         matches = await self._cached_blocks(pools, block_hashes) if len(pools) > 1 and block_hashes else {}
@@ -29,15 +28,5 @@ class Router:
                                         timeout=LOOKUP_TIMEOUT_S)
             return KV_LOOKUP_REPLY_DECODER.decode(msg.data).num_matched_blocks
         except Exception as exc:  # the index is an optimisation: without it, route on our own pools
-            self.num_lookup_failures += 1
             log.warning("kv_lookup_failed", error=type(exc).__name__)
-            return {p.worker_id: _local_matches(p, block_hashes) for p in pools}
-
-
-def _local_matches(pool: PoolLoop, block_hashes: list[bytes]) -> int:
-    n = 0
-    for block_hash in block_hashes:
-        if pool.scheduler.kv.pool.get_cached_block(block_hash) is None:
-            break
-        n += 1
-    return n
+            return {p.worker_id: len(p.scheduler.kv.pool.cached_prefix(block_hashes)) for p in pools}

@@ -112,6 +112,7 @@ class Scheduler:
             if request.num_preemptions == 0:
                 request.num_cached_tokens = num_computed
                 request.first_scheduled_at = time.time()
+                self.kv.record_admission(request.num_tokens, num_computed)
             self._emit(out, request, num_new, [])
             budget -= num_new
         out.step.dropped_ids = self.take_dropped_ids()

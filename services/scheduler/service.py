@@ -110,11 +110,13 @@ class SchedulerService:
         return Accepted(request_id=submit.request_id, num_waiting=sum(len(p.scheduler.waiting) for p in pools))
 
     async def _route(self, request: Request, pools: list[PoolLoop]) -> None:
-        pool0 = pools[0]
-        limit = max_cacheable_blocks(request.num_tokens, pool0.hello.block_size)
-        request.block_hashes = hash_block_chain(
-            pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
-        pool = await self.router.choose([p for p in pools if p.is_alive] or pools, request.block_hashes[:limit])
+        lookup: list[bytes] = []
+        if self.config.enable_prefix_caching:
+            pool0 = pools[0]
+            request.block_hashes = hash_block_chain(
+                pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
+            lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, pool0.hello.block_size)]
+        pool = await self.router.choose([p for p in pools if p.is_alive] or pools, lookup)
         self._routing.discard(request.request_id)
         if request.request_id in self._aborted_while_routing:
             self._aborted_while_routing.discard(request.request_id)
@@ -190,8 +192,8 @@ class SchedulerService:
             num_waiting=sum(len(p.scheduler.waiting) for p in pools),
             kv_cache_usage=sum(kv.pool.usage for kv in kvs) / len(kvs) if kvs else 0.0,
             num_preemptions=sum(p.scheduler.num_preemptions for p in pools),
-            prefix_cache_queries=sum(kv.num_queries for kv in kvs),
-            prefix_cache_hits=sum(kv.num_hits for kv in kvs),
+            prefix_cache_queries=sum(kv.num_queried_tokens for kv in kvs),
+            prefix_cache_hits=sum(kv.num_hit_tokens for kv in kvs),
             max_model_len=self.max_model_len if pools else 0,
         )
         await msg.respond(encode(stats))
