@@ -87,6 +87,22 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return typed.validate()
 
 
+WORKER_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_worker_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
+    parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=WORKER_DTYPES)
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
+                        help="torch intra-op threads (0 = torch's default)")
+
+
+def add_api_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
+    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")))
+
+
 def add_nats_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
 

@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.config import add_api_args, add_engine_args, add_worker_args
 from switchyard.nats_server import NatsServer
 
 RESTART_BACKOFF_S = 2.0
@@ -125,11 +126,21 @@ class Stack:
             self.nats.stop()
 
 
+def check_service_args(service_args: list[str]) -> None:
+    """Every flag meant for the services must be one some service reads: a typo is refused here."""
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="make run ARGS=...", description="flags passed to the services")
+    add_engine_args(parser)
+    add_worker_args(parser)
+    add_api_args(parser)
+    parser.parse_args(service_args)  # exits with a usage message on an unknown flag
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Run the whole Switchyard stack")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="Run the whole Switchyard stack")
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SY_WORKERS", "1")))
     args, service_args = parser.parse_known_args()
+    check_service_args(service_args)
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
                   service_args=service_args)
     def on_signal(signum, _frame):

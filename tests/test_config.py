@@ -29,3 +29,12 @@ def test_context_length_message_names_both_numbers():
     assert context_length_error(100, 90, 10) is None
     message = context_length_error(100, 90, 11)
     assert "maximum context length is 100 tokens" in message and "101 tokens (90 in the prompt, 11 in" in message
+
+
+def test_launcher_refuses_a_flag_no_service_reads(capsys):
+    from switchyard.launcher import check_service_args
+
+    check_service_args(["--max-num-seqs", "8", "--threads", "1", "--no-enable-prefix-caching"])
+    with pytest.raises(SystemExit):
+        check_service_args(["--max-num-seq", "8"])
+    assert "unrecognized arguments: --max-num-seq 8" in capsys.readouterr().err

@@ -110,3 +110,16 @@ def test_prefix_cache_stats_count_each_request_once():
     run_step(s)
     assert s.kv.num_queried_tokens == 9 + 14 + 9
     assert s.kv.num_hit_tokens == 0  # big evicted a's cached blocks before b got in
+
+
+def test_scheduler_refuses_a_worker_with_other_kv_geometry():
+    from services.scheduler.service import worker_mismatch
+    from shared.config import EngineConfig
+    from shared.messages import WorkerHello
+
+    hello = WorkerHello(worker_id="w", model="m", backend="torch", kind="paged", num_blocks=10, block_size=16,
+                        max_batch=8, dtype="float32", max_model_len=2048, kv_cache_dtype="auto")
+    assert worker_mismatch(EngineConfig(), hello) is None
+    assert worker_mismatch(EngineConfig(block_size=32), hello) == "block_size 16 != scheduler's 32"
+    assert "kv_cache_dtype" in worker_mismatch(EngineConfig(kv_cache_dtype="bfloat16"), hello)
+    assert worker_mismatch(EngineConfig(max_model_len=1024), hello) == "max_model_len 2048 != scheduler's 1024"

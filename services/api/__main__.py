@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import uvicorn
@@ -15,17 +14,21 @@ from shared import bus
 from shared import log as sylog
 from shared.bus import connect
 from shared.client import BusClient
-from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len
+from shared.config import (
+    add_api_args,
+    add_engine_args,
+    add_nats_arg,
+    engine_config_from_args,
+    resolve_max_model_len,
+)
 from shared.model_files import resolve_model_path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Switchyard API gateway")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard API gateway")
     add_engine_args(parser)
     add_nats_arg(parser)
-    parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
-    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")))
+    add_api_args(parser)
     args, _ = parser.parse_known_args()  # the launcher passes every service the same flags
     config = engine_config_from_args(args)
     sylog.configure("api")

@@ -13,7 +13,7 @@ from shared.lifecycle import serve_until_signalled
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description="Switchyard KV-cache index")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard KV-cache index")
     add_nats_arg(parser)
     args = parser.parse_args()
     sylog.configure("kvcache")

@@ -13,7 +13,7 @@ from shared.lifecycle import serve_until_signalled
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description="Switchyard scheduler")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard scheduler")
     add_engine_args(parser)
     add_nats_arg(parser)
     args, _ = parser.parse_known_args()  # the launcher passes every service the same flags

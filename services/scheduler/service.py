@@ -36,6 +36,17 @@ log = get_logger("scheduler")
 WORKER_SILENCE_S = 5.0  # no heartbeat for this long: the worker is gone
 
 
+def worker_mismatch(config: EngineConfig, hello: WorkerHello) -> str | None:
+    """The worker owns the KV geometry; a scheduler configured differently refuses it, not ignores."""
+    if hello.block_size != config.block_size:
+        return f"block_size {hello.block_size} != scheduler's {config.block_size}"
+    if hello.kv_cache_dtype != config.kv_cache_dtype:
+        return f"kv_cache_dtype {hello.kv_cache_dtype!r} != scheduler's {config.kv_cache_dtype!r}"
+    if config.max_model_len is not None and hello.max_model_len != config.max_model_len:
+        return f"max_model_len {hello.max_model_len} != scheduler's {config.max_model_len}"
+    return None
+
+
 class SchedulerService:
     def __init__(self, nc: Client, config: EngineConfig):
         self.nc = nc
@@ -45,6 +56,7 @@ class SchedulerService:
         self.router = Router(nc, config.model)
         self._routing: set[str] = set()  # accepted, not yet in a pool (the KV lookup is in flight)
         self._aborted_while_routing: set[str] = set()
+        self._refused_workers: set[str] = set()
         self._subs = []
         self._watchdog: asyncio.Task | None = None
 
@@ -142,7 +154,11 @@ class SchedulerService:
 
     async def _on_announce(self, msg: Msg) -> None:
         announce = WORKER_ANNOUNCE_DECODER.decode(msg.data)
-        if announce.model != self.model:
+        if announce.model != self.model or announce.worker_id in self._refused_workers:
+            return
+        if isinstance(announce, WorkerHello) and (mismatch := worker_mismatch(self.config, announce)):
+            self._refused_workers.add(announce.worker_id)
+            log.error("worker_refused", worker_id=announce.worker_id, reason=mismatch)
             return
         pool = self.pools.get(announce.worker_id)
         if pool is not None and pool.is_alive:

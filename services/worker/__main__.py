@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 import uuid
 
@@ -16,7 +15,13 @@ from services.worker.model_runner import ModelRunner
 from services.worker.service import WorkerService
 from shared import log as sylog
 from shared.bus import connect
-from shared.config import add_engine_args, add_nats_arg, engine_config_from_args, resolve_max_model_len
+from shared.config import (
+    add_engine_args,
+    add_nats_arg,
+    add_worker_args,
+    engine_config_from_args,
+    resolve_max_model_len,
+)
 from shared.lifecycle import serve_until_signalled
 from shared.messages import WorkerHello
 from shared.model_files import resolve_model_path
@@ -25,14 +30,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Switchyard worker (torch backend)")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard worker (torch backend)")
     add_engine_args(parser)
     add_nats_arg(parser)
-    parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
-    parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=sorted(DTYPES))
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
-                        help="torch intra-op threads (0 = torch's default)")
-    return parser.parse_known_args()[0]  # the launcher passes every service the same flags
+    add_worker_args(parser)
+    return parser.parse_known_args()[0]  # the launcher checked them all and passes each service all
 
 
 async def main() -> None:
