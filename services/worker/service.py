@@ -75,9 +75,10 @@ class WorkerService:
                 self.runner.seqs.pop(seq.request_id, None)
             await msg.respond(encode(StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}")))
             return
+        forward_seconds = time.perf_counter() - started  # the step itself, not the publishing after it
         await self._publish_tokens(out)
-        elapsed = time.perf_counter() - started
-        await msg.respond(encode(StepResult(step_id=step.step_id, sampled=out.sampled, forward_seconds=elapsed)))
+        await msg.respond(encode(StepResult(step_id=step.step_id, sampled=out.sampled,
+                                            forward_seconds=forward_seconds)))
 
     async def _publish_tokens(self, out: StepOutput) -> None:
         """One TokenBatch per reply subject per step, plus the whole step on the observer subject."""
