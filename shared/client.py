@@ -97,13 +97,14 @@ class BusClient:
 
     async def submit(self, model: str, prompt_token_ids: list[int], sampling: SamplingParams, *,
                      request_id: str | None = None, cache_salt: str | None = None,
-                     timeout: float = 5.0) -> RequestStream:
+                     deadline: float = 0.0, timeout: float = 5.0) -> RequestStream:
+        """deadline: wall-clock time after which the scheduler ends the request (0: none)."""
         request_id = request_id or uuid.uuid4().hex
         stream = RequestStream(self, model, request_id)
         self.streams[request_id] = stream  # registered before Submit: the first token may beat the reply
         submit = Submit(request_id=request_id, model=model, prompt_token_ids=list(prompt_token_ids),
                         sampling=sampling, reply_to=self.reply_subject, arrival_time=time.time(),
-                        cache_salt=cache_salt)
+                        cache_salt=cache_salt, deadline=deadline)
         try:
             msg = await self.nc.request(subjects.submit(model), encode(submit), timeout=timeout)
         except NoRespondersError:

@@ -32,7 +32,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     num_kv_blocks: int | None = None  # overrides the budget (tests use it to force preemption)
     enable_prefix_caching: bool = True
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
+    max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     step_timeout_s: float = 60.0
+    drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
 
     def validate(self) -> EngineConfig:
         if not (8 <= self.block_size <= 128) or self.block_size & (self.block_size - 1):
@@ -50,6 +52,12 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
             raise ConfigError(f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}")
+        if self.max_concurrent_batch_size < 1:
+            raise ConfigError(f"max_concurrent_batch_size must be at least 1, got {self.max_concurrent_batch_size}")
+        if self.max_waiting < 0:
+            raise ConfigError(f"max_waiting must be at least 0, got {self.max_waiting}")
+        if self.drain_grace_s < 0:
+            raise ConfigError(f"drain_grace_s must be at least 0, got {self.drain_grace_s}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError(f"num_kv_blocks must be at least 2, got {self.num_kv_blocks}")
         return self
@@ -78,7 +86,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env("enable_prefix_caching", "1") not in ("0", "false", "False"))
     parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
+    parser.add_argument("--max-concurrent-batch-size", type=int,
+                        default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
+    parser.add_argument("--drain-grace-s", type=float, default=_env("drain_grace_s", d.drain_grace_s))
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -100,7 +111,18 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
 def add_api_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
-    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")))
+    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")),
+                        help="a request with no token for this long is aborted")
+    parser.add_argument("--request-timeout-s", type=float,
+                        default=float(os.environ.get("SY_REQUEST_TIMEOUT_S", "600")),
+                        help="server-side deadline of a request from its arrival (0: none)")
+    parser.add_argument("--api-key", default=os.environ.get("SY_API_KEY"),
+                        help="comma-separated keys; when set, every route but /health needs one")
+    parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", 16 * 2**20)))
+    parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", "20")))
+    parser.add_argument("--openai-config", default=os.environ.get("SY_OPENAI_CONFIG"),
+                        help="per-model OpenAI defaults: JSON (or a JSON file) with completion_config "
+                             "and chat_completion_config (which may carry chat_template)")
 
 
 def add_nats_arg(parser: argparse.ArgumentParser) -> None:

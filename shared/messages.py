@@ -20,16 +20,29 @@ class FinishReason(enum.IntEnum):
     LENGTH = 1  # max_tokens or max_model_len reached
     ABORT = 2  # client went away or asked to stop
     ERROR = 3  # the engine failed this request; `error` says why
+    TIMEOUT = 4  # the request's deadline passed
 
     @property
     def openai_name(self) -> str:
-        return {0: "stop", 1: "length", 2: "abort", 3: "error"}[int(self)]
+        return {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "timeout"}[int(self)]
 
 
 class RejectCode(enum.IntEnum):
     INVALID = 0  # -> HTTP 400
     QUEUE_FULL = 1  # -> HTTP 429
     UNAVAILABLE = 2  # no worker for the model -> HTTP 503
+
+
+class GuidedKind(enum.IntEnum):
+    JSON_OBJECT = 0  # any JSON object
+    JSON_SCHEMA = 1  # JSON valid against `schema`
+
+
+class Guided(msgspec.Struct, frozen=True):
+    """Constrained decoding: the worker masks every token the grammar does not allow."""
+
+    kind: GuidedKind
+    schema: str = ""  # JSON text of the schema (JSON_SCHEMA only)
 
 
 class SamplingParams(msgspec.Struct, frozen=True):
@@ -41,10 +54,22 @@ class SamplingParams(msgspec.Struct, frozen=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     min_tokens: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = {}
+    logprobs: int | None = None  # top alternatives per sampled token (0 = the sampled token's only)
+    prompt_logprobs: int | None = None  # the same for every prompt token; skips the prefix cache
+    guided: Guided | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 # ---- API -> scheduler ----------------------------------------------------------------------
@@ -58,6 +83,7 @@ class Submit(msgspec.Struct, tag="submit"):
     reply_to: str
     arrival_time: float
     cache_salt: str | None = None
+    deadline: float = 0.0  # wall clock after which the scheduler ends the request with an error (0: none)
 
 
 class Accepted(msgspec.Struct, tag="accepted"):
@@ -81,6 +107,14 @@ class Abort(msgspec.Struct, tag="abort"):
 # ---- tokens back to whoever asked ----------------------------------------------------------
 
 
+class Logprobs(msgspec.Struct, array_like=True):
+    """One position: the chosen token's log-probability and the most likely alternatives."""
+
+    logprob: float
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class TokenEntry(msgspec.Struct):
     request_id: RequestId
     offset: int  # index of token_ids[0] among the request's output tokens; a reader detects gaps
@@ -91,6 +125,8 @@ class TokenEntry(msgspec.Struct):
     error: str | None = None
     produced_at: float = 0.0  # wall clock on the producer when the step finished
     first_scheduled_at: float = 0.0  # when the scheduler first ran the request (queue time)
+    logprobs: list[Logprobs] | None = None  # one per token_ids entry, when the request asked
+    prompt_logprobs: list[Logprobs | None] | None = None  # first entry only; the first prompt token's is None
 
 
 class TokenBatch(msgspec.Struct, tag="tokens"):
@@ -234,6 +270,11 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of which were cached
     max_model_len: int = 0
+    num_steps: int = 0
+    step_seconds: float = 0.0  # summed round trip of every step (scheduler -> worker -> scheduler)
+    forward_seconds: float = 0.0  # of which the workers spent in the step itself
+    is_draining: bool = False
+    num_deadline_exceeded: int = 0
 
 
 # ---- encoding ------------------------------------------------------------------------------

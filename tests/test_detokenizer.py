@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.api.detokenizer import IncrementalDetokenizer
-from services.api.tokenizer import load_tokenizer
+from shared.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import uvicorn
 
 from services.api.app import create_app
 from services.api.context import ApiContext, ServedModel
-from services.api.tokenizer import load_tokenizer
+from services.api.openai_defaults import load_openai_config
+from services.api.server import DrainingServer
 from shared import bus
 from shared import log as sylog
 from shared.bus import connect
@@ -22,6 +23,7 @@ from shared.config import (
     resolve_max_model_len,
 )
 from shared.model_files import resolve_model_path
+from shared.tokenizer import load_tokenizer
 
 
 def main() -> None:
@@ -33,21 +35,28 @@ def main() -> None:
     config = engine_config_from_args(args)
     sylog.configure("api")
     tokenizer = load_tokenizer(resolve_model_path(config.model_path))
+    completion_defaults, chat_defaults, chat_template = load_openai_config(args.openai_config)
     served = ServedModel(name=config.model, tokenizer=tokenizer, created=int(time.time()),
-                         max_model_len=resolve_max_model_len(config.max_model_len, tokenizer.context_length))
+                         max_model_len=resolve_max_model_len(config.max_model_len, tokenizer.context_length),
+                         completion_defaults=completion_defaults, chat_defaults=chat_defaults,
+                         chat_template_override=chat_template, max_logprobs=args.max_logprobs)
+    api_keys = tuple(k for k in (args.api_key or "").split(",") if k)
 
     async def make_context() -> ApiContext:
         nc = await connect(args.nats_url, "api")
         client = BusClient(nc)
         await client.start()
-        return ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s)
+        return ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s,
+                          request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
+                          api_keys=api_keys)
 
     async def close_context(ctx: ApiContext) -> None:
         await ctx.bus.stop()
         await bus.close(ctx.nc)
 
     app = create_app(make_context, close_context)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop="uvloop")
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", loop="uvloop")
+    DrainingServer(uv_config, app, grace_s=config.drain_grace_s).run()
 
 
 if __name__ == "__main__":

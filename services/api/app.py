@@ -1,4 +1,4 @@
-"""The FastAPI gateway: OpenAI-compatible routes, errors in OpenAI's shape, health and models."""
+"""The FastAPI gateway: OpenAI-compatible routes, errors in OpenAI's shape, guards."""
 
 from __future__ import annotations
 
@@ -10,11 +10,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.api.body import validation_error
 from services.api.context import ApiContext
 from services.api.errors import APIError
+from services.api.guards import Guards
 from services.api.routes_openai import router as openai_router
-from shared import subjects
-from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from services.api.routes_server import router as server_router
+from shared.log import get_logger
+
+log = get_logger("api")
 
 
 def create_app(make_context: Callable[[], Awaitable[ApiContext]],
@@ -27,42 +31,28 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
 
     app = FastAPI(title="Switchyard", lifespan=lifespan)
     app.include_router(openai_router)
+    app.include_router(server_router)
+    app.add_middleware(Guards)
+
+    def counted(error: APIError) -> JSONResponse:
+        app.state.ctx.metrics.http_errors.labels(str(error.status)).inc()
+        return error.response()
 
     @app.exception_handler(APIError)
     async def on_api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+        return counted(exc)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message = "the request body is not valid JSON"
-        return APIError(400, f"{'.'.join(loc) + ': ' if loc else ''}{message}",
-                        param=".".join(loc) or None).response()
+        return counted(validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return APIError(exc.status_code, str(exc.detail)).response()
+        return counted(APIError(exc.status_code, str(exc.detail)))
 
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
-        ctx: ApiContext = request.app.state.ctx
-        for name in ctx.models:
-            try:
-                msg = await ctx.nc.request(subjects.scheduler_stats(name), encode(SchedulerStatsRequest()), timeout=1.0)
-            except Exception:
-                return APIError(503, f"no scheduler answers for {name!r}").response()
-            if SCHEDULER_STATS_DECODER.decode(msg.data).num_workers == 0:
-                return APIError(503, f"no worker is ready for {name!r}").response()
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/v1/models")
-    async def list_models(request: Request) -> JSONResponse:
-        ctx: ApiContext = request.app.state.ctx
-        data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "switchyard",
-                 "root": m.name, "parent": None, "max_model_len": m.max_model_len} for m in ctx.models.values()]
-        return JSONResponse({"object": "list", "data": data})
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error", path=request.url.path)
+        return counted(APIError(500, f"internal error: {type(exc).__name__}"))
 
     return app

@@ -1,4 +1,4 @@
-"""One request in flight at the API: submit, relay tokens as text deltas, finish with usage."""
+"""One engine request in flight at the API: submit, relay tokens as text deltas, finish with usage."""
 
 from __future__ import annotations
 
@@ -8,85 +8,120 @@ from dataclasses import dataclass
 
 from services.api.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
+from services.api.metrics import ApiMetrics
 from services.api.openai_format import Usage
 from shared.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
-from shared.messages import FinishReason, RejectCode, SamplingParams
+from shared.messages import FinishReason, Logprobs, RejectCode, SamplingParams
 
 log = get_logger("api")
 _REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCode.UNAVAILABLE: 503}
+RETRY_AFTER_S = "1"  # what a 429 asks the client to wait
 
 
 @dataclass
 class Delta:
     text: str
     finish_reason: str | None = None
-    usage: Usage | None = None
+    token_ids: tuple[int, ...] = ()
+    logprobs: list[Logprobs] | None = None  # one per token id, when asked
+    prompt_logprobs: list[Logprobs | None] | None = None  # on the first delta, when asked
 
 
 class Generation:
     def __init__(self, bus: BusClient, model: str, prompt_ids: list[int], sampling: SamplingParams,
-                 detokenizer: IncrementalDetokenizer, *, cache_salt: str | None, idle_timeout_s: float):
+                 detokenizer: IncrementalDetokenizer, metrics: ApiMetrics, *, cache_salt: str | None,
+                 idle_timeout_s: float, request_timeout_s: float):
         self.bus = bus
         self.model = model
         self.prompt_ids = prompt_ids
         self.sampling = sampling
         self.detokenizer = detokenizer
+        self.metrics = metrics
         self.cache_salt = cache_salt
         self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.arrival = time.monotonic()
+        self.arrival_wall = time.time()
         self.first_token_at: float | None = None
+        self.queue_time: float | None = None
         self.stream: RequestStream | None = None
         self.num_cached_tokens = 0
         self.finish_reason = "abort"  # until the stream says otherwise: disconnect or timeout
 
     async def submit(self) -> None:
         """Raises APIError with the right status if the engine does not take the request."""
+        deadline = self.arrival_wall + self.request_timeout_s if self.request_timeout_s > 0 else 0.0
         try:
-            self.stream = await self.bus.submit(self.model, self.prompt_ids, self.sampling, cache_salt=self.cache_salt)
+            self.stream = await self.bus.submit(self.model, self.prompt_ids, self.sampling,
+                                                cache_salt=self.cache_salt, deadline=deadline)
         except EngineUnavailable as exc:
             raise APIError(503, str(exc), code="engine_unavailable") from None
         except SubmitRejected as exc:
-            raise APIError(_REJECT_STATUS[exc.code], exc.reason, code=exc.code.name.lower()) from None
+            headers = {"Retry-After": RETRY_AFTER_S} if exc.code == RejectCode.QUEUE_FULL else None
+            raise APIError(_REJECT_STATUS[exc.code], exc.reason, code=exc.code.name.lower(),
+                           headers=headers) from None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.stream.num_tokens if self.stream else 0
 
     def usage(self) -> Usage:
         now = time.monotonic()
-        num_out = self.stream.num_tokens if self.stream else 0
         ttft = (self.first_token_at or now) - self.arrival
-        return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=num_out,
-                     cached_tokens=self.num_cached_tokens, ttft=ttft, tps=num_out / max(now - self.arrival, 1e-9))
+        return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=self.num_output_tokens,
+                     cached_tokens=self.num_cached_tokens, ttft=ttft,
+                     tps=self.num_output_tokens / max(now - self.arrival, 1e-9))
 
     async def deltas(self) -> AsyncIterator[Delta]:
         assert self.stream is not None, "submit() first"
         is_done = False
+        last_at = self.arrival
         try:
             async for entry in self.stream.entries(timeout=self.idle_timeout_s):
+                now = time.monotonic()
                 if self.first_token_at is None:
-                    self.first_token_at = time.monotonic()
+                    self.first_token_at = now
                     self.num_cached_tokens = entry.num_cached_tokens
-                if entry.finish_reason == FinishReason.ERROR:
+                    if entry.first_scheduled_at:
+                        self.queue_time = entry.first_scheduled_at - self.arrival_wall
+                elif entry.token_ids:
+                    self.metrics.itl.labels(self.model).observe((now - last_at) / len(entry.token_ids))
+                last_at = now
+                if entry.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
                     is_done = True
-                    self.finish_reason = "error"
-                    raise APIError(503, entry.error or "the engine failed this request", code="engine_error")
+                    self.finish_reason = entry.finish_reason.openai_name
+                    status = 504 if entry.finish_reason == FinishReason.TIMEOUT else 503
+                    raise APIError(status, entry.error or "the engine failed this request",
+                                   code=entry.finish_reason.openai_name)
                 text = self.detokenizer.push(entry.token_ids)
+                delta = Delta(text, None, tuple(entry.token_ids), entry.logprobs, entry.prompt_logprobs)
                 if self.detokenizer.is_stopped:
-                    self.finish_reason = "stop"
-                    yield Delta(text, "stop", self.usage())
+                    self.finish_reason = delta.finish_reason = "stop"
+                    yield delta
                     return
                 if entry.finish_reason is not None:
                     is_done = True
-                    self.finish_reason = entry.finish_reason.openai_name
-                    yield Delta(text + self.detokenizer.flush(), entry.finish_reason.openai_name, self.usage())
+                    self.finish_reason = delta.finish_reason = entry.finish_reason.openai_name
+                    delta.text += self.detokenizer.flush()
+                    yield delta
                     return
-                if text:
-                    yield Delta(text)
+                if text or delta.logprobs or delta.prompt_logprobs:
+                    yield delta
         except TimeoutError:
-            raise APIError(503, f"no token for {self.idle_timeout_s}s; the request was aborted",
+            raise APIError(504, f"no token for {self.idle_timeout_s}s; the request was aborted",
                            code="timeout") from None
         finally:
             if not is_done:  # stop string, disconnect, timeout: the engine must let go
                 await self.stream.abort()
-            u = self.usage()
-            log.info("request_finished", request_id=self.stream.request_id, model=self.model,
-                     prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                     cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)
+            self._log_finished()
+
+    def _log_finished(self) -> None:
+        u = self.usage()
+        self.metrics.observe_finished(
+            self.model, ttft=u.ttft if self.first_token_at else None, e2e=time.monotonic() - self.arrival,
+            queue_time=self.queue_time, num_prompt_tokens=u.prompt_tokens, num_output_tokens=u.completion_tokens,
+            finish_reason=self.finish_reason)
+        log.info("request_finished", request_id=self.stream.request_id, model=self.model,
+                 prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                 cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)

@@ -22,29 +22,35 @@ class Usage:
         }
 
 
-def completion(request_id: str, created: int, model: str, text: str, finish_reason: str, usage: Usage) -> dict:
-    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage.as_dict()}
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def completion_chunk(request_id: str, created: int, model: str, text: str, finish_reason: str | None) -> dict:
-    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: list[dict] | None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+            "finish_reason": finish_reason}
 
 
-def chat_completion(request_id: str, created: int, model: str, text: str, finish_reason: str, usage: Usage) -> dict:
-    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage.as_dict()}
+def chat_delta_choice(index: int, delta: dict, finish_reason: str | None, logprobs: list[dict] | None) -> dict:
+    return {"index": index, "delta": delta,
+            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+            "finish_reason": finish_reason}
 
 
-def chat_chunk(request_id: str, created: int, model: str, delta: dict, finish_reason: str | None) -> dict:
-    return {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+def response(request_id: str, created: int, model: str, is_chat: bool, choices: list[dict],
+             usage: Usage | None) -> dict:
+    body = {"id": request_id, "object": "chat.completion" if is_chat else "text_completion",
+            "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage.as_dict()
+    return body
 
 
-def usage_chunk(request_id: str, created: int, model: str, obj: str, usage: Usage) -> dict:
-    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage.as_dict()}
+def chunk(request_id: str, created: int, model: str, is_chat: bool, choices: list[dict],
+          usage: Usage | None = None) -> dict:
+    body = {"id": request_id, "object": "chat.completion.chunk" if is_chat else "text_completion",
+            "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage.as_dict()
+    return body

@@ -36,6 +36,9 @@ class KvCacheService:
         await self.nc.publish(subjects.KV_RESYNC, encode(Resync()))
         log.info("kvcache_ready")
 
+    async def drain(self, grace_s: float) -> None:
+        """Nothing in flight to finish: the index is rebuilt from the schedulers on restart."""
+
     async def stop(self) -> None:
         for sub in self._subs:
             await sub.unsubscribe()

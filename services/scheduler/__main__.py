@@ -21,7 +21,7 @@ async def main() -> None:
     sylog.configure("scheduler")
     nc = await connect(args.nats_url, f"scheduler-{config.model}")
     service = SchedulerService(nc, config)
-    await serve_until_signalled(nc, service)
+    await serve_until_signalled(nc, service, config.drain_grace_s)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> list[KVBlock]:
         """Longest run of cached blocks at the start of the request (never its last token)."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or request.sampling.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position computed
         self.update_block_hashes(request)
         limit = max_cacheable_blocks(request.num_tokens, self.block_size)
         return self.pool.cached_prefix(request.block_hashes[:limit])

@@ -41,7 +41,8 @@ class WorkerGone(Exception):
 
 class PoolLoop:
     def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
-                 on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]]):
+                 on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]],
+                 can_run_more: Callable[[], bool]):
         self.nc = nc
         self.hello = hello
         self.worker_id = hello.worker_id
@@ -49,13 +50,17 @@ class PoolLoop:
         self.root_hash = root_hash(hello.model, hello.kv_cache_dtype)
         kv = KVCacheManager(hello.num_blocks, hello.block_size, self.root_hash,
                             enable_prefix_caching=config.enable_prefix_caching)
-        self.scheduler = Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens)
+        self.scheduler = Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens,
+                                   can_run_more)
         self.on_gone = on_gone
         self.last_seen = time.monotonic()
         self.is_alive = True
         self._wake = asyncio.Event()
         self._has_stepped = False
         self._task: asyncio.Task | None = None
+        self.num_steps = 0
+        self.step_seconds = 0.0  # round trips, summed
+        self.forward_seconds = 0.0  # of which the worker spent in the step
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -63,11 +68,11 @@ class PoolLoop:
         self.scheduler.add_request(request)
         self._wake.set()
 
-    def abort(self, request_id: str) -> bool:
-        aborted = self.scheduler.abort(request_id) is not None
-        if aborted:
+    def abort(self, request_id: str) -> Request | None:
+        request = self.scheduler.abort(request_id)
+        if request is not None:
             self._wake.set()
-        return aborted
+        return request
 
     @property
     def load(self) -> int:
@@ -109,6 +114,7 @@ class PoolLoop:
     async def _step(self, step: Step) -> StepResult:
         step.reset = not self._has_stepped  # the worker may hold state from a scheduler before us
         self._has_stepped = True
+        started = time.perf_counter()
         try:
             msg = await self.nc.request(subjects.worker_step(self.worker_id), encode(step),
                                         timeout=self.step_timeout_s)
@@ -117,7 +123,11 @@ class PoolLoop:
         except (TimeoutError, NatsTimeoutError):
             raise WorkerGone(f"worker {self.worker_id} missed its step deadline ({self.step_timeout_s}s)") from None
         self.last_seen = time.monotonic()
-        return STEP_RESULT_DECODER.decode(msg.data)
+        result = STEP_RESULT_DECODER.decode(msg.data)
+        self.num_steps += 1
+        self.step_seconds += time.perf_counter() - started
+        self.forward_seconds += result.forward_seconds
+        return result
 
     async def _fail_step(self, request_ids, error: str) -> None:
         log.error("step_error", worker_id=self.worker_id, error=error)

@@ -10,8 +10,9 @@ from services.scheduler.request import Request
 from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
 
 
-async def publish_error(nc: Client, request: Request, error: str) -> None:
+async def publish_error(nc: Client, request: Request, error: str,
+                        reason: FinishReason = FinishReason.ERROR) -> None:
     entry = TokenEntry(request_id=request.request_id, offset=len(request.output_token_ids), token_ids=[],
-                       finish_reason=FinishReason.ERROR, num_prompt_tokens=request.num_prompt_tokens,
+                       finish_reason=reason, num_prompt_tokens=request.num_prompt_tokens,
                        num_cached_tokens=request.num_cached_tokens, error=error, produced_at=time.time())
     await nc.publish(request.reply_to, encode(TokenBatch(entries=[entry])))

@@ -34,12 +34,16 @@ class Request:
     is_on_worker: bool = False  # the worker holds its state: send deltas only
     num_preemptions: int = 0
     first_scheduled_at: float = 0.0
+    deadline: float = 0.0  # wall clock; 0 = none
 
     @classmethod
     def from_submit(cls, submit: Submit) -> Request:
         return cls(request_id=submit.request_id, prompt_token_ids=submit.prompt_token_ids,
                    sampling=submit.sampling, reply_to=submit.reply_to,
-                   arrival_time=submit.arrival_time, cache_salt=submit.cache_salt)
+                   arrival_time=submit.arrival_time, cache_salt=submit.cache_salt, deadline=submit.deadline)
+
+    def is_past_deadline(self, now: float) -> bool:
+        return 0.0 < self.deadline < now
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.scheduler.kv_cache_manager import KVCacheManager
@@ -32,11 +33,17 @@ class FinishedRequest:
     reason: FinishReason
 
 
+def _always() -> bool:
+    return True
+
+
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 can_run_more: Callable[[], bool] = _always):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.can_run_more = can_run_more  # the model-wide cap (max_concurrent_batch_size) across pools
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -98,7 +105,8 @@ class Scheduler:
                 continue
             self._emit(out, request, num_new, [b.block_id for b in new_blocks])
             budget -= num_new
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_any:
+        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_any
+               and self.can_run_more()):
             request = self.waiting[0]
             hits = self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.kv.block_size

@@ -23,6 +23,7 @@ from shared.messages import (
     WORKER_ANNOUNCE_DECODER,
     Accepted,
     Discover,
+    FinishReason,
     RejectCode,
     Rejected,
     SchedulerStats,
@@ -34,6 +35,7 @@ from shared.messages import (
 
 log = get_logger("scheduler")
 WORKER_SILENCE_S = 5.0  # no heartbeat for this long: the worker is gone
+WATCH_INTERVAL_S = 0.25  # how often silent workers and passed deadlines are looked for
 
 
 def worker_mismatch(config: EngineConfig, hello: WorkerHello) -> str | None:
@@ -59,6 +61,8 @@ class SchedulerService:
         self._refused_workers: set[str] = set()
         self._subs = []
         self._watchdog: asyncio.Task | None = None
+        self.is_draining = False
+        self.num_deadline_exceeded = 0
 
     async def start(self) -> None:
         on = self.nc.subscribe
@@ -72,7 +76,7 @@ class SchedulerService:
             await on(subjects.scheduler_stats(self.model), cb=self._on_stats),
         ]
         await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
-        self._watchdog = asyncio.create_task(self._watch_workers())
+        self._watchdog = asyncio.create_task(self._watch())
         log.info("scheduler_ready", model=self.model)
 
     async def stop(self) -> None:
@@ -82,6 +86,21 @@ class SchedulerService:
             await sub.unsubscribe()
         for pool in self.pools.values():
             await pool.stop()
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: take no new request, let the admitted ones finish, fail what is left at the end."""
+        self.is_draining = True
+        log.info("scheduler_draining", model=self.model, num_requests=self.num_requests, grace_s=grace_s)
+        deadline = time.monotonic() + grace_s
+        while self.num_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for pool in self.pools.values():
+            for request in pool.scheduler.take_all():
+                await publish_error(self.nc, request, "the server shut down before the request finished")
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._routing) + sum(p.load for p in self.pools.values() if p.is_alive)
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -101,6 +120,8 @@ class SchedulerService:
         pools = [p for p in self.pools.values() if p.is_alive]
         if submit.model != self.model:
             return reject(RejectCode.INVALID, f"this scheduler serves {self.model!r}, not {submit.model!r}")
+        if self.is_draining:
+            return reject(RejectCode.UNAVAILABLE, "the scheduler is shutting down")
         if not pools:
             return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
         if not submit.prompt_token_ids:
@@ -111,8 +132,10 @@ class SchedulerService:
         too_long = context_length_error(self.max_model_len, num_prompt, max_tokens)
         if too_long:
             return reject(RejectCode.INVALID, too_long)
-        if sum(len(p.scheduler.waiting) for p in pools) >= self.config.max_waiting:
-            return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full")
+        num_waiting = self.num_requests - self.num_running
+        if self.num_requests >= self.config.max_concurrent_batch_size + self.config.max_waiting:
+            return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full "
+                          f"({self.num_running} running, {num_waiting} waiting)")
         total = num_prompt + max_tokens
         if not all(p.scheduler.kv.can_ever_fit(total) for p in pools):
             return reject(RejectCode.INVALID, f"{total} tokens can never fit in the KV cache")
@@ -140,13 +163,21 @@ class SchedulerService:
     def max_model_len(self) -> int:
         return min(p.hello.max_model_len for p in self.pools.values())
 
+    @property
+    def num_running(self) -> int:
+        return sum(len(p.scheduler.running) for p in self.pools.values() if p.is_alive)
+
+    def can_run_more(self) -> bool:
+        """max_concurrent_batch_size caps the requests running at once for the model, over all pools."""
+        return self.num_running < self.config.max_concurrent_batch_size
+
     async def _on_abort(self, msg: Msg) -> None:
         for request_id in ABORT_DECODER.decode(msg.data).request_ids:
             if request_id in self._routing:
                 self._aborted_while_routing.add(request_id)
                 continue
             for pool in self.pools.values():
-                if pool.abort(request_id):
+                if pool.abort(request_id) is not None:
                     log.info("request_aborted", request_id=request_id, worker_id=pool.worker_id)
                     break
 
@@ -169,7 +200,7 @@ class SchedulerService:
             await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
 
     def _add_pool(self, hello: WorkerHello) -> None:
-        pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone)
+        pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more)
         self.pools[hello.worker_id] = pool
         pool.start()
         log.info("worker_joined", worker_id=hello.worker_id, num_blocks=hello.num_blocks)
@@ -183,13 +214,20 @@ class SchedulerService:
             else:
                 await publish_error(self.nc, request, f"no worker left for model {self.model!r}")
 
-    async def _watch_workers(self) -> None:
+    async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            now, wall = time.monotonic(), time.time()
             for pool in list(self.pools.values()):
                 if pool.is_alive and now - pool.last_seen > WORKER_SILENCE_S:
                     await pool.fail_over(f"worker {pool.worker_id} stopped sending heartbeats")
+                    continue
+                for request in [r for r in pool.scheduler.requests.values() if r.is_past_deadline(wall)]:
+                    pool.abort(request.request_id)
+                    self.num_deadline_exceeded += 1
+                    log.info("request_deadline_exceeded", request_id=request.request_id)
+                    await publish_error(self.nc, request, "the request ran past its deadline and was stopped",
+                                        FinishReason.TIMEOUT)
 
     # ---- stats and resync ----------------------------------------------------------------------
 
@@ -211,5 +249,9 @@ class SchedulerService:
             prefix_cache_queries=sum(kv.num_queried_tokens for kv in kvs),
             prefix_cache_hits=sum(kv.num_hit_tokens for kv in kvs),
             max_model_len=self.max_model_len if pools else 0,
+            num_steps=sum(p.num_steps for p in self.pools.values()),
+            step_seconds=sum(p.step_seconds for p in self.pools.values()),
+            forward_seconds=sum(p.forward_seconds for p in self.pools.values()),
+            is_draining=self.is_draining, num_deadline_exceeded=self.num_deadline_exceeded,
         )
         await msg.respond(encode(stats))

@@ -9,6 +9,7 @@ import uuid
 
 import torch
 
+from services.worker.guided import GrammarCompiler
 from services.worker.kv_cache import allocate_kv_cache, kv_dtype_for, num_blocks_for_budget
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
@@ -25,6 +26,7 @@ from shared.config import (
 from shared.lifecycle import serve_until_signalled
 from shared.messages import WorkerHello
 from shared.model_files import resolve_model_path
+from shared.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,13 +53,17 @@ async def main() -> None:
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
         loaded.config, config.block_size, kv_dtype, int(config.kv_cache_memory_gib * 2**30))
     caches = allocate_kv_cache(loaded.config, num_blocks, config.block_size, kv_dtype)
-    runner = ModelRunner(loaded.model, caches, config.block_size, max_model_len, loaded.config.eos_token_ids)
+    model_path = resolve_model_path(config.model_path)
+    grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), loaded.config.vocab_size,
+                              loaded.config.eos_token_ids) if config.load_format != "dummy" else None
+    runner = ModelRunner(loaded.model, caches, config.block_size, max_model_len, loaded.config.eos_token_ids,
+                         grammar=grammar)
     hello = WorkerHello(worker_id=worker_id, model=config.model, backend="torch", kind="paged",
                         num_blocks=num_blocks, block_size=config.block_size, max_batch=config.max_num_seqs,
                         dtype=args.dtype, max_model_len=max_model_len, kv_cache_dtype=config.kv_cache_dtype)
     nc = await connect(args.nats_url, f"worker-{worker_id}")
     service = WorkerService(nc, runner, hello)
-    await serve_until_signalled(nc, service)
+    await serve_until_signalled(nc, service, config.drain_grace_s)
 
 
 if __name__ == "__main__":

@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from services.worker.attention import AttentionMetadata
-from services.worker.sampler import sample
+from services.worker.guided import GrammarCompiler
+from services.worker.sampler import logprobs_of, sample
 from services.worker.sequence import SeqState
-from shared.messages import FinishReason, Sampled, Step
+from shared.messages import FinishReason, Logprobs, Sampled, Step
 
 
 @dataclass
 class StepOutput:
     sampled: list[Sampled]
     finished: dict[str, SeqState]  # sequences that ended this step (state already dropped)
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the sampled token, when asked
+    prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)  # with a first token
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches, block_size: int, max_model_len: int,
-                 eos_token_ids: list[int]):
+                 eos_token_ids: list[int], grammar: GrammarCompiler | None = None):
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
+        self.grammar = grammar
         self.seqs: dict[str, SeqState] = {}
 
     # ---- deltas ------------------------------------------------------------------------------
@@ -39,6 +43,9 @@ class ModelRunner:
         batch = []
         for new in step.new_seqs:
             state = SeqState.from_new(new)
+            if new.sampling.guided is not None:
+                state.matcher = self._grammar().matcher(new.sampling.guided)
+                state.matcher.advance(state.output_ids)  # recomputed after preemption: catch up
             self.seqs[new.request_id] = state
             batch.append((state, new.num_new_tokens))
         for sched in step.scheduled:
@@ -89,6 +96,8 @@ class ModelRunner:
         # only sequences whose every known token is now computed produce a token
         rows, to_sample, end = [], [], 0
         for seq, num_new in batch:
+            if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
+                self._score_prompt(seq, hidden[end : end + num_new])
             end += num_new
             seq.num_computed_tokens += num_new
             if seq.num_computed_tokens == len(seq.token_ids):
@@ -97,18 +106,36 @@ class ModelRunner:
         if not to_sample:
             return StepOutput(sampled=[], finished={})
         logits = self.model.compute_logits(hidden[rows])
-        token_ids = sample(
-            logits, [s.sampling for s in to_sample], [s.seed for s in to_sample],
-            [s.num_output_tokens for s in to_sample], [s.banned_ids(self.eos_token_ids) for s in to_sample],
-        )
-        return self._record(to_sample, token_ids)
+        token_ids, logprobs = sample(logits, [s.sample_row(self.eos_token_ids) for s in to_sample])
+        return self._record(to_sample, token_ids, logprobs)
 
-    def _record(self, seqs: list[SeqState], token_ids: list[int]) -> StepOutput:
-        sampled, finished = [], {}
-        for seq, token_id in zip(seqs, token_ids, strict=True):
+    def _score_prompt(self, seq: SeqState, hidden: torch.Tensor) -> None:
+        """Logprobs of prompt tokens: the row at position p scores the prompt token at p + 1."""
+        first = seq.num_computed_tokens
+        num_rows = min(hidden.shape[0], seq.num_prompt_tokens - 1 - first)
+        if num_rows <= 0:
+            return
+        logprobs = self.model.compute_logits(hidden[:num_rows]).log_softmax(-1)
+        targets = seq.token_ids[first + 1 : first + 1 + num_rows]
+        seq.prompt_logprobs.extend(logprobs_of(logprobs, targets, seq.sampling.prompt_logprobs))
+
+    def _record(self, seqs: list[SeqState], token_ids: list[int], logprobs: list[Logprobs | None]) -> StepOutput:
+        out = StepOutput(sampled=[], finished={})
+        for seq, token_id, lp in zip(seqs, token_ids, logprobs, strict=True):
             seq.token_ids.append(token_id)
+            if seq.matcher is not None:
+                seq.matcher.advance([token_id])
+            if lp is not None:
+                out.logprobs[seq.request_id] = lp
+            if seq.prompt_logprobs is not None:
+                out.prompt_logprobs[seq.request_id], seq.prompt_logprobs = seq.prompt_logprobs, None
             reason: FinishReason | None = seq.check_finished(token_id, self.eos_token_ids, self.max_model_len)
-            sampled.append(Sampled(request_id=seq.request_id, token_id=token_id, finish_reason=reason))
+            out.sampled.append(Sampled(request_id=seq.request_id, token_id=token_id, finish_reason=reason))
             if reason is not None:
-                finished[seq.request_id] = self.seqs.pop(seq.request_id)
-        return StepOutput(sampled=sampled, finished=finished)
+                out.finished[seq.request_id] = self.seqs.pop(seq.request_id)
+        return out
+
+    def _grammar(self) -> GrammarCompiler:
+        if self.grammar is None:
+            raise RuntimeError("this worker was started without a tokenizer: response_format is unavailable")
+        return self.grammar

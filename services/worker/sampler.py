@@ -1,14 +1,17 @@
-"""Sampling on the worker: greedy, temperature, top-k, top-p, and a seed per request.
+"""Sampling on the worker: greedy, temperature, top-k, top-p, min-p, a seed per request, logprobs.
 
 Random draws come from a generator seeded with (request seed, output index), so a request's
 tokens do not depend on what else is in the batch, nor on being preempted and recomputed.
+Logprobs are the model's own (log-softmax of the raw logits, before any processor), as vLLM
+reports them by default.
 """
 
 from __future__ import annotations
 
 import torch
 
-from shared.messages import SamplingParams
+from services.worker.logits_processors import SampleRow, apply_logits_processors
+from shared.messages import Logprobs
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads consecutive indices apart
 
@@ -17,11 +20,15 @@ def draw_seed(seed: int, output_index: int) -> int:
     return (seed * 1_000_003 + output_index * _MIX) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
     """logits: [vocab] already temperature-scaled; returns logits with cut tokens at -inf."""
     if top_k and top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if min_p > 0.0:
+        # keep tokens at least min_p times as likely as the most likely one
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = sorted_logits.softmax(-1)
@@ -32,20 +39,33 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
-           output_indices: list[int], banned_ids: list[list[int]]) -> list[int]:
-    """logits: [num_seqs, vocab] float32 -> one token id per row."""
-    for row, banned in enumerate(banned_ids):
-        if banned:
-            logits[row, banned] = float("-inf")
+def logprobs_of(logprobs: torch.Tensor, token_ids: list[int], num_top: int) -> list[Logprobs]:
+    """logprobs: [n, vocab] log-softmax rows; the chosen token's value and the num_top best."""
+    chosen = logprobs.gather(1, torch.tensor(token_ids, dtype=torch.long).unsqueeze(1)).squeeze(1).tolist()
+    if num_top <= 0:
+        return [Logprobs(lp) for lp in chosen]
+    top = torch.topk(logprobs, num_top, dim=-1)
+    return [Logprobs(lp, ids, lps) for lp, ids, lps in zip(chosen, top.indices.tolist(), top.values.tolist(),
+                                                         strict=True)]
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[Logprobs | None]]:
+    """logits: [num_rows, vocab] float32 -> one token id per row, and its logprobs if asked."""
+    wants_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    raw_logprobs = logits[wants_logprobs].log_softmax(-1) if wants_logprobs else None
+    logits = apply_logits_processors(logits, rows)
     token_ids = logits.argmax(-1).tolist()
-    for row, p in enumerate(params):
+    for i, row in enumerate(rows):
+        p = row.params
         if p.is_greedy:
             continue
-        scaled = apply_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
+        scaled = apply_top_k_top_p(logits[i] / p.temperature, p.top_k, p.top_p, p.min_p)
         probs = scaled.softmax(-1)
-        gen = torch.Generator().manual_seed(draw_seed(seeds[row], output_indices[row]))
+        gen = torch.Generator().manual_seed(draw_seed(row.seed, row.output_index))
         # exponential race: argmax(p / E) with E ~ Exp(1) draws from p
         noise = torch.empty_like(probs).exponential_(generator=gen)
-        token_ids[row] = int((probs / noise).argmax())
-    return token_ids
+        token_ids[i] = int((probs / noise).argmax())
+    logprobs: list[Logprobs | None] = [None] * len(rows)
+    for j, i in enumerate(wants_logprobs):
+        logprobs[i] = logprobs_of(raw_logprobs[j : j + 1], [token_ids[i]], rows[i].params.logprobs)[0]
+    return token_ids, logprobs

@@ -5,7 +5,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from shared.messages import FinishReason, NewSeq, SamplingParams
+from services.worker.guided import GuidedMatcher
+from services.worker.logits_processors import SampleRow
+from shared.messages import FinishReason, Logprobs, NewSeq, SamplingParams
 
 
 @dataclass
@@ -20,6 +22,9 @@ class SeqState:
     num_cached_tokens: int
     first_scheduled_at: float
     seed: int = field(default_factory=lambda: secrets.randbits(62))
+    matcher: GuidedMatcher | None = None
+    # prompt logprobs gathered chunk by chunk; sent with the first token, then dropped
+    prompt_logprobs: list[Logprobs | None] | None = None
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:
@@ -31,23 +36,40 @@ class SeqState:
         )
         if new.sampling.seed is not None:
             state.seed = new.sampling.seed
+        if new.sampling.prompt_logprobs is not None and state.num_output_tokens == 0:
+            state.prompt_logprobs = [None]  # the first prompt token has no context to be scored in
         return state
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    def sample_row(self, eos_token_ids: list[int]) -> SampleRow:
+        p = self.sampling
+        return SampleRow(
+            params=p, seed=self.seed, output_index=self.num_output_tokens,
+            prompt_ids=self.token_ids[: self.num_prompt_tokens] if p.repetition_penalty != 1.0 else [],
+            output_ids=self.output_ids if p.has_penalties else [],
+            banned_ids=self.banned_ids(eos_token_ids),
+            allowed=self.matcher.allowed() if self.matcher is not None else None,
+        )
+
     def banned_ids(self, eos_token_ids: list[int]) -> list[int]:
-        """Below min_tokens, EOS and stop tokens cannot be sampled."""
-        if self.num_output_tokens >= self.sampling.min_tokens:
+        """Below min_tokens, EOS and stop tokens cannot be sampled (a grammar overrides that)."""
+        if self.num_output_tokens >= self.sampling.min_tokens or self.matcher is not None:
             return []
         return [*eos_token_ids, *self.sampling.stop_token_ids]
 
     def check_finished(self, token_id: int, eos_token_ids: list[int], max_model_len: int) -> FinishReason | None:
         """Called after token_id was appended."""
         p = self.sampling
-        if self.num_output_tokens >= p.min_tokens:
-            if (token_id in eos_token_ids and not p.ignore_eos) or token_id in p.stop_token_ids:
+        if self.num_output_tokens >= p.min_tokens or self.matcher is not None:
+            if (token_id in eos_token_ids and (not p.ignore_eos or self.matcher is not None)) \
+                    or token_id in p.stop_token_ids:
                 return FinishReason.STOP
         if self.num_output_tokens >= p.max_tokens or len(self.token_ids) >= max_model_len:
             return FinishReason.LENGTH

@@ -25,6 +25,7 @@ from shared.messages import (
 
 log = get_logger("worker")
 HEARTBEAT_INTERVAL_S = 1.0
+QUIET_BEFORE_EXIT_S = 1.0  # draining: no sequence held and no step for this long means we are done
 
 
 class WorkerService:
@@ -34,6 +35,7 @@ class WorkerService:
         self.hello = hello
         self._tasks: list[asyncio.Task] = []
         self._subs = []
+        self.last_step_at = 0.0  # monotonic
 
     async def start(self) -> None:
         self._subs.append(await self.nc.subscribe(subjects.worker_step(self.hello.worker_id), cb=self._on_step))
@@ -42,6 +44,14 @@ class WorkerService:
         self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
         log.info("worker_ready", worker_id=self.hello.worker_id, model=self.hello.model,
                  num_blocks=self.hello.num_blocks)
+
+    async def drain(self, grace_s: float) -> None:
+        """Keep serving steps until the scheduler has nothing left for us (or the grace ends)."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not self.runner.seqs and time.monotonic() - self.last_step_at > QUIET_BEFORE_EXIT_S:
+                return
+            await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -66,6 +76,7 @@ class WorkerService:
     async def _on_step(self, msg: Msg) -> None:
         step = STEP_DECODER.decode(msg.data)
         started = time.perf_counter()
+        self.last_step_at = time.monotonic()
         try:
             # the forward runs off the event loop so heartbeats keep flowing; torch frees the GIL
             out = await asyncio.to_thread(self.runner.execute, step)
@@ -79,6 +90,7 @@ class WorkerService:
         await self._publish_tokens(out)
         await msg.respond(encode(StepResult(step_id=step.step_id, sampled=out.sampled,
                                             forward_seconds=forward_seconds)))
+        self.last_step_at = time.monotonic()
 
     async def _publish_tokens(self, out: StepOutput) -> None:
         """One TokenBatch per reply subject per step, plus the whole step on the observer subject."""
@@ -93,6 +105,8 @@ class WorkerService:
                 finish_reason=sampled.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
                 num_cached_tokens=seq.num_cached_tokens, produced_at=now,
                 first_scheduled_at=seq.first_scheduled_at,
+                logprobs=[out.logprobs[seq.request_id]] if seq.request_id in out.logprobs else None,
+                prompt_logprobs=out.prompt_logprobs.get(seq.request_id),
             ))
         all_entries = []
         for reply_to, entries in by_reply.items():

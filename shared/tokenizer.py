@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import msgspec
@@ -42,6 +43,41 @@ class ModelTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (a token may hold part of a UTF-8 character)."""
+        return _token_bytes(self.tokenizer, token_id)
+
+    def token_text(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: printable stand-in character -> the byte it encodes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+_BYTE_LEVEL = _byte_level_table()
+
+
+@lru_cache(maxsize=1 << 17)
+def _token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+    piece = tokenizer.id_to_token(token_id)
+    if piece is None:
+        return b""
+    if token_id in tokenizer.get_added_tokens_decoder() or not isinstance(tokenizer.decoder, decoders.ByteLevel):
+        if not isinstance(tokenizer.decoder, decoders.ByteLevel):
+            return tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        return piece.encode()
+    return bytes(_BYTE_LEVEL[c] for c in piece)
 
 
 class _Meta(msgspec.Struct):

@@ -1,0 +1,64 @@
+"""Reading a request body: a size limit (413), JSON (400), per-model defaults, then validation (400).
+
+Per-model OpenAI defaults (completion_config / chat_completion_config) fill in the fields a
+request leaves out, so they go in before validation: a default is held to the same rules.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from services.api.context import ApiContext, ServedModel
+from services.api.errors import APIError
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise APIError(413, f"the request body is {declared} bytes; the limit is {max_bytes}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise APIError(413, f"the request body is over the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    try:
+        raw = msgspec.json.decode(b"".join(chunks))
+    except msgspec.DecodeError:
+        raise APIError(400, "the request body is not valid JSON (UTF-8)") from None
+    if not isinstance(raw, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return raw
+
+
+def served_model(ctx: ApiContext, raw: dict) -> ServedModel | None:
+    """The model a body names: 404 if it names one we do not serve, None if it names none."""
+    name = raw.get("model")
+    if not isinstance(name, str):
+        return None  # validation reports the missing or mistyped field
+    if name not in ctx.models:
+        raise APIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+    return ctx.models[name]
+
+
+def validate(cls: type[Body], raw: dict, defaults: dict | None = None) -> Body:
+    try:
+        return cls.model_validate({**(defaults or {}), **raw})
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+
+
+def validation_error(errors: list) -> APIError:
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        message = "the request body is not valid JSON"
+    param = ".".join(loc) or None
+    return APIError(400, f"{param + ': ' if param else ''}{message}", param=param)

@@ -1,0 +1,66 @@
+"""Logprobs in OpenAI's two shapes: the completions API's parallel lists, and chat's token objects.
+
+The sampled token always appears in a completion's top_logprobs (as vLLM does), so a client can
+tell whether the sampled token was the most likely one (lm-evaluation-harness's is_greedy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.messages import Logprobs
+from shared.tokenizer import ModelTokenizer
+
+
+@dataclass
+class CompletionLogprobs:
+    """Accumulates one choice's logprobs; `text_offset` counts characters of the choice's text."""
+
+    tokenizer: ModelTokenizer
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+    num_chars: int = 0
+
+    def add(self, token_ids: list[int] | tuple[int, ...], logprobs: list[Logprobs | None]) -> dict:
+        """Appends these tokens; returns just their part (what a stream chunk carries)."""
+        part = CompletionLogprobs(self.tokenizer, num_chars=self.num_chars)
+        for token_id, lp in zip(token_ids, logprobs, strict=True):
+            text = self.tokenizer.token_text(token_id)
+            part.tokens.append(text)
+            part.text_offset.append(part.num_chars)
+            part.num_chars += len(text)
+            if lp is None:
+                part.token_logprobs.append(None)
+                part.top_logprobs.append(None)
+                continue
+            part.token_logprobs.append(lp.logprob)
+            top = {self.tokenizer.token_text(i): v for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True)}
+            top.setdefault(text, lp.logprob)
+            part.top_logprobs.append(top)
+        self.tokens += part.tokens
+        self.token_logprobs += part.token_logprobs
+        self.top_logprobs += part.top_logprobs
+        self.text_offset += part.text_offset
+        self.num_chars = part.num_chars
+        return part.as_dict()
+
+    def as_dict(self) -> dict:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+                "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+
+
+def chat_logprobs(tokenizer: ModelTokenizer, token_ids: list[int] | tuple[int, ...],
+                  logprobs: list[Logprobs]) -> list[dict]:
+    """chat's `logprobs.content`: one object per token, with its bytes and its alternatives."""
+    def entry(token_id: int, value: float) -> dict:
+        raw = tokenizer.token_bytes(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
+
+    content = []
+    for token_id, lp in zip(token_ids, logprobs, strict=True):
+        item = entry(token_id, lp.logprob)
+        item["top_logprobs"] = [entry(i, v) for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True)]
+        content.append(item)
+    return content

@@ -1,0 +1,121 @@
+"""From an OpenAI request to what the engine takes: prompt token ids and SamplingParams.
+
+Every check that depends on the model (vocabulary, context length, logprob cap, schema) is
+here, so a request the engine receives is one it can run.
+"""
+
+from __future__ import annotations
+
+import json
+
+from services.api.context import ServedModel
+from services.api.errors import APIError
+from services.api.protocol import MAX_N, ChatCompletionRequest, CompletionRequest, _Sampling
+from shared.config import context_length_error
+from shared.guided import GuidedError, grammar_for
+from shared.messages import Guided, GuidedKind, SamplingParams
+
+MAX_LOGIT_BIAS = 1024  # entries; OpenAI's values range over [-100, 100]
+_SEED_MIX = 0x9E3779B97F4A7C15
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice 0 keeps the request's seed; the others get their own, fixed by it."""
+    if seed is None or index == 0:
+        return seed
+    return (seed + index * _SEED_MIX) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def encode_text(model: ServedModel, text: str, param: str) -> list[int]:
+    try:
+        return model.tokenizer.encode(text)
+    except Exception as exc:  # e.g. lone surrogates the tokenizer cannot take
+        raise APIError(400, f"{param} cannot be tokenized: {exc}", param=param) from None
+
+
+def completion_prompts(body: CompletionRequest, model: ServedModel) -> list[list[int]]:
+    """One token-id list per prompt: a text, a list of texts, token ids, or a list of those."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        prompts = [encode_text(model, prompt, "prompt")]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        prompts = [list(prompt)]
+    else:
+        prompts = [encode_text(model, p, "prompt") if isinstance(p, str) else list(p) for p in prompt]
+    if not prompts or any(not ids for ids in prompts):
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(prompts) * body.n > 2 * MAX_N:
+        raise APIError(400, f"{len(prompts)} prompts x n={body.n} is more than {2 * MAX_N} choices", param="n")
+    for ids in prompts:
+        check_token_ids(ids, model, "prompt")
+    return prompts
+
+
+def check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
+    if any(t < 0 or t >= model.tokenizer.vocab_size for t in ids):
+        raise APIError(400, f"token ids must be in [0, {model.tokenizer.vocab_size})", param=param)
+
+
+def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max_tokens: int | None,
+                    logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+    if max_tokens is None:
+        max_tokens = model.max_model_len - num_prompt  # chat without max_tokens: the room left
+    too_long = context_length_error(model.max_model_len, num_prompt, max_tokens)
+    if too_long:
+        raise APIError(400, too_long, param="max_tokens", code="context_length_exceeded")
+    if max_tokens < 1:
+        raise APIError(400, f"the prompt ({num_prompt} tokens) leaves no room in the model's context "
+                            f"of {model.max_model_len} tokens", param="messages")
+    for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        if value is not None and value > model.max_logprobs:
+            raise APIError(400, f"{name} must be at most {model.max_logprobs}, got {value}", param=name)
+    check_token_ids(body.stop_token_ids or [], model, "stop_token_ids")
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=max(body.top_k or 0, 0), seed=body.seed,
+        stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
+        min_p=body.min_p, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty, logit_bias=logit_bias(body.logit_bias, model),
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs, guided=guided(body),
+    )
+
+
+def logit_bias(raw: dict[str, float] | None, model: ServedModel) -> dict[int, float]:
+    if not raw:
+        return {}
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(raw)}",
+                       param="logit_bias")
+    bias = {}
+    for key, value in raw.items():
+        if not key.lstrip("-").isdigit() or not 0 <= int(key) < model.tokenizer.vocab_size:
+            raise APIError(400, f"logit_bias keys must be token ids in [0, {model.tokenizer.vocab_size}), "
+                                f"got {key!r}", param="logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise APIError(400, f"logit_bias values must be in [-100, 100], got {value}", param="logit_bias")
+        bias[int(key)] = float(value)
+    return bias
+
+
+def guided(body: _Sampling) -> Guided | None:
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        spec = Guided(GuidedKind.JSON_OBJECT)
+    else:
+        if fmt.json_schema is None:
+            raise APIError(400, "response_format of type json_schema needs a json_schema",
+                           param="response_format.json_schema")
+        spec = Guided(GuidedKind.JSON_SCHEMA, json.dumps(fmt.json_schema.schema_))
+    try:
+        grammar_for(spec)
+    except GuidedError as exc:
+        raise APIError(400, str(exc), param="response_format") from None
+    return spec
+
+
+def chat_logprobs(body: ChatCompletionRequest) -> int | None:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return (body.top_logprobs or 0) if body.logprobs else None

@@ -1,0 +1,104 @@
+"""The server's own routes: /health, /v1/models, /tokenize, /detokenize, /version, /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.api.body import read_json, served_model, validate
+from services.api.chat_template import ChatTemplateError, render_chat
+from services.api.context import ApiContext
+from services.api.errors import APIError
+from services.api.params import check_token_ids, encode_text
+from services.api.protocol import DetokenizeRequest, TokenizeRequest
+from shared import subjects
+from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+
+router = APIRouter()
+VERSION = "0.2.0"
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 when every served model has a scheduler with a worker; 503 otherwise, or while draining."""
+    ctx: ApiContext = request.app.state.ctx
+    if ctx.is_draining:
+        return APIError(503, "the server is shutting down", code="draining").response()
+    for name in ctx.models:
+        try:
+            msg = await ctx.nc.request(subjects.scheduler_stats(name), encode(SchedulerStatsRequest()), timeout=1.0)
+        except Exception:
+            return APIError(503, f"no scheduler answers for {name!r}").response()
+        stats = SCHEDULER_STATS_DECODER.decode(msg.data)
+        if stats.num_workers == 0:
+            return APIError(503, f"no worker is ready for {name!r}").response()
+        if stats.is_draining:
+            return APIError(503, f"the scheduler for {name!r} is shutting down").response()
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    ctx: ApiContext = request.app.state.ctx
+    data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "switchyard",
+             "root": m.name, "parent": None, "max_model_len": m.max_model_len} for m in ctx.models.values()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": VERSION})
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    """vLLM's /tokenize: a prompt, or chat messages through the model's chat template."""
+    ctx: ApiContext = request.app.state.ctx
+    raw = await read_json(request, ctx.max_body_bytes)
+    model = served_model(ctx, raw)
+    body = validate(TokenizeRequest, raw)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of prompt or messages", param="prompt")
+    if body.prompt is not None:
+        text = body.prompt
+    else:
+        if not model.chat_template:
+            raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
+        try:
+            text = render_chat(model.chat_template, [{"role": m.role, "content": m.text()} for m in body.messages],
+                               bos_token=model.tokenizer.bos_token, eos_token=model.tokenizer.eos_token,
+                               add_generation_prompt=body.add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+    ids = encode_text(model, text, "prompt")
+    return JSONResponse({"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids})
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> JSONResponse:
+    ctx: ApiContext = request.app.state.ctx
+    raw = await read_json(request, ctx.max_body_bytes)
+    model = served_model(ctx, raw)
+    body = validate(DetokenizeRequest, raw)
+    check_token_ids(body.tokens, model, "tokens")
+    return JSONResponse({"prompt": model.tokenizer.decode(body.tokens, skip_special_tokens=False)})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    ctx: ApiContext = request.app.state.ctx
+    lines = generate_latest(ctx.metrics.registry)
+    engine = await ctx.metrics.collect_engine(ctx.nc, list(ctx.models))
+    lines += generate_latest(_Families(engine))
+    return Response(lines, media_type=CONTENT_TYPE_LATEST)
+
+
+class _Families:
+    """A one-shot collector over families gathered at scrape time."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
