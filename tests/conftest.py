@@ -35,7 +35,7 @@ def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list
     nats = NatsServer().start()
     log_dir = tmp_path_factory.mktemp(name)
     stack = Stack(nats_url=nats.url, api_port=free_port(), num_workers=num_workers, log_dir=log_dir,
-                  service_args=["--kv-cache-memory-gib", "0.25", "--threads", "1", *extra_args])
+                  service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", *extra_args])
     stack.nats = nats  # stopped with the stack
     stack.start()
     try:

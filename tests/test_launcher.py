@@ -27,7 +27,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     env["PYTHONPATH"] = os.getcwd()
     log = open(tmp_path / "launcher.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.launcher", "--port", str(port),
-                             "--kv-cache-memory-gib", "0.1", "--threads", "1"],
+                             "--kv-cache-memory-gib", "0.4", "--threads", "1"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240

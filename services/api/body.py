@@ -30,7 +30,7 @@ async def read_json(request: Request, max_bytes: int) -> dict:
         chunks.append(chunk)
     try:
         raw = msgspec.json.decode(b"".join(chunks))
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         raise APIError(400, "the request body is not valid JSON (UTF-8)") from None
     if not isinstance(raw, dict):
         raise APIError(400, "the request body must be a JSON object")

@@ -94,7 +94,7 @@ class Generation:
                     status = 504 if entry.finish_reason == FinishReason.TIMEOUT else 503
                     raise APIError(status, entry.error or "the engine failed this request",
                                    code=entry.finish_reason.openai_name)
-                text = self.detokenizer.push(entry.token_ids)
+                text = self.detokenizer.push(self._visible(entry))
                 delta = Delta(text, None, tuple(entry.token_ids), entry.logprobs, entry.prompt_logprobs)
                 if self.detokenizer.is_stopped:
                     self.finish_reason = delta.finish_reason = "stop"
@@ -115,6 +115,13 @@ class Generation:
             if not is_done:  # stop string, disconnect, timeout: the engine must let go
                 await self.stream.abort()
             self._log_finished()
+
+    def _visible(self, entry) -> list[int]:
+        """A stop token id ends the text as a stop string does: its own text is not returned."""
+        ids = entry.token_ids
+        if entry.finish_reason == FinishReason.STOP and ids and ids[-1] in self.sampling.stop_token_ids:
+            return ids[:-1]
+        return ids
 
     def _log_finished(self) -> None:
         u = self.usage()

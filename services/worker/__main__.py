@@ -10,7 +10,7 @@ import uuid
 import torch
 
 from services.worker.guided import GrammarCompiler
-from services.worker.kv_cache import allocate_kv_cache, kv_dtype_for, num_blocks_for_budget
+from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype_for, num_blocks_for_budget
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from services.worker.service import WorkerService
@@ -52,6 +52,7 @@ async def main() -> None:
     kv_dtype = kv_dtype_for(config.kv_cache_dtype, dtype)
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
         loaded.config, config.block_size, kv_dtype, int(config.kv_cache_memory_gib * 2**30))
+    check_capacity(loaded.config, num_blocks, config.block_size, kv_dtype, max_model_len)
     caches = allocate_kv_cache(loaded.config, num_blocks, config.block_size, kv_dtype)
     model_path = resolve_model_path(config.model_path)
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), loaded.config.vocab_size,

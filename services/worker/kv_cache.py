@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.model_config import ModelConfig
+from shared.config import ConfigError
 
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,6 +21,18 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
 
 def num_blocks_for_budget(cfg: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int) -> int:
     return budget_bytes // bytes_per_block(cfg, block_size, dtype)
+
+
+def check_capacity(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                   max_model_len: int) -> None:
+    """One sequence of max_model_len must fit in the pool, or a long request could never finish."""
+    if num_blocks * block_size >= max_model_len:
+        return
+    need_gib = -(-max_model_len // block_size) * bytes_per_block(cfg, block_size, dtype) / 2**30
+    raise ConfigError(
+        f"the KV cache holds {num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}), fewer than "
+        f"max_model_len {max_model_len}: give it at least {need_gib:.2f} GiB (--kv-cache-memory-gib) "
+        f"or lower --max-model-len")
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int,
