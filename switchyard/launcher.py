@@ -108,7 +108,7 @@ class Stack:
                 svc.num_restarts += 1
                 svc.start(self._env())
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = 45.0) -> None:
         self.is_stopping = True
         for svc in reversed(self.services):
             if svc.is_running:

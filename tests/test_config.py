@@ -38,3 +38,40 @@ def test_launcher_refuses_a_flag_no_service_reads(capsys):
     with pytest.raises(SystemExit):
         check_service_args(["--max-num-seq", "8"])
     assert "unrecognized arguments: --max-num-seq 8" in capsys.readouterr().err
+
+
+def test_openai_config_is_validated_by_field():
+    from services.api.openai_defaults import load_openai_config
+
+    completion, chat, template = load_openai_config(
+        '{"completion_config": {"temperature": 0.3, "max_tokens": 200},'
+        ' "chat_completion_config": {"max_tokens": 50, "chat_template": "{{ messages }}"}}')
+    assert completion == {"temperature": 0.3, "max_tokens": 200} and chat == {"max_tokens": 50}
+    assert template == "{{ messages }}"
+    with pytest.raises(ConfigError, match=r"completion_config has keys that are not request fields: \['temprature'\]"):
+        load_openai_config('{"completion_config": {"temprature": 0.3}}')
+    with pytest.raises(ConfigError, match="chat_completion_config.temperature: Input should be less than or equal"):
+        load_openai_config('{"chat_completion_config": {"temperature": 9}}')
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_openai_config('{"completions": {}}')
+
+
+def test_api_keys_compare_every_key():
+    from services.api.guards import is_valid_key
+
+    keys = ("alpha", "beta")
+    assert is_valid_key("Bearer beta", keys) and is_valid_key("Bearer alpha", keys)
+    assert not is_valid_key("Bearer gamma", keys) and not is_valid_key("beta", keys) and not is_valid_key(None, keys)
+
+
+def test_worker_refuses_a_kv_pool_smaller_than_one_full_context():
+    import torch
+
+    from services.worker.kv_cache import check_capacity
+    from services.worker.model_config import ModelConfig
+
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=64, intermediate_size=128,
+                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+    check_capacity(cfg, num_blocks=128, block_size=16, dtype=torch.float32, max_model_len=2048)
+    with pytest.raises(ConfigError, match="holds 2032 tokens .* fewer than max_model_len 2048: give it at least"):
+        check_capacity(cfg, num_blocks=127, block_size=16, dtype=torch.float32, max_model_len=2048)

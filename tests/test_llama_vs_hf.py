@@ -45,3 +45,25 @@ def test_greedy_continuations_match_transformers(loaded_model, hf_model, hf_toke
             out = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32,
                                     do_sample=False, pad_token_id=2)
         assert ours == out[0, len(ids):].tolist(), prompt
+
+
+def test_prompt_logprobs_match_transformers(loaded_model, hf_model, hf_tokenizer):
+    """Echo's prompt logprobs (what lm-evaluation-harness scores) against transformers' log-softmax,
+    with the prompt split over two prefill chunks."""
+    from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+
+    runner = make_runner(loaded_model)
+    ids = hf_tokenizer.encode(PROMPTS[3])
+    sampling = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2)
+    half = len(ids) // 2
+    new = NewSeq(request_id="p", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0,
+                 num_new_tokens=half, block_ids=list(range(4)), sampling=sampling, reply_to="")
+    assert runner.execute(Step(step_id=0, new_seqs=[new])).sampled == []  # first chunk: nothing to sample yet
+    out = runner.execute(Step(step_id=1, scheduled=[ScheduledSeq(request_id="p", num_new_tokens=len(ids) - half)]))
+    ours = out.prompt_logprobs["p"]
+    with torch.inference_mode():
+        theirs = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    assert len(ours) == len(ids) and ours[0] is None
+    for pos in range(1, len(ids)):
+        assert abs(ours[pos].logprob - theirs[pos - 1, ids[pos]].item()) < 2e-3
+        assert ours[pos].top_ids == theirs[pos - 1].topk(2).indices.tolist()

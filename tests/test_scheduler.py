@@ -123,3 +123,32 @@ def test_scheduler_refuses_a_worker_with_other_kv_geometry():
     assert worker_mismatch(EngineConfig(block_size=32), hello) == "block_size 16 != scheduler's 32"
     assert "kv_cache_dtype" in worker_mismatch(EngineConfig(kv_cache_dtype="bfloat16"), hello)
     assert worker_mismatch(EngineConfig(max_model_len=1024), hello) == "max_model_len 2048 != scheduler's 1024"
+
+
+def test_prompt_logprobs_requests_skip_the_prefix_cache():
+    s = make(num_blocks=8, budget=64)
+    s.add_request(req("a", 9, max_tokens=1))
+    run_step(s)
+    scored = Request("b", list(range(9)), SamplingParams(max_tokens=1, prompt_logprobs=1), reply_to="r",
+                     arrival_time=0.0)
+    s.add_request(scored)
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"b": 9}  # every prompt token computed, though 2 blocks were cached
+    assert s.kv.num_hit_tokens == 0
+
+
+def test_model_wide_cap_holds_requests_in_waiting():
+    running_elsewhere = 3
+    s = Scheduler(KVCacheManager(16, 4, root_hash("m", "auto")), 4, 64,
+                  can_run_more=lambda: running_elsewhere + len(s.running) < 5)
+    for i in range(3):
+        s.add_request(req(f"r{i}", 4, first=10 * i))
+    plan, _ = run_step(s)
+    assert sorted(plan.num_new_tokens) == ["r0", "r1"] and [r.request_id for r in s.waiting] == ["r2"]
+
+
+def test_deadline_is_wall_clock_and_zero_means_none():
+    r = req("a", 4)
+    assert not r.is_past_deadline(1e12)
+    r.deadline = 100.0
+    assert not r.is_past_deadline(99.0) and r.is_past_deadline(101.0)

@@ -10,7 +10,15 @@ import pytest
 
 from shared import subjects
 from shared.client import BusClient
-from shared.messages import KV_STATS_REPLY_DECODER, FinishReason, KvStatsRequest, SamplingParams, encode
+from shared.messages import (
+    KV_STATS_REPLY_DECODER,
+    SCHEDULER_STATS_DECODER,
+    FinishReason,
+    KvStatsRequest,
+    SamplingParams,
+    SchedulerStatsRequest,
+    encode,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -88,7 +96,10 @@ async def test_worker_killed_mid_stream_fails_its_requests_and_others_carry_on(t
     two_worker_stack.service(victim).proc.kill()  # SIGKILL: no goodbye, heartbeats just stop
     last = [e async for e in entries][-1]
     assert last.finish_reason == FinishReason.ERROR and victim in last.error
-    survivor, _, tokens = await run(bus, model_name, [7000 + i for i in range(20)], 4)
-    assert survivor != victim and len(tokens) == 4
+    msg = await nc.request(subjects.scheduler_stats(model_name), encode(SchedulerStatsRequest()), timeout=2)
+    assert SCHEDULER_STATS_DECODER.decode(msg.data).num_workers == 1  # the dead worker's pool is gone
+    for i in range(3):  # and every new request goes to the survivor
+        survivor, _, tokens = await run(bus, model_name, [7000 + 50 * i + j for j in range(20)], 4)
+        assert survivor != victim and len(tokens) == 4
     await bus.stop()
     await nc.close()
