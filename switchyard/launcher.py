@@ -108,10 +108,15 @@ class Stack:
                 svc.num_restarts += 1
                 svc.start(self._env())
 
-    def stop(self, grace_s: float = 45.0) -> None:
+    def stop(self, grace_s: float = 45.0, signal_children: bool = True) -> None:
+        """SIGTERM every service (each drains its in-flight work), then wait; kill what outlives grace_s.
+
+        signal_children=False when the children already got the signal (Ctrl-C reaches the whole
+        process group): a second signal would make them stop at once instead of draining.
+        """
         self.is_stopping = True
         for svc in reversed(self.services):
-            if svc.is_running:
+            if svc.is_running and signal_children:
                 svc.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for svc in self.services:
@@ -143,8 +148,11 @@ def main() -> None:
     check_service_args(service_args)
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
                   service_args=service_args)
+    received: list[int] = []
+
     def on_signal(signum, _frame):
-        stack.is_stopping = True  # Ctrl-C also reached the children: do not restart them
+        received.append(signum)
+        stack.is_stopping = True  # do not restart children that are on their way out
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -158,8 +166,9 @@ def main() -> None:
             stack.supervise_once()
             time.sleep(0.5)
     finally:
-        print("[launcher] stopping", flush=True)
-        stack.stop()
+        print("[launcher] stopping (in-flight requests drain first)", flush=True)
+        # a terminal's Ctrl-C (SIGINT) reached every child already; a SIGTERM reached only us
+        stack.stop(signal_children=signal.SIGINT not in received)
 
 
 if __name__ == "__main__":
