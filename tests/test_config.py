@@ -43,11 +43,14 @@ def test_launcher_refuses_a_flag_no_service_reads(capsys):
 def test_openai_config_is_validated_by_field():
     from services.api.openai_defaults import load_openai_config
 
-    completion, chat, template = load_openai_config(
-        '{"completion_config": {"temperature": 0.3, "max_tokens": 200},'
+    config = load_openai_config(
+        '{"enabled": true, "completion_config": {"temperature": 0.3, "max_tokens": 200},'
         ' "chat_completion_config": {"max_tokens": 50, "chat_template": "{{ messages }}"}}')
-    assert completion == {"temperature": 0.3, "max_tokens": 200} and chat == {"max_tokens": 50}
-    assert template == "{{ messages }}"
+    assert config.completion == {"temperature": 0.3, "max_tokens": 200} and config.chat == {"max_tokens": 50}
+    assert config.chat_template == "{{ messages }}" and config.enabled
+    assert not load_openai_config('{"enabled": false}').enabled
+    with pytest.raises(ConfigError, match="enabled must be true or false"):
+        load_openai_config('{"enabled": "yes"}')
     with pytest.raises(ConfigError, match=r"completion_config has keys that are not request fields: \['temprature'\]"):
         load_openai_config('{"completion_config": {"temprature": 0.3}}')
     with pytest.raises(ConfigError, match="chat_completion_config.temperature: Input should be less than or equal"):

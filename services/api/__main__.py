@@ -35,11 +35,9 @@ def main() -> None:
     config = engine_config_from_args(args)
     sylog.configure("api")
     tokenizer = load_tokenizer(resolve_model_path(config.model_path))
-    completion_defaults, chat_defaults, chat_template = load_openai_config(args.openai_config)
     served = ServedModel(name=config.model, tokenizer=tokenizer, created=int(time.time()),
                          max_model_len=resolve_max_model_len(config.max_model_len, tokenizer.context_length),
-                         completion_defaults=completion_defaults, chat_defaults=chat_defaults,
-                         chat_template_override=chat_template, max_logprobs=args.max_logprobs)
+                         openai=load_openai_config(args.openai_config), max_logprobs=args.max_logprobs)
     api_keys = tuple(k for k in (args.api_key or "").split(",") if k)
 
     async def make_context() -> ApiContext:

@@ -47,6 +47,22 @@ def served_model(ctx: ApiContext, raw: dict) -> ServedModel | None:
     return ctx.models[name]
 
 
+async def parse(request: Request, cls: type[Body], defaults_of=None) -> tuple[ApiContext, ServedModel, Body]:
+    """The body of a request naming a model: read, model looked up, defaults filled in, validated.
+
+    defaults_of: for the OpenAI routes, which of the model's OpenAI defaults apply
+    (e.g. lambda m: m.openai.chat); such a route answers 404 where the model's OpenAI API is off.
+    """
+    ctx: ApiContext = request.app.state.ctx
+    raw = await read_json(request, ctx.max_body_bytes)
+    model = served_model(ctx, raw)
+    if defaults_of is not None and model is not None and not model.openai.enabled:
+        raise APIError(404, f"The OpenAI API is not enabled for model `{model.name}`.", param="model",
+                       code="openai_not_enabled")
+    body = validate(cls, raw, defaults_of(model) if model is not None and defaults_of else None)
+    return ctx, model, body  # validation requires `model`, so model is set here
+
+
 def validate(cls: type[Body], raw: dict, defaults: dict | None = None) -> Body:
     try:
         return cls.model_validate({**(defaults or {}), **raw})

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 
 from services.api.metrics import ApiMetrics
+from services.api.openai_defaults import OpenaiDefaults
 from shared.client import BusClient
 from shared.tokenizer import ModelTokenizer
 
@@ -17,14 +18,12 @@ class ServedModel:
     tokenizer: ModelTokenizer
     max_model_len: int
     created: int
-    completion_defaults: dict = field(default_factory=dict)  # OpenAI config: fields a request leaves out
-    chat_defaults: dict = field(default_factory=dict)
-    chat_template_override: str | None = None
+    openai: OpenaiDefaults = field(default_factory=OpenaiDefaults)  # per-model OpenAI config
     max_logprobs: int = 20
 
     @property
     def chat_template(self) -> str | None:
-        return self.chat_template_override or self.tokenizer.chat_template
+        return self.openai.chat_template or self.tokenizer.chat_template
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -19,10 +20,18 @@ from shared.config import ConfigError
 _PER_REQUEST = {"model", "prompt", "messages", "stream", "stream_options", "user"}
 
 
-def load_openai_config(value: str | None) -> tuple[dict, dict, str | None]:
-    """`value` is JSON or a path to a JSON file -> (completion defaults, chat defaults, chat template)."""
+@dataclass
+class OpenaiDefaults:
+    enabled: bool = True  # False: the model does not answer on the OpenAI routes
+    completion: dict = field(default_factory=dict)
+    chat: dict = field(default_factory=dict)
+    chat_template: str | None = None
+
+
+def load_openai_config(value: str | None) -> OpenaiDefaults:
+    """`value` is JSON or a path to a JSON file."""
     if not value:
-        return {}, {}, None
+        return OpenaiDefaults()
     text = open(value).read() if os.path.exists(value) else value
     try:
         config = json.loads(text)
@@ -34,12 +43,15 @@ def load_openai_config(value: str | None) -> tuple[dict, dict, str | None]:
     if unknown:
         raise ConfigError(f"openai_config has unknown keys {sorted(unknown)}; "
                           "allowed: enabled, completion_config, chat_completion_config")
+    enabled = config.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"openai_config.enabled must be true or false, got {enabled!r}")
     completion = dict(config.get("completion_config") or {})
     chat = dict(config.get("chat_completion_config") or {})
     template = chat.pop("chat_template", None)
     _check_keys("completion_config", completion, CompletionRequest)
     _check_keys("chat_completion_config", chat, ChatCompletionRequest)
-    return completion, chat, template
+    return OpenaiDefaults(enabled, completion, chat, template)
 
 
 def _check_keys(name: str, defaults: dict, cls) -> None:

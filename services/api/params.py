@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 
+from services.api.chat_template import ChatTemplateError, render_chat
 from services.api.context import ServedModel
 from services.api.errors import APIError
-from services.api.protocol import MAX_N, ChatCompletionRequest, CompletionRequest, _Sampling
+from services.api.protocol import MAX_N, ChatCompletionRequest, ChatMessage, CompletionRequest, _Sampling
 from shared.config import context_length_error
 from shared.guided import GuidedError, grammar_for
 from shared.messages import Guided, GuidedKind, SamplingParams
@@ -31,6 +32,18 @@ def encode_text(model: ServedModel, text: str, param: str) -> list[int]:
         return model.tokenizer.encode(text)
     except Exception as exc:  # e.g. lone surrogates the tokenizer cannot take
         raise APIError(400, f"{param} cannot be tokenized: {exc}", param=param) from None
+
+
+def render_messages(model: ServedModel, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    """Chat messages through the model's chat template (its own, or the OpenAI config's override)."""
+    if not model.chat_template:
+        raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
+    try:
+        return render_chat(model.chat_template, [{"role": m.role, "content": m.text()} for m in messages],
+                           bos_token=model.tokenizer.bos_token, eos_token=model.tokenizer.eos_token,
+                           add_generation_prompt=add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), param="messages") from None
 
 
 def completion_prompts(body: CompletionRequest, model: ServedModel) -> list[list[int]]:

@@ -10,8 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
-from services.api.body import read_json, served_model, validate
-from services.api.chat_template import ChatTemplateError, render_chat
+from services.api.body import parse
 from services.api.choices import Choices
 from services.api.context import ApiContext, ServedModel
 from services.api.detokenizer import IncrementalDetokenizer
@@ -22,6 +21,7 @@ from services.api.params import (
     choice_seed,
     completion_prompts,
     encode_text,
+    render_messages,
     sampling_params,
 )
 from services.api.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -33,18 +33,9 @@ DISCONNECT_POLL_S = 0.5
 _json = msgspec.json.Encoder()
 
 
-async def _parse(request: Request, cls: type[_Sampling], config_key: str) -> tuple[ApiContext, ServedModel, _Sampling]:
-    ctx: ApiContext = request.app.state.ctx
-    raw = await read_json(request, ctx.max_body_bytes)
-    model = served_model(ctx, raw)
-    defaults = getattr(model, config_key) if model is not None else None
-    body = validate(cls, raw, defaults)
-    return ctx, model, body
-
-
 @router.post("/v1/completions")
 async def completions(request: Request):
-    ctx, model, body = await _parse(request, CompletionRequest, "completion_defaults")
+    ctx, model, body = await parse(request, CompletionRequest, lambda m: m.openai.completion)
     prompts = completion_prompts(body, model)
     prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
     samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
@@ -56,16 +47,8 @@ async def completions(request: Request):
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    ctx, model, body = await _parse(request, ChatCompletionRequest, "chat_defaults")
-    template = model.chat_template
-    if not template:
-        raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    try:
-        text = render_chat(template, messages, bos_token=model.tokenizer.bos_token,
-                           eos_token=model.tokenizer.eos_token, add_generation_prompt=body.add_generation_prompt)
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), param="messages") from None
+    ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat)
+    text = render_messages(model, body.messages, body.add_generation_prompt)
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=chat_logprobs(body))

@@ -6,11 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.api.body import read_json, served_model, validate
-from services.api.chat_template import ChatTemplateError, render_chat
+from services.api.body import parse
 from services.api.context import ApiContext
 from services.api.errors import APIError
-from services.api.params import check_token_ids, encode_text
+from services.api.params import check_token_ids, encode_text, render_messages
 from services.api.protocol import DetokenizeRequest, TokenizeRequest
 from shared import subjects
 from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
@@ -54,33 +53,20 @@ async def version() -> JSONResponse:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> JSONResponse:
     """vLLM's /tokenize: a prompt, or chat messages through the model's chat template."""
-    ctx: ApiContext = request.app.state.ctx
-    raw = await read_json(request, ctx.max_body_bytes)
-    model = served_model(ctx, raw)
-    body = validate(TokenizeRequest, raw)
+    _, model, body = await parse(request, TokenizeRequest)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", param="prompt")
     if body.prompt is not None:
         text = body.prompt
     else:
-        if not model.chat_template:
-            raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
-        try:
-            text = render_chat(model.chat_template, [{"role": m.role, "content": m.text()} for m in body.messages],
-                               bos_token=model.tokenizer.bos_token, eos_token=model.tokenizer.eos_token,
-                               add_generation_prompt=body.add_generation_prompt)
-        except ChatTemplateError as exc:
-            raise APIError(400, str(exc), param="messages") from None
+        text = render_messages(model, body.messages, body.add_generation_prompt)
     ids = encode_text(model, text, "prompt")
     return JSONResponse({"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids})
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> JSONResponse:
-    ctx: ApiContext = request.app.state.ctx
-    raw = await read_json(request, ctx.max_body_bytes)
-    model = served_model(ctx, raw)
-    body = validate(DetokenizeRequest, raw)
+    _, model, body = await parse(request, DetokenizeRequest)
     check_token_ids(body.tokens, model, "tokens")
     return JSONResponse({"prompt": model.tokenizer.decode(body.tokens, skip_special_tokens=False)})
 
