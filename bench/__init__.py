@@ -1,0 +1,1 @@
+"""Serving benchmark for any OpenAI-compatible server (Switchyard, llama.cpp's server, vLLM...)."""

@@ -1,0 +1,122 @@
+"""The load generator: streaming OpenAI requests at a set concurrency or Poisson rate.
+
+Each request records what the client sees (TTFT, every inter-token gap, end to end, output
+tokens) and, from Switchyard, the server-side timestamps in usage (the latency breakdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from tqdm import tqdm
+
+from bench.dataset import Prompt
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    num_output_tokens: int = 0
+    num_prompt_tokens: int = 0
+    error: str = ""
+    server: dict = field(default_factory=dict)  # Switchyard's timings block, when present
+
+    @property
+    def tpot(self) -> float:
+        return (self.e2e - self.ttft) / (self.num_output_tokens - 1) if self.num_output_tokens > 1 else 0.0
+
+
+@dataclass
+class LoadSpec:
+    base_url: str
+    model: str
+    endpoint: str = "completions"  # or "chat"
+    ignore_eos: bool = True
+    api_key: str = "unused"
+    timeout_s: float = 600.0
+
+
+def _body(spec: LoadSpec, prompt: Prompt) -> tuple[str, dict]:
+    common = {"model": spec.model, "max_tokens": prompt.max_tokens, "stream": True, "temperature": 0,
+              "stream_options": {"include_usage": True}}
+    if spec.ignore_eos:
+        common["ignore_eos"] = True  # vLLM and llama.cpp both read it
+    if spec.endpoint == "chat":
+        content = prompt.prompt if isinstance(prompt.prompt, str) else str(prompt.prompt)
+        return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": content}]}
+    return "/v1/completions", {**common, "prompt": prompt.prompt}
+
+
+async def send(client: httpx.AsyncClient, spec: LoadSpec, prompt: Prompt) -> RequestResult:
+    path, body = _body(spec, prompt)
+    started = time.perf_counter()
+    result = RequestResult(ok=False, num_prompt_tokens=prompt.num_tokens)
+    last = started
+    num_chunks = 0
+    try:
+        async with client.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if "error" in chunk:
+                    result.error = str(chunk["error"])[:200]
+                    return result
+                now = time.perf_counter()
+                if chunk.get("usage"):
+                    result.num_output_tokens = chunk["usage"].get("completion_tokens", 0)
+                    result.server = chunk["usage"].get("timings") or {}
+                if not chunk.get("choices"):
+                    continue
+                num_chunks += 1
+                if num_chunks == 1:
+                    result.ttft = now - started
+                else:
+                    result.itl.append(now - last)
+                last = now
+        result.e2e = time.perf_counter() - started
+        result.num_output_tokens = result.num_output_tokens or num_chunks
+        result.ok = True
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def run_load(spec: LoadSpec, prompts: list[Prompt], *, concurrency: int, request_rate: float = float("inf"),
+                   seed: int = 0, progress: bool = True) -> tuple[list[RequestResult], float]:
+    """All prompts at most `concurrency` at a time, arriving as a Poisson process of `request_rate`
+    per second (inf: all at once). Returns the results and the wall time."""
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    headers = {"Authorization": f"Bearer {spec.api_key}"}
+    gate = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(prompts), desc=f"c={concurrency}", unit="req", disable=not progress, leave=False)
+    async with httpx.AsyncClient(base_url=spec.base_url, timeout=spec.timeout_s, limits=limits,
+                                 headers=headers) as client:
+        async def one(prompt: Prompt) -> RequestResult:
+            async with gate:
+                result = await send(client, spec, prompt)
+            bar.update(1)
+            return result
+
+        started = time.perf_counter()
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(one(prompt)))
+            if request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(request_rate))
+        results = await asyncio.gather(*tasks)
+        wall = time.perf_counter() - started
+    bar.close()
+    return list(results), wall

@@ -1,0 +1,33 @@
+"""The serving benchmark runs end to end on a tiny sweep and produces every metric."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import serve
+
+pytestmark = pytest.mark.stack
+
+
+def test_tiny_sweep_reports_every_metric_and_compares(stack, model_name, tmp_path, capsys):
+    common = ["--base-url", stack.base_url, "--model", model_name, "--input-len", "24", "--output-len", "4-6",
+              "--num-prompts", "4", "--warmup", "1", "--no-progress"]
+    serve.main([*common, "--concurrency", "1,2", "--out", str(tmp_path / "a.json"), "--label", "a"])
+    serve.main([*common, "--concurrency", "2", "--dataset", "random", "--endpoint", "chat",
+                "--request-rate", "50", "--out", str(tmp_path / "b.json"), "--label", "b"])
+    run = json.loads((tmp_path / "a.json").read_text())
+    assert [p["concurrency"] for p in run["points"]] == [1, 2]
+    for point in run["points"]:
+        assert point["num_failed"] == 0 and point["num_requests"] == 4
+        assert point["output_tok_s"] > 0 and point["req_s"] > 0
+        assert 4 <= point["mean_output_tokens"] <= 6 and 20 <= point["mean_input_tokens"] <= 28
+        for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "engine_ttft_ms", "gateway_bus_ms"):
+            assert set(point[metric]) == {"p50", "p90", "p99"}, metric
+        assert 0 < point["ttft_ms"]["p50"] <= point["e2e_ms"]["p50"]
+        assert 0 < point["engine_ttft_ms"]["p50"] < point["ttft_ms"]["p50"]  # the engine's share of TTFT
+    assert "| c | rate |" in (tmp_path / "a.md").read_text()
+    capsys.readouterr()
+    serve.main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert "b vs a" in capsys.readouterr().out
