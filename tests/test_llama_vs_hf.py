@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
-import pytest
 import torch
 
 from tests.model_helpers import greedy_generate, make_runner, prefill_logits
@@ -15,14 +12,6 @@ PROMPTS = [
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
     "Once upon a time, in a land far away, there lived a dragon who loved to read books about",
 ]
-
-
-@pytest.fixture(scope="module")
-def hf_model(default_model_path):
-    transformers = pytest.importorskip("transformers")
-    folder, name = os.path.split(default_model_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return model.eval()
 
 
 def test_logits_match_transformers(loaded_model, hf_model, hf_tokenizer):
