@@ -56,3 +56,21 @@ def test_prompt_logprobs_match_transformers(loaded_model, hf_model, hf_tokenizer
     for pos in range(1, len(ids)):
         assert abs(ours[pos].logprob - theirs[pos - 1, ids[pos]].item()) < 2e-3
         assert ours[pos].top_ids == theirs[pos - 1].topk(2).indices.tolist()
+
+
+def test_bfloat16_path_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer):
+    """The faster bf16 path (--dtype bfloat16) against our float32 path: same next token everywhere
+    on the oracle prompts, logits within bf16's precision. (bf16 is not batch-invariant; float32 is.)"""
+    from services.worker.kv_cache import allocate_kv_cache
+    from services.worker.loader import load_model
+    from services.worker.model_runner import ModelRunner
+
+    bf16 = load_model(default_model_path, dtype=torch.bfloat16)
+    caches = allocate_kv_cache(bf16.config, 64, 16, torch.bfloat16)
+    fast = ModelRunner(bf16.model, caches, 16, 1024, bf16.config.eos_token_ids)
+    reference = make_runner(loaded_model)
+    for prompt in PROMPTS:
+        ids = hf_tokenizer.encode(prompt)
+        ours, theirs = prefill_logits(fast, ids).float(), prefill_logits(reference, ids)
+        assert torch.equal(ours.argmax(-1), theirs.argmax(-1)), prompt
+        assert (ours - theirs).abs().max() < 2.0, prompt

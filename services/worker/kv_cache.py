@@ -1,4 +1,5 @@
-"""The paged KV pool: per layer, K and V as [num_blocks, block_size, num_kv_heads, head_dim]."""
+"""The paged KV pool: per layer, K and V as [num_blocks, num_kv_heads, block_size, head_dim]
+(head-major within a block, so gathered blocks feed matmuls without a transposed copy)."""
 
 from __future__ import annotations
 
@@ -37,5 +38,5 @@ def check_capacity(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: to
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int,
                       dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
     return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]

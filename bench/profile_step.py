@@ -1,0 +1,78 @@
+"""`python -m bench.profile_step`: time (and optionally profile) the worker's decode step in process.
+
+    python -m bench.profile_step --batch 1,16,64 --context 128 --dtype float32,bfloat16 [--profile]
+
+Builds the real ModelRunner on the default model with a paged KV cache, prefills `batch`
+sequences of `context` tokens, then times decode steps: ms/step and tokens/s per setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from services.worker.kv_cache import allocate_kv_cache
+from services.worker.loader import load_model
+from services.worker.model_runner import ModelRunner
+from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.model_files import default_model_path
+
+BLOCK_SIZE = 16
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def decode_runner(loaded, batch: int, context: int, num_steps: int) -> ModelRunner:
+    blocks_per_seq = -(-(context + num_steps + 8) // BLOCK_SIZE)
+    dtype = loaded.model.output.weight.dtype
+    caches = allocate_kv_cache(loaded.config, batch * blocks_per_seq, BLOCK_SIZE, dtype)
+    runner = ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=8192,
+                         eos_token_ids=loaded.config.eos_token_ids)
+    sampling = SamplingParams(max_tokens=10**6, temperature=0.0, ignore_eos=True)
+    for i in range(batch):  # prefill one at a time: the step under test is the decode step
+        ids = [(7 * i + j) % 1000 + 100 for j in range(context)]
+        new = NewSeq(request_id=f"s{i}", token_ids=ids, num_prompt_tokens=context, num_computed_tokens=0,
+                     num_new_tokens=context, block_ids=list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
+                     sampling=sampling, reply_to="")
+        runner.execute(Step(step_id=0, new_seqs=[new]))
+    return runner
+
+
+def time_decode(runner: ModelRunner, batch: int, num_steps: int) -> float:
+    step = Step(step_id=1, scheduled=[ScheduledSeq(request_id=f"s{i}", num_new_tokens=1) for i in range(batch)])
+    runner.execute(step)  # warm-up
+    started = time.perf_counter()
+    for _ in range(num_steps):
+        runner.execute(step)
+    return (time.perf_counter() - started) / num_steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--batch", default="1,16,64")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--dtype", default="float32,bfloat16")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for dtype in args.dtype.split(","):
+        loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
+        for batch in (int(b) for b in args.batch.split(",")):
+            runner = decode_runner(loaded, batch, args.context, args.steps + 1)
+            seconds = time_decode(runner, batch, args.steps)
+            print(f"{dtype:8s} batch {batch:3d} context {args.context}: {seconds * 1e3:7.1f} ms/step, "
+                  f"{batch / seconds:7.1f} tok/s", flush=True)
+            if args.profile:
+                step = Step(step_id=2, scheduled=[ScheduledSeq(request_id=f"s{i}", num_new_tokens=1)
+                                                  for i in range(batch)])
+                with torch.profiler.profile() as prof:
+                    runner.execute(step)
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+
+
+if __name__ == "__main__":
+    main()
