@@ -47,6 +47,6 @@ def test_hf_directory_matches_transformers(tmp_path, family):
 def test_dummy_weights_follow_the_config(tmp_path):
     save_tiny(tmp_path, transformers.LlamaConfig, transformers.LlamaForCausalLM)
     loaded = load_model(str(tmp_path / "config.json"), load_format="dummy")
-    assert loaded.model.layers[0].attention.wk.weight.shape == (2 * 16, 64)
+    assert loaded.model.layers[0].attention.wqkv.weight.shape == (64 + 2 * 2 * 16, 64)  # q, k, v fused
     logits = prefill_logits(make_runner(loaded, num_blocks=4), [1, 2, 3, 4, 5])
     assert logits.shape == (5, 256) and torch.isfinite(logits).all()

@@ -52,5 +52,6 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.rotary = Rotary(config.head_dim, config.rope_theta)  # its buffer is not in the state dict
     model.tie_weights()
+    model.fuse_projections()
     model = model.to(dtype).eval()
     return LoadedModel(model=model, config=config, source=f"{fmt}:{path}")

@@ -43,6 +43,16 @@ class Rotary(nn.Module):
         return (x.float() * cos.unsqueeze(1) + rotated.float() * sin.unsqueeze(1)).to(x.dtype)
 
 
+def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
+    """Linears over the same input, stacked into one whose output is their outputs side by side."""
+    first = linears[0]
+    fused = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=first.bias is not None)
+    fused.weight = nn.Parameter(torch.cat([m.weight for m in linears]), requires_grad=False)
+    if first.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([m.bias for m in linears]), requires_grad=False)
+    return fused
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -52,12 +62,19 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim**-0.5
+        self.sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
+
+    def fuse(self) -> None:
+        """wq, wk, wv -> one wqkv: one matmul instead of three (after the weights are loaded)."""
+        self.wqkv = fuse_linears([self.wq, self.wk, self.wv])
+        del self.wq, self.wk, self.wv
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
         n = x.shape[0]
-        q = Rotary.apply(self.wq(x).view(n, self.num_heads, self.head_dim), cos, sin)
-        k = Rotary.apply(self.wk(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.wv(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.wqkv(x).split(self.sizes, dim=-1)
+        q = Rotary.apply(q.view(n, self.num_heads, self.head_dim), cos, sin)
+        k = Rotary.apply(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         o = paged_attention(q, k_cache, v_cache, meta, self.scale)
@@ -71,8 +88,14 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)  # down
         self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # up
 
+    def fuse(self) -> None:
+        """w1 (gate) and w3 (up) -> one w13."""
+        self.w13 = fuse_linears([self.w1, self.w3])
+        del self.w1, self.w3
+
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):
@@ -101,6 +124,12 @@ class Llama(nn.Module):
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
+
+    def fuse_projections(self) -> None:
+        """After loading: q/k/v and gate/up each become one matmul (forward expects them fused)."""
+        for layer in self.layers:
+            layer.attention.fuse()
+            layer.feed_forward.fuse()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
