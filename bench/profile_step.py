@@ -23,10 +23,10 @@ BLOCK_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def decode_runner(loaded, batch: int, context: int, num_steps: int) -> ModelRunner:
+def decode_runner(loaded, batch: int, context: int, num_steps: int, pool_blocks: int = 0) -> ModelRunner:
     blocks_per_seq = -(-(context + num_steps + 8) // BLOCK_SIZE)
     dtype = loaded.model.output.weight.dtype
-    caches = allocate_kv_cache(loaded.config, batch * blocks_per_seq, BLOCK_SIZE, dtype)
+    caches = allocate_kv_cache(loaded.config, max(batch * blocks_per_seq, pool_blocks), BLOCK_SIZE, dtype)
     runner = ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=8192,
                          eos_token_ids=loaded.config.eos_token_ids)
     sampling = SamplingParams(max_tokens=10**6, temperature=0.0, ignore_eos=True)
@@ -55,6 +55,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--dtype", default="float32,bfloat16")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     args = p.parse_args()
     if args.threads:
@@ -62,7 +63,7 @@ def main() -> None:
     for dtype in args.dtype.split(","):
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
         for batch in (int(b) for b in args.batch.split(",")):
-            runner = decode_runner(loaded, batch, args.context, args.steps + 1)
+            runner = decode_runner(loaded, batch, args.context, args.steps + 1, args.pool_blocks)
             seconds = time_decode(runner, batch, args.steps)
             print(f"{dtype:8s} batch {batch:3d} context {args.context}: {seconds * 1e3:7.1f} ms/step, "
                   f"{batch / seconds:7.1f} tok/s", flush=True)

@@ -80,15 +80,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--peers", default="switchyard,switchyard-static,llama.cpp,transformers")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--dtype", default="bfloat16", help="Switchyard's weights: bfloat16 (fast) or float32 "
+                   "(exact and batch-invariant, the default of `make run`)")
     args, sweep_args = p.parse_known_args(argv)
     sweep_args = ["--no-progress", *sweep_args] if not sys.stderr.isatty() else sweep_args
     done: dict[str, Path] = {}
     peers = args.peers.split(",")
+    engine = ["--threads", str(args.threads), "--dtype", args.dtype]
     if "switchyard" in peers:
-        done["switchyard"] = run_switchyard("switchyard", ["--threads", str(args.threads)], sweep_args)
+        done["switchyard"] = run_switchyard("switchyard", engine, sweep_args)
     if "switchyard-static" in peers:
-        done["switchyard-static"] = run_switchyard("switchyard-static", ["--threads", str(args.threads),
-                                                                          "--batching", "static"], sweep_args)
+        done["switchyard-static"] = run_switchyard("switchyard-static", [*engine, "--batching", "static"], sweep_args)
     if "llama.cpp" in peers:
         binary = llama_server_binary()
         if binary is None:

@@ -23,11 +23,16 @@ class Service(Protocol):
 
 
 async def serve_until_signalled(nc: Client, service: Service, drain_grace_s: float = 0.0) -> None:
-    await service.start()
     signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signalled.set)
+    await serve(nc, service, signalled, drain_grace_s)
+
+
+async def serve(nc: Client, service: Service, signalled: asyncio.Event, drain_grace_s: float = 0.0) -> None:
+    """Start, wait for `signalled`, drain (until done or signalled again), stop, close the bus."""
+    await service.start()
     await signalled.wait()
     signalled.clear()
     drain = asyncio.create_task(service.drain(drain_grace_s))

@@ -12,6 +12,7 @@ import torch
 from services.worker.guided import GrammarCompiler
 from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype_for, num_blocks_for_budget
 from services.worker.loader import load_model
+from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
 from services.worker.model_runner import ModelRunner
 from services.worker.service import WorkerService
 from shared import log as sylog
@@ -23,7 +24,7 @@ from shared.config import (
     engine_config_from_args,
     resolve_max_model_len,
 )
-from shared.lifecycle import serve_until_signalled
+from shared.lifecycle import serve
 from shared.messages import WorkerHello
 from shared.model_files import resolve_model_path
 from shared.tokenizer import load_tokenizer
@@ -39,7 +40,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_known_args()[0]  # the launcher checked them all and passes each service all
 
 
-async def main() -> None:
+def main() -> None:
     args = parse_args()
     config = engine_config_from_args(args)
     worker_id = args.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
@@ -62,10 +63,14 @@ async def main() -> None:
     hello = WorkerHello(worker_id=worker_id, model=config.model, backend="torch", kind="paged",
                         num_blocks=num_blocks, block_size=config.block_size, max_batch=config.max_num_seqs,
                         dtype=args.dtype, max_model_len=max_model_len, kv_cache_dtype=config.kv_cache_dtype)
-    nc = await connect(args.nats_url, f"worker-{worker_id}")
-    service = WorkerService(nc, runner, hello)
-    await serve_until_signalled(nc, service, config.drain_grace_s)
+    executor = MainThreadExecutor()
+
+    async def serve_bus(signalled: asyncio.Event) -> None:
+        nc = await connect(args.nats_url, f"worker-{worker_id}")
+        await serve(nc, WorkerService(nc, runner, hello, executor), signalled, config.drain_grace_s)
+
+    run_with_bus_thread(serve_bus, executor)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

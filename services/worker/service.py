@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from concurrent.futures import Executor
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -29,13 +30,14 @@ QUIET_BEFORE_EXIT_S = 1.0  # draining: no sequence held and no step for this lon
 
 
 class WorkerService:
-    def __init__(self, nc: Client, runner: ModelRunner, hello: WorkerHello):
+    def __init__(self, nc: Client, runner: ModelRunner, hello: WorkerHello, executor: Executor):
         self.nc = nc
         self.runner = runner
         self.hello = hello
         self._tasks: list[asyncio.Task] = []
         self._subs = []
         self.last_step_at = 0.0  # monotonic
+        self.executor = executor  # where the forward runs: the main thread (see main_thread.py)
 
     async def start(self) -> None:
         self._subs.append(await self.nc.subscribe(subjects.worker_step(self.hello.worker_id), cb=self._on_step))
@@ -79,7 +81,7 @@ class WorkerService:
         self.last_step_at = time.monotonic()
         try:
             # the forward runs off the event loop so heartbeats keep flowing; torch frees the GIL
-            out = await asyncio.to_thread(self.runner.execute, step)
+            out = await asyncio.get_running_loop().run_in_executor(self.executor, self.runner.execute, step)
         except Exception as exc:  # a failed step must not kill the worker: the scheduler fails its requests
             log.exception("step_failed", step_id=step.step_id)
             for seq in [*step.new_seqs, *step.scheduled]:
