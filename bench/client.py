@@ -98,7 +98,9 @@ async def run_load(spec: LoadSpec, prompts: list[Prompt], *, concurrency: int, r
     """All prompts at most `concurrency` at a time, arriving as a Poisson process of `request_rate`
     per second (inf: all at once). Returns the results and the wall time."""
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    # a fresh connection per request, for every server alike: llama.cpp's server closes kept-alive
+    # connections after a few requests, and reusing one that it is closing fails the request
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=0)
     headers = {"Authorization": f"Bearer {spec.api_key}"}
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(prompts), desc=f"c={concurrency}", unit="req", disable=not progress, leave=False)

@@ -59,7 +59,8 @@ def run_llama_cpp(binary: str, slots: int, ctx_per_slot: int, threads: int, swee
     port = free_port()
     # continuous batching over `slots` parallel sequences; the context is shared among the slots
     argv = [binary, "-m", default_model_path(), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-            "-c", str(slots * ctx_per_slot), "-t", str(threads), "--cont-batching", "--no-webui"]
+            "-c", str(slots * ctx_per_slot), "-t", str(threads), "--threads-http", str(slots + 8), "--cont-batching",
+            "--no-webui"]  # enough HTTP threads: with its default (the core count) it drops connections at c=64
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, timeout=60)
