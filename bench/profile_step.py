@@ -16,6 +16,7 @@ import torch
 from services.worker.kv_cache import allocate_kv_cache
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
+from services.worker.quantization import quantize_int8
 from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 from shared.model_files import default_model_path
 
@@ -25,7 +26,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def decode_runner(loaded, batch: int, context: int, num_steps: int, pool_blocks: int = 0) -> ModelRunner:
     blocks_per_seq = -(-(context + num_steps + 8) // BLOCK_SIZE)
-    dtype = loaded.model.output.weight.dtype
+    dtype = loaded.model.tok_embeddings.weight.dtype
     caches = allocate_kv_cache(loaded.config, max(batch * blocks_per_seq, pool_blocks), BLOCK_SIZE, dtype)
     runner = ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=8192,
                          eos_token_ids=loaded.config.eos_token_ids)
@@ -56,12 +57,15 @@ def main() -> None:
     p.add_argument("--dtype", default="float32,bfloat16")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
+    p.add_argument("--quantization", default="none", choices=("none", "int8"))
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     for dtype in args.dtype.split(","):
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
+        if args.quantization == "int8":
+            quantize_int8(loaded.model)
         for batch in (int(b) for b in args.batch.split(",")):
             runner = decode_runner(loaded, batch, args.context, args.steps + 1, args.pool_blocks)
             seconds = time_decode(runner, batch, args.steps)

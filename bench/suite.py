@@ -83,11 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--dtype", default="bfloat16", help="Switchyard's weights: bfloat16 (fast) or float32 "
                    "(exact and batch-invariant, the default of `make run`)")
+    p.add_argument("--quantization", default="none", help="Switchyard's --quantization (none or int8)")
     args, sweep_args = p.parse_known_args(argv)
     sweep_args = ["--no-progress", *sweep_args] if not sys.stderr.isatty() else sweep_args
     done: dict[str, Path] = {}
     peers = args.peers.split(",")
-    engine = ["--threads", str(args.threads), "--dtype", args.dtype]
+    engine = ["--threads", str(args.threads), "--dtype", args.dtype, "--quantization", args.quantization]
     if "switchyard" in peers:
         done["switchyard"] = run_switchyard("switchyard", engine, sweep_args)
     if "switchyard-static" in peers:
