@@ -84,15 +84,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="bfloat16", help="Switchyard's weights: bfloat16 (fast) or float32 "
                    "(exact and batch-invariant, the default of `make run`)")
     p.add_argument("--quantization", default="none", help="Switchyard's --quantization (none or int8)")
+    p.add_argument("--switchyard-args", default="", help="more flags for Switchyard's services, e.g. '--nice 10'")
+    p.add_argument("--tag", default="", help="appended to Switchyard's labels and result files, e.g. -nocache")
     args, sweep_args = p.parse_known_args(argv)
     sweep_args = ["--no-progress", *sweep_args] if not sys.stderr.isatty() else sweep_args
     done: dict[str, Path] = {}
     peers = args.peers.split(",")
-    engine = ["--threads", str(args.threads), "--dtype", args.dtype, "--quantization", args.quantization]
+    engine = ["--threads", str(args.threads), "--dtype", args.dtype, "--quantization", args.quantization,
+              *args.switchyard_args.split()]
     if "switchyard" in peers:
-        done["switchyard"] = run_switchyard("switchyard", engine, sweep_args)
+        done["switchyard"] = run_switchyard("switchyard" + args.tag, engine, sweep_args)
     if "switchyard-static" in peers:
-        done["switchyard-static"] = run_switchyard("switchyard-static", [*engine, "--batching", "static"], sweep_args)
+        done["switchyard-static"] = run_switchyard("switchyard-static" + args.tag, [*engine, "--batching", "static"],
+                                                   sweep_args)
     if "llama.cpp" in peers:
         binary = llama_server_binary()
         if binary is None:

@@ -116,6 +116,9 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=WORKER_DTYPES)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
                         help="torch intra-op threads (0 = torch's default)")
+    parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "0")),
+                        help="scheduling niceness of the worker: above 0, the gateway, scheduler and bus "
+                             "preempt the model's threads when they share cores")
 
 
 def add_api_args(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import uuid
 
@@ -48,6 +49,8 @@ def main() -> None:
     sylog.configure("worker")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.nice:
+        os.nice(args.nice)
     dtype = DTYPES[args.dtype]
     loaded = load_model(resolve_model_path(config.model_path), config.load_format, dtype)
     if config.quantization == "int8":
