@@ -79,34 +79,32 @@ async def _ask_stats(nc: Client, model: str) -> SchedulerStats | None:
         return None
 
 
+# (family, name, help, SchedulerStats field): the engine's state, one series per model
+_ENGINE_SERIES = [
+    (GaugeMetricFamily, "vllm:num_requests_running", "Requests running on the workers.", "num_running"),
+    (GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting"),
+    (GaugeMetricFamily, "vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", "kv_cache_usage"),
+    (GaugeMetricFamily, "switchyard_scheduler_workers", "Workers serving the model.", "num_workers"),
+    (CounterMetricFamily, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+     "prefix_cache_queries"),
+    (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+    (CounterMetricFamily, "vllm:num_preemptions", "Preemptions.", "num_preemptions"),
+    (CounterMetricFamily, "switchyard_scheduler_steps", "Model steps run.", "num_steps"),
+    (CounterMetricFamily, "switchyard_scheduler_step_seconds", "Step round trips, summed.", "step_seconds"),
+    (CounterMetricFamily, "switchyard_worker_forward_seconds", "Time workers spent in steps.", "forward_seconds"),
+    (CounterMetricFamily, "switchyard_scheduler_deadline_exceeded", "Requests ended by their deadline.",
+     "num_deadline_exceeded"),
+]
+
+
 def engine_families(stats: dict[str, SchedulerStats]) -> list:
-    m = ["model_name"]
-    running = GaugeMetricFamily("vllm:num_requests_running", "Requests running on the workers.", labels=m)
-    waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels=m)
-    kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", labels=m)
-    workers = GaugeMetricFamily("switchyard_scheduler_workers", "Workers serving the model.", labels=m)
-    queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                  labels=m)
-    hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels=m)
-    preempt = CounterMetricFamily("vllm:num_preemptions", "Preemptions.", labels=m)
-    steps = CounterMetricFamily("switchyard_scheduler_steps", "Model steps run.", labels=m)
-    step_s = CounterMetricFamily("switchyard_scheduler_step_seconds", "Step round trips, summed.", labels=m)
-    fwd_s = CounterMetricFamily("switchyard_worker_forward_seconds", "Time workers spent in steps.", labels=m)
-    late = CounterMetricFamily("switchyard_scheduler_deadline_exceeded", "Requests ended by their deadline.",
-                               labels=m)
-    for model, s in stats.items():
-        running.add_metric([model], s.num_running)
-        waiting.add_metric([model], s.num_waiting)
-        kv.add_metric([model], s.kv_cache_usage)
-        workers.add_metric([model], s.num_workers)
-        queries.add_metric([model], s.prefix_cache_queries)
-        hits.add_metric([model], s.prefix_cache_hits)
-        preempt.add_metric([model], s.num_preemptions)
-        steps.add_metric([model], s.num_steps)
-        step_s.add_metric([model], s.step_seconds)
-        fwd_s.add_metric([model], s.forward_seconds)
-        late.add_metric([model], s.num_deadline_exceeded)
-    return [running, waiting, kv, workers, queries, hits, preempt, steps, step_s, fwd_s, late]
+    families = []
+    for family_cls, name, doc, field in _ENGINE_SERIES:
+        family = family_cls(name, doc, labels=["model_name"])
+        for model, s in stats.items():
+            family.add_metric([model], getattr(s, field))
+        families.append(family)
+    return families
 
 
 async def _kv_families(nc: Client) -> list:
