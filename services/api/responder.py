@@ -31,8 +31,9 @@ class Responder:
         self.model = model
         self.choices = [_Choice() for _ in range(num_choices)]
 
-    def add(self, index: int, delta: Delta) -> None:
-        self.chunks("", 0, index, delta)  # the same bookkeeping a stream does; the chunks are dropped
+    def add(self, index: int, delta: Delta):
+        """Record a delta in its choice; returns what a stream chunk of it carries."""
+        raise NotImplementedError
 
     def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
         raise NotImplementedError
@@ -66,7 +67,7 @@ class CompletionResponder(Responder):
             return prompt[p]
         return self.model.tokenizer.decode(self.prompts[p], skip_special_tokens=False)
 
-    def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
+    def add(self, index: int, delta: Delta) -> tuple[str, dict | None]:
         choice = self.choices[index]
         text, logprobs = delta.text, None
         if not choice.has_started:
@@ -81,6 +82,10 @@ class CompletionResponder(Responder):
             logprobs = {k: [x for part in parts for x in part[k]] for k in parts[0]}
         choice.text.append(text)
         choice.finish_reason = delta.finish_reason or choice.finish_reason
+        return text, logprobs
+
+    def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
+        text, logprobs = self.add(index, delta)
         return [fmt.chunk(request_id, created, self.model.name, False,
                           [fmt.completion_choice(index, text, delta.finish_reason, logprobs)])]
 
@@ -106,7 +111,7 @@ class ChatResponder(Responder):
                           [fmt.chat_delta_choice(i, {"role": "assistant", "content": ""}, None, None)])
                 for i in range(len(self.choices))]
 
-    def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
+    def add(self, index: int, delta: Delta) -> list[dict] | None:
         choice = self.choices[index]
         logprobs = None
         if self.wants_logprobs and delta.logprobs:
@@ -114,6 +119,10 @@ class ChatResponder(Responder):
             choice.logprobs.extend(logprobs)
         choice.text.append(delta.text)
         choice.finish_reason = delta.finish_reason or choice.finish_reason
+        return logprobs
+
+    def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
+        logprobs = self.add(index, delta)
         out = []
         if delta.text or logprobs:
             out.append(fmt.chunk(request_id, created, self.model.name, True,
