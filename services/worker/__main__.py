@@ -52,7 +52,8 @@ def main() -> None:
     if args.nice:
         os.nice(args.nice)
     dtype = DTYPES[args.dtype]
-    loaded = load_model(resolve_model_path(config.model_path), config.load_format, dtype)
+    model_path = resolve_model_path(config.model_path)
+    loaded = load_model(model_path, config.load_format, dtype)
     if config.quantization == "int8":
         quantize_int8(loaded.model)
     max_model_len = resolve_max_model_len(config.max_model_len, loaded.config.max_position_embeddings)
@@ -61,7 +62,6 @@ def main() -> None:
         loaded.config, config.block_size, kv_dtype, int(config.kv_cache_memory_gib * 2**30))
     check_capacity(loaded.config, num_blocks, config.block_size, kv_dtype, max_model_len)
     caches = allocate_kv_cache(loaded.config, num_blocks, config.block_size, kv_dtype)
-    model_path = resolve_model_path(config.model_path)
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), loaded.config.vocab_size,
                               loaded.config.eos_token_ids) if config.load_format != "dummy" else None
     runner = ModelRunner(loaded.model, caches, config.block_size, max_model_len, loaded.config.eos_token_ids,
