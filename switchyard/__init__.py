@@ -1,1 +1,6 @@
-"""Switchyard's user-facing package: the launcher behind `make run` (the SDK will live here too)."""
+"""Switchyard's user-facing package: the SDK (`Client`, `switchyard.config`) and the launcher
+behind `make run`."""
+
+from switchyard.client import Client, ModelVersion, Pipeline, SwitchyardError
+
+__all__ = ["Client", "ModelVersion", "Pipeline", "SwitchyardError"]

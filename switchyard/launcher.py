@@ -1,4 +1,5 @@
-"""`make run`: nats-server (unless NATS_URL is given), then kvcache, workers, scheduler and API.
+"""`make run`: nats-server (unless NATS_URL is given), then kvcache, workers, the worker agent
+(which starts the workers of deployed pipelines), scheduler and API.
 
 Waits until the API reports healthy, restarts a service that dies, and on Ctrl-C stops them all.
 Unknown flags (e.g. --max-num-seqs 32) go to every service.
@@ -16,7 +17,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.config import add_api_args, add_engine_args, add_worker_args
+from shared.config import add_agent_args, add_api_args, add_engine_args, add_worker_args
+from shared.model_files import cache_root
 from switchyard.nats_server import NatsServer
 
 RESTART_BACKOFF_S = 2.0
@@ -51,14 +53,18 @@ class Stack:
     is_stopping: bool = False
 
     def start(self) -> Stack:
-        if self.nats_url is None:
-            self.nats = NatsServer().start()
+        if self.nats_url is None:  # its JetStream store (the model registry) outlives the stack
+            store = cache_root() / "nats"
+            store.mkdir(parents=True, exist_ok=True)
+            self.nats = NatsServer(store_dir=str(store)).start()
             self.nats_url = self.nats.url
         py = [sys.executable, "-m"]
         common = ["--nats-url", self.nats_url, *self.service_args]
         self.services = [Service("kvcache", py + ["services.kvcache", "--nats-url", self.nats_url])]
         for i in range(self.num_workers):
             self.services.append(Service(f"worker-{i}", py + ["services.worker", *common, "--worker-id", f"worker-{i}"]))
+        agent_log_dir = ["--agent-log-dir", str(self.log_dir / "agent-workers")] if self.log_dir else []
+        self.services.append(Service("agent", py + ["services.worker.agent", *common, *agent_log_dir]))
         self.services.append(Service("scheduler", py + ["services.scheduler", *common]))
         self.services.append(Service("api", py + ["services.api", *common, "--port", str(self.api_port)]))
         for svc in self.services:
@@ -137,6 +143,7 @@ def check_service_args(service_args: list[str]) -> None:
     add_engine_args(parser)
     add_worker_args(parser)
     add_api_args(parser)
+    add_agent_args(parser)
     parser.parse_args(service_args)  # exits with a usage message on an unknown flag
 
 

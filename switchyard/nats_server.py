@@ -26,9 +26,11 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 
 
 class NatsServer:
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, store_dir: str | None = None):
+        """store_dir: where JetStream keeps the registry; a temporary folder (removed at stop) if None."""
         self.port = port or free_port()
-        self.store_dir = tempfile.mkdtemp(prefix="switchyard-nats-")
+        self.is_temporary = store_dir is None
+        self.store_dir = store_dir or tempfile.mkdtemp(prefix="switchyard-nats-")
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -50,4 +52,5 @@ class NatsServer:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self.is_temporary:
+            shutil.rmtree(self.store_dir, ignore_errors=True)

@@ -25,6 +25,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
     env["PYTHONPATH"] = os.getcwd()
+    env["SWITCHYARD_CACHE"] = str(tmp_path / "cache")  # its nats-server keeps the registry there
     log = open(tmp_path / "launcher.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.launcher", "--port", str(port),
                              "--kv-cache-memory-gib", "0.4", "--threads", "1"],
@@ -40,7 +41,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         else:
             raise AssertionError((tmp_path / "launcher.log").read_text()[-3000:])
         started = children_of(proc.pid)
-        assert len(started) == 5  # nats-server, kvcache, worker, scheduler, api
+        assert len(started) == 6  # nats-server, kvcache, worker, agent, scheduler, api
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         assert proc.wait(30) == 0
         for pid in started:

@@ -9,6 +9,7 @@ import uvicorn
 
 from services.api.app import create_app
 from services.api.context import ApiContext, ServedModel
+from services.api.deployments import DeploymentWatcher
 from services.api.openai_defaults import load_openai_config
 from services.api.server import DrainingServer
 from shared import bus
@@ -23,6 +24,7 @@ from shared.config import (
     resolve_max_model_len,
 )
 from shared.model_files import resolve_model_path
+from shared.registry import Registry
 from shared.tokenizer import load_tokenizer
 
 
@@ -44,11 +46,15 @@ def main() -> None:
         nc = await connect(args.nats_url, "api")
         client = BusClient(nc)
         await client.start()
-        return ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s,
-                          request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
-                          api_keys=api_keys)
+        ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s,
+                         request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
+                         api_keys=api_keys, registry=await Registry(nc).open())
+        ctx.deployments = DeploymentWatcher(ctx)
+        ctx.deployments.start()
+        return ctx
 
     async def close_context(ctx: ApiContext) -> None:
+        await ctx.deployments.stop()
         await ctx.bus.stop()
         await bus.close(ctx.nc)
 

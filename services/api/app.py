@@ -14,7 +14,10 @@ from services.api.body import validation_error
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import Guards
+from services.api.routes_infer import router as infer_router
+from services.api.routes_models import router as models_router
 from services.api.routes_openai import router as openai_router
+from services.api.routes_pipelines import router as pipelines_router
 from services.api.routes_server import router as server_router
 from shared.log import get_logger
 
@@ -32,6 +35,9 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
     app = FastAPI(title="Switchyard", lifespan=lifespan)
     app.include_router(openai_router)
     app.include_router(server_router)
+    app.include_router(models_router)
+    app.include_router(pipelines_router)
+    app.include_router(infer_router)
     app.add_middleware(Guards)
 
     def counted(error: APIError) -> JSONResponse:

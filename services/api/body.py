@@ -18,7 +18,7 @@ from services.api.errors import APIError
 Body = TypeVar("Body", bound=BaseModel)
 
 
-async def read_json(request: Request, max_bytes: int) -> dict:
+async def read_json(request: Request, max_bytes: int, allow_list: bool = False) -> dict | list:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise APIError(413, f"the request body is {declared} bytes; the limit is {max_bytes}")
@@ -32,7 +32,7 @@ async def read_json(request: Request, max_bytes: int) -> dict:
         raw = msgspec.json.decode(b"".join(chunks))
     except (msgspec.DecodeError, UnicodeDecodeError):
         raise APIError(400, "the request body is not valid JSON (UTF-8)") from None
-    if not isinstance(raw, dict):
+    if not isinstance(raw, dict) and not (allow_list and isinstance(raw, list)):
         raise APIError(400, "the request body must be a JSON object")
     return raw
 
@@ -42,19 +42,27 @@ def served_model(ctx: ApiContext, raw: dict) -> ServedModel | None:
     name = raw.get("model")
     if not isinstance(name, str):
         return None  # validation reports the missing or mistyped field
-    if name not in ctx.models:
-        raise APIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
-    return ctx.models[name]
+    model = ctx.resolve(name)
+    if model is not None:
+        return model
+    if ctx.is_pending(name):
+        raise APIError(503, f"The model `{name}` is deployed but not ready yet.", param="model",
+                       code="model_not_ready")
+    raise APIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
 
 
-async def parse(request: Request, cls: type[Body], defaults_of=None) -> tuple[ApiContext, ServedModel, Body]:
+async def parse(request: Request, cls: type[Body], defaults_of=None,
+                model_name: str | None = None) -> tuple[ApiContext, ServedModel, Body]:
     """The body of a request naming a model: read, model looked up, defaults filled in, validated.
 
     defaults_of: for the OpenAI routes, which of the model's OpenAI defaults apply
     (e.g. lambda m: m.openai.chat); such a route answers 404 where the model's OpenAI API is off.
+    model_name: the model the route's path names; it takes the place of the body's `model`.
     """
     ctx: ApiContext = request.app.state.ctx
     raw = await read_json(request, ctx.max_body_bytes)
+    if model_name is not None:
+        raw["model"] = model_name
     model = served_model(ctx, raw)
     if defaults_of is not None and model is not None and not model.openai.enabled:
         raise APIError(404, f"The OpenAI API is not enabled for model `{model.name}`.", param="model",

@@ -9,6 +9,8 @@ from nats.aio.client import Client
 from services.api.metrics import ApiMetrics
 from services.api.openai_defaults import OpenaiDefaults
 from shared.client import BusClient
+from shared.deployment import DeployedModel
+from shared.registry import Registry
 from shared.tokenizer import ModelTokenizer
 
 
@@ -20,6 +22,8 @@ class ServedModel:
     created: int
     openai: OpenaiDefaults = field(default_factory=OpenaiDefaults)  # per-model OpenAI config
     max_logprobs: int = 20
+    pipeline: str | None = None  # set for a deployed pipeline (served by the registry, not by flags)
+    deployed: DeployedModel | None = None
 
     @property
     def chat_template(self) -> str | None:
@@ -38,3 +42,14 @@ class ApiContext:
     api_keys: tuple[str, ...] = ()
     is_draining: bool = False
     num_in_flight: int = 0
+    registry: Registry | None = None
+    aliases: dict[str, str] = field(default_factory=dict)  # pipeline or model name -> deployment
+    pending: dict[str, str] = field(default_factory=dict)  # deployment -> pipeline, while it loads
+    deployments: object = None  # the DeploymentWatcher that fills models, aliases and pending
+
+    def resolve(self, name: str) -> ServedModel | None:
+        """A served model by its name, or by its pipeline's or model's name."""
+        return self.models.get(name) or self.models.get(self.aliases.get(name, ""))
+
+    def is_pending(self, name: str) -> bool:
+        return name in self.pending or self.aliases.get(name) in self.pending

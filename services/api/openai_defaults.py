@@ -37,6 +37,11 @@ def load_openai_config(value: str | None) -> OpenaiDefaults:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"openai_config is not valid JSON: {exc}") from None
+    return openai_defaults_from(config)
+
+
+def openai_defaults_from(config: object) -> OpenaiDefaults:
+    """A decoded openai_config (the flag's JSON, or the one `configure` stored), checked key by key."""
     if not isinstance(config, dict):
         raise ConfigError("openai_config must be a JSON object")
     unknown = set(config) - {"enabled", "completion_config", "chat_completion_config"}

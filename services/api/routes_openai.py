@@ -35,28 +35,38 @@ _json = msgspec.json.Encoder()
 
 @router.post("/v1/completions")
 async def completions(request: Request):
-    ctx, model, body = await parse(request, CompletionRequest, lambda m: m.openai.completion)
-    prompts = completion_prompts(body, model)
-    prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
-    samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
-                                 logprobs=body.logprobs, prompt_logprobs=prompt_logprobs) for ids in prompts]
-    choices = _choices(ctx, model, body, prompts, samplings)
-    responder = CompletionResponder(model, body, prompts, len(choices.generations))
-    return await _respond(choices, responder, body, request)
+    return await complete(request)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat)
+    return await chat(request)
+
+
+async def complete(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
+    """model_name: set by a route whose path names the model (a pipeline's inference URL)."""
+    ctx, model, body = await parse(request, CompletionRequest, lambda m: m.openai.completion, model_name)
+    prompts = completion_prompts(body, model)
+    prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
+    samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
+                                 logprobs=body.logprobs, prompt_logprobs=prompt_logprobs) for ids in prompts]
+    choices = choices_for(ctx, model, body, prompts, samplings)
+    responder = CompletionResponder(model, body, prompts, len(choices.generations))
+    return await _respond(choices, responder, body, request, usage_every_chunk)
+
+
+async def chat(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
+    ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat, model_name)
     text = render_messages(model, body.messages, body.add_generation_prompt)
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=chat_logprobs(body))
-    choices = _choices(ctx, model, body, [prompt_ids], [sampling])
-    return await _respond(choices, ChatResponder(model, body, len(choices.generations)), body, request)
+    choices = choices_for(ctx, model, body, [prompt_ids], [sampling])
+    responder = ChatResponder(model, body, len(choices.generations))
+    return await _respond(choices, responder, body, request, usage_every_chunk)
 
 
-def _choices(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
+def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
              samplings: list[SamplingParams]) -> Choices:
     generations, prompt_index = [], []
     for p, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
@@ -70,12 +80,14 @@ def _choices(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list
     return Choices(generations, prompt_index)
 
 
-async def _respond(choices: Choices, responder: Responder, body: _Sampling, request: Request):
+async def _respond(choices: Choices, responder: Responder, body: _Sampling, request: Request,
+                   usage_every_chunk: bool = False):
     await choices.submit()
     request_id = f"{'chatcmpl' if responder.is_chat else 'cmpl'}-{choices.request_id}"
     created = int(time.time())
     if body.stream:
-        return EventSourceResponse(_sse(choices, responder, request_id, created, body.include_usage), sep="\n")
+        stream = _sse(choices, responder, request_id, created, body.include_usage, usage_every_chunk)
+        return EventSourceResponse(stream, sep="\n")
     await _collect(choices, responder, request)
     return JSONResponse(responder.response(request_id, created, choices.usage()))
 
@@ -94,8 +106,13 @@ async def _collect(choices: Choices, responder: Responder, request: Request) -> 
     await task  # re-raises APIError or CancelledError
 
 
-async def _sse(choices: Choices, responder: Responder, request_id: str, created: int, include_usage: bool):
+async def _sse(choices: Choices, responder: Responder, request_id: str, created: int, include_usage: bool,
+               usage_every_chunk: bool):
+    """usage_every_chunk (the pipeline routes, as the seed product does): with include_usage, every
+    chunk carries the usage so far, ttft and tps included; the final usage chunk still comes last."""
     def data(obj: dict) -> dict:
+        if include_usage and usage_every_chunk and "choices" in obj and "usage" not in obj:
+            obj["usage"] = choices.usage().as_dict()
         return {"data": _json.encode(obj).decode()}
 
     try:

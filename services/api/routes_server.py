@@ -20,11 +20,12 @@ VERSION = "0.2.0"
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 when every served model has a scheduler with a worker; 503 otherwise, or while draining."""
+    """200 when the model the gateway was started with has a scheduler with a worker; 503 otherwise,
+    or while draining. Deployed pipelines report their own readiness (pipelines/status)."""
     ctx: ApiContext = request.app.state.ctx
     if ctx.is_draining:
         return APIError(503, "the server is shutting down", code="draining").response()
-    for name in ctx.models:
+    for name in [m.name for m in ctx.models.values() if m.pipeline is None]:
         try:
             msg = await ctx.nc.request(subjects.scheduler_stats(name), encode(SchedulerStatsRequest()), timeout=1.0)
         except Exception:

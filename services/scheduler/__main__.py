@@ -1,11 +1,12 @@
-"""python -m services.scheduler: admission, per-worker continuous-batching loops, KV allocation."""
+"""python -m services.scheduler: admission, per-worker continuous-batching loops, KV allocation,
+for the model its flags name and for every deployed pipeline."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 
-from services.scheduler.service import SchedulerService
+from services.scheduler.host import SchedulerHost
 from shared import log as sylog
 from shared.bus import connect
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args
@@ -20,8 +21,7 @@ async def main() -> None:
     config = engine_config_from_args(args)
     sylog.configure("scheduler")
     nc = await connect(args.nats_url, f"scheduler-{config.model}")
-    service = SchedulerService(nc, config)
-    await serve_until_signalled(nc, service, config.drain_grace_s)
+    await serve_until_signalled(nc, SchedulerHost(nc, config), config.drain_grace_s)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import uuid
 
 import torch
 
+from services.worker.deployment import fetch_deployment, weight_bytes
 from services.worker.guided import GrammarCompiler
 from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype_for, num_blocks_for_budget
 from services.worker.loader import load_model
@@ -44,22 +45,29 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    config = engine_config_from_args(args)
     worker_id = args.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     sylog.configure("worker")
+    deployed = None
+    if args.pipeline:  # started by an agent for a deployed pipeline: its configs come from the registry
+        deployed, model_path = fetch_deployment(args.nats_url, args.pipeline, args.generation)
+        config = deployed.engine_config()
+        args.threads = deployed.worker_threads
+    else:
+        config = engine_config_from_args(args)
+        model_path = resolve_model_path(config.model_path)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.nice:
         os.nice(args.nice)
     dtype = DTYPES[args.dtype]
-    model_path = resolve_model_path(config.model_path)
     loaded = load_model(model_path, config.load_format, dtype)
     if config.quantization == "int8":
         quantize_int8(loaded.model)
     max_model_len = resolve_max_model_len(config.max_model_len, loaded.config.max_position_embeddings)
     kv_dtype = kv_dtype_for(config.kv_cache_dtype, dtype)
-    num_blocks = config.num_kv_blocks or num_blocks_for_budget(
-        loaded.config, config.block_size, kv_dtype, int(config.kv_cache_memory_gib * 2**30))
+    kv_bytes = (deployed.kv_cache_bytes(weight_bytes(loaded.model)) if deployed
+                else int(config.kv_cache_memory_gib * 2**30))
+    num_blocks = config.num_kv_blocks or num_blocks_for_budget(loaded.config, config.block_size, kv_dtype, kv_bytes)
     check_capacity(loaded.config, num_blocks, config.block_size, kv_dtype, max_model_len)
     caches = allocate_kv_cache(loaded.config, num_blocks, config.block_size, kv_dtype)
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), loaded.config.vocab_size,

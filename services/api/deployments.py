@@ -1,0 +1,97 @@
+"""The API's view of deployments: a ServedModel per deployed pipeline, kept in step with the registry.
+
+When a pipeline is deployed the gateway fetches its artifact (for the tokenizer and chat
+template), applies the model's OpenAI config, and serves it under the deployment's name, the
+pipeline's name and the model's name. Until that is done, requests for it get 503; after undeploy,
+404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from services.api.context import ApiContext, ServedModel
+from services.api.openai_defaults import OpenaiDefaults, openai_defaults_from
+from shared.config import ConfigError, resolve_max_model_len
+from shared.deployment import load_deployed
+from shared.log import get_logger
+from shared.model_files import cache_root, unpacked
+from shared.registry import Pipeline
+from shared.tokenizer import load_tokenizer
+
+log = get_logger("api")
+
+
+class DeploymentWatcher:
+    def __init__(self, ctx: ApiContext):
+        self.ctx = ctx
+        self._task: asyncio.Task | None = None
+        self._generations: dict[str, int] = {}  # pipeline -> generation served (or being loaded)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async for name, pipeline in self.ctx.registry.watch_pipelines():
+                    await self._apply(name, pipeline)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the bus went away: watch again from the current state
+                log.exception("deployment_watch_failed")
+                await asyncio.sleep(1.0)
+
+    async def _apply(self, name: str, pipeline: Pipeline | None) -> None:
+        if pipeline is not None and pipeline.deployed:
+            if self._generations.get(name) == pipeline.generation:
+                return
+            self._remove(name)
+            self._generations[name] = pipeline.generation
+            self.ctx.pending[pipeline.deployment] = pipeline.name
+            self.ctx.aliases[name] = pipeline.deployment
+            for step in pipeline.steps[:1]:
+                self.ctx.aliases.setdefault(step.model, pipeline.deployment)
+            asyncio.create_task(self._load(pipeline))
+        elif name in self._generations:
+            self._remove(name)
+
+    def _remove(self, name: str) -> None:
+        self._generations.pop(name, None)
+        gone = {d for d, p in self.ctx.pending.items() if p == name}
+        gone |= {m.name for m in self.ctx.models.values() if m.pipeline == name}
+        for deployment in gone:
+            self.ctx.pending.pop(deployment, None)
+            if self.ctx.models.pop(deployment, None) is not None:
+                log.info("deployment_removed", model=deployment)
+        for alias, target in list(self.ctx.aliases.items()):
+            if target in gone:
+                self.ctx.aliases.pop(alias)
+
+    async def _load(self, pipeline: Pipeline) -> None:
+        try:
+            deployed = await load_deployed(self.ctx.registry, pipeline)
+            path = await self.ctx.registry.fetch_artifact(deployed.version, cache_root())
+            tokenizer = await asyncio.to_thread(lambda: load_tokenizer(unpacked(str(path))))
+            oc = deployed.version.openai_config
+            openai = openai_defaults_from({"enabled": oc.enabled, "completion_config": oc.completion_config,
+                                           "chat_completion_config": oc.chat_completion_config}) \
+                if oc else OpenaiDefaults()
+            served = ServedModel(
+                name=pipeline.deployment, tokenizer=tokenizer, created=int(time.time()), openai=openai,
+                max_model_len=resolve_max_model_len(deployed.version.framework_config.max_model_len,
+                                                    tokenizer.context_length),
+                pipeline=pipeline.name, deployed=deployed)
+        except (ConfigError, ValueError, OSError) as exc:
+            log.error("deployment_load_failed", pipeline=pipeline.name, error=str(exc))
+            return
+        if self._generations.get(pipeline.name) != pipeline.generation:
+            return  # undeployed or redeployed while loading
+        self.ctx.pending.pop(pipeline.deployment, None)
+        self.ctx.models[served.name] = served
+        log.info("deployment_served", model=served.name, pipeline=pipeline.name)

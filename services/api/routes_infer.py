@@ -1,0 +1,85 @@
+"""A deployed pipeline's inference URLs, as the seed product spells them.
+
+- `/v1/api/pipelines/infer/{deployment}/{pipeline}/openai/v1/completions` and `.../chat/completions`:
+  the OpenAI routes for that deployment (the body's `model` may be left out); with
+  `stream_options.include_usage` every chunk carries the usage so far, `ttft` and `tps` included.
+- `/v1/api/pipelines/infer/{deployment}/{pipeline}`: the records route, one row
+  `{"prompt", "max_tokens"}` in, `{"generated_text", "num_output_tokens"}` out.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from services.api.body import read_json, validate
+from services.api.context import ApiContext
+from services.api.errors import APIError
+from services.api.params import completion_prompts, sampling_params
+from services.api.protocol import CompletionRequest
+from services.api.routes_openai import chat, choices_for, complete
+
+router = APIRouter(prefix="/v1/api/pipelines/infer/{deployment}/{pipeline}")
+MULTI_ROW_ERROR = ("Continuous batching is not supported with more than one batch at a time, "
+                   "please send requests with a single batch size")
+
+
+def _deployment(request: Request, deployment: str, pipeline: str) -> str:
+    """The deployment's served name, if the URL's two parts agree; 404 otherwise."""
+    ctx: ApiContext = request.app.state.ctx
+    served = ctx.models.get(deployment)
+    if served is not None and served.pipeline == pipeline:
+        return deployment
+    if ctx.pending.get(deployment) == pipeline:
+        raise APIError(503, f"pipeline {pipeline!r} is deployed but not ready yet", code="model_not_ready")
+    raise APIError(404, f"no deployment {deployment!r} of pipeline {pipeline!r}", code="deployment_not_found")
+
+
+@router.post("/openai/v1/completions")
+async def pipeline_completions(request: Request, deployment: str, pipeline: str):
+    return await complete(request, _deployment(request, deployment, pipeline), usage_every_chunk=True)
+
+
+@router.post("/openai/v1/chat/completions")
+async def pipeline_chat_completions(request: Request, deployment: str, pipeline: str):
+    return await chat(request, _deployment(request, deployment, pipeline), usage_every_chunk=True)
+
+
+@router.post("")
+async def records(request: Request, deployment: str, pipeline: str) -> JSONResponse:
+    """One row in, one row out. More than one row is refused where continuous batching is configured
+    (the seed product's rule); a model without it takes the rows one after another."""
+    ctx: ApiContext = request.app.state.ctx
+    model = ctx.models[_deployment(request, deployment, pipeline)]
+    raw = await read_json_rows(request, ctx.max_body_bytes)
+    if len(raw) > 1 and model.deployed.version.continuous_batching_config is not None:
+        raise APIError(400, MULTI_ROW_ERROR, code="batch_size")
+    out = []
+    for i, row in enumerate(raw):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise APIError(400, f"row {i}: a record needs a string `prompt`", param="prompt")
+        fields = {"model": model.name, "prompt": row["prompt"]}
+        if row.get("max_tokens") is not None:
+            fields["max_tokens"] = row["max_tokens"]
+        body = validate(CompletionRequest, fields, model.openai.completion)
+        prompts = completion_prompts(body, model)
+        sampling = sampling_params(body, model, len(prompts[0]), max_tokens=body.max_tokens or 16, logprobs=None)
+        choices = choices_for(ctx, model, body, prompts, [sampling])
+        await choices.submit()
+        text = [delta.text async for _, delta in choices.deltas()]
+        out.append({"generated_text": "".join(text), "num_output_tokens": choices.usage().completion_tokens})
+    return JSONResponse(out)
+
+
+async def read_json_rows(request: Request, max_bytes: int) -> list:
+    """pandas-records JSON: a list of rows, or one row as an object, or columns of equal length."""
+    raw = await read_json(request, max_bytes, allow_list=True)
+    if isinstance(raw, dict) and raw and all(isinstance(v, list) for v in raw.values()):
+        lengths = {len(v) for v in raw.values()}
+        if len(lengths) != 1:
+            raise APIError(400, "columns must have the same length")
+        return [dict(zip(raw, values, strict=True)) for values in zip(*raw.values(), strict=True)]
+    rows = raw if isinstance(raw, list) else [raw]
+    if not rows:
+        raise APIError(400, "no record was sent")
+    return rows

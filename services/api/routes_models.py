@@ -1,0 +1,187 @@
+"""The model registry over HTTP: upload_and_convert, list, get, versions, configure.
+
+Routes take POST with a JSON body, as the seed product's management API does. The upload is
+multipart: a `metadata` JSON part and a `file` part (a GGUF file, or a zip of a Hugging Face
+model directory). Starlette spools the file part to disk past 1 MiB; from there it is streamed to
+the Object Store in chunks and hashed on the way, so no model is ever held in memory whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.datastructures import UploadFile
+
+from services.api.body import read_json
+from services.api.context import ApiContext
+from services.api.errors import APIError
+from services.api.openai_defaults import openai_defaults_from
+from shared.config import ConfigError
+from shared.deploy_config import (
+    ContinuousBatchingConfig,
+    FrameworkConfig,
+    OpenaiConfig,
+    check_name,
+    convert,
+    parse_accel,
+)
+from shared.model_files import inspect_artifact, unpacked
+from shared.registry import ModelVersion
+
+router = APIRouter(prefix="/v1/api/models")
+MAX_METADATA_BYTES = 1 << 20
+SINGLE_BATCH_ERROR = "Continuous batching is not supported with single batch mode"
+
+
+def registry_of(request: Request):
+    ctx: ApiContext = request.app.state.ctx
+    if ctx.registry is None:
+        raise APIError(503, "the model registry (NATS JetStream) is not available")
+    return ctx, ctx.registry
+
+
+def as_json(record) -> dict:
+    return msgspec.to_builtins(record)
+
+
+def config_error(exc: ConfigError) -> APIError:
+    return APIError(400, str(exc), code="invalid_config")
+
+
+@router.post("/upload_and_convert")
+async def upload_and_convert(request: Request) -> JSONResponse:
+    ctx, registry = registry_of(request)
+    form = await request.form(max_files=1, max_fields=8, max_part_size=MAX_METADATA_BYTES)
+    try:
+        metadata, upload = form.get("metadata"), form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise APIError(400, "the upload needs a `file` part with the model", param="file")
+        if not isinstance(metadata, str):
+            raise APIError(400, "the upload needs a `metadata` part (JSON)", param="metadata")
+        record = _new_version(metadata, os.path.basename(upload.filename or "model.gguf"))
+        record = await registry.create_version(record)
+        try:
+            record.sha256, record.size = await registry.put_artifact(record.object_name, upload.file)
+            await _inspect(upload, record)
+            record.status = "ready"
+        except (ValueError, OSError) as exc:
+            record.status, record.error = "error", str(exc)
+        await registry.put_version(record)
+    finally:
+        await form.close()
+    if record.status == "error":
+        raise APIError(400, f"model {record.name!r} version {record.version}: {record.error}", param="file")
+    return JSONResponse({"model": as_json(record)})
+
+
+def _new_version(metadata: str, file_name: str) -> ModelVersion:
+    try:
+        meta = msgspec.json.decode(metadata)
+    except msgspec.DecodeError:
+        raise APIError(400, "metadata is not valid JSON", param="metadata") from None
+    if not isinstance(meta, dict):
+        raise APIError(400, "metadata must be a JSON object", param="metadata")
+    conversion = meta.get("conversion") or {}
+    try:
+        name = check_name("model", meta.get("name"))
+        framework = conversion.get("framework", "vllm")
+        if framework != "vllm":
+            raise ConfigError(f"conversion.framework = {framework!r} is not allowed: allowed 'vllm'")
+        accel = parse_accel(conversion.get("accel", "cpu"))
+        fc = conversion.get("framework_config") or {}
+        if fc.get("framework", "vllm") != "vllm":
+            raise ConfigError(f"framework_config.framework = {fc.get('framework')!r} is not allowed: allowed 'vllm'")
+        framework_config = convert(fc.get("config") or {}, FrameworkConfig, "framework_config").validate(accel.kind)
+    except ConfigError as exc:
+        raise config_error(exc) from None
+    # input_schema / output_schema (base64 Arrow) describe tabular models; an OpenAI model has none
+    return ModelVersion(name=name, version=0, file_name=file_name, sha256="", size=0, status="uploading",
+                        created_at=time.time(), framework=framework, framework_config=framework_config,
+                        accel=accel, visibility=str(meta.get("visibility", "private")),
+                        workspace_id=meta.get("workspace_id"), python_version=conversion.get("python_version"),
+                        requirements=list(conversion.get("requirements") or []))
+
+
+async def _inspect(upload: UploadFile, record: ModelVersion) -> None:
+    """Read what the model is from the spooled file; check max_model_len against its context."""
+    suffix = ".zip" if record.file_name.endswith(".zip") else ".bin"
+    with tempfile.TemporaryDirectory(prefix="switchyard-upload-") as folder:
+        path = os.path.join(folder, "artifact" + suffix)
+        await upload.seek(0)
+        with open(path, "wb") as out:
+            while chunk := await upload.read(1 << 20):
+                out.write(chunk)
+        record.architecture, record.context_length = await asyncio.to_thread(
+            lambda: inspect_artifact(unpacked(path)))
+    limit = record.framework_config.max_model_len
+    if limit is not None and record.context_length and limit > record.context_length:
+        raise ValueError(f"framework_config.max_model_len = {limit} is out of range: allowed 2 to "
+                         f"{record.context_length} (the model's context length)")
+
+
+@router.post("/list")
+async def list_models(request: Request) -> JSONResponse:
+    _, registry = registry_of(request)
+    return JSONResponse({"models": [as_json(v) for v in await registry.models()]})
+
+
+async def _named(request: Request, registry) -> tuple[dict, str]:
+    body = await read_json(request, MAX_METADATA_BYTES)
+    name = body.get("name")
+    if not isinstance(name, str):
+        raise APIError(400, "name: a model name is required", param="name")
+    return body, name
+
+
+@router.post("/get")
+async def get_model(request: Request) -> JSONResponse:
+    """The latest version (or `version`) of a model, with every version's number."""
+    _, registry = registry_of(request)
+    body, name = await _named(request, registry)
+    record = await registry.version(name, body.get("version"))
+    if record is None:
+        raise APIError(404, f"model {name!r} (version {body.get('version') or 'latest'}) does not exist",
+                       param="name", code="model_not_found")
+    versions = [v.version for v in await registry.versions(name)]
+    return JSONResponse({"model": as_json(record), "versions": versions})
+
+
+@router.post("/versions")
+async def model_versions(request: Request) -> JSONResponse:
+    _, registry = registry_of(request)
+    _, name = await _named(request, registry)
+    return JSONResponse({"versions": [as_json(v) for v in await registry.versions(name)]})
+
+
+@router.post("/configure")
+async def configure(request: Request) -> JSONResponse:
+    """Continuous batching, OpenAI defaults and batch_config for one version (the latest if unnamed)."""
+    _, registry = registry_of(request)
+    body, name = await _named(request, registry)
+    record = await registry.version(name, body.get("version"))
+    if record is None:
+        raise APIError(404, f"model {name!r} does not exist", param="name", code="model_not_found")
+    try:
+        batch_config = body.get("batch_config")
+        if batch_config not in (None, "single"):
+            raise ConfigError(f"batch_config = {batch_config!r} is not allowed: allowed null or 'single'")
+        cb = body.get("continuous_batching_config")
+        if cb is not None and batch_config == "single":
+            raise ConfigError(SINGLE_BATCH_ERROR)
+        record.batch_config = batch_config
+        record.continuous_batching_config = (
+            convert(cb, ContinuousBatchingConfig, "continuous_batching_config").validate() if cb is not None else None)
+        oc = body.get("openai_config")
+        if oc is not None:
+            openai_defaults_from(oc)  # every key a request field, every value one a request may carry
+            record.openai_config = convert(oc, OpenaiConfig, "openai_config")
+    except ConfigError as exc:
+        raise config_error(exc) from None
+    await registry.put_version(record)
+    return JSONResponse({"model": as_json(record)})

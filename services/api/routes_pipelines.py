@@ -1,0 +1,184 @@
+"""Pipelines over HTTP: create, add_step, deploy, undeploy, status, list, get.
+
+Deploy and undeploy only write the desired state into the registry (a pipeline's `deployed` flag
+and `generation`); schedulers, API gateways and worker agents watch it and converge. Status reads
+what they report back: the engine (the deployment's scheduler queue) over the bus, the sidekicks
+(worker processes) from the agents' entries.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from services.api.body import read_json
+from services.api.errors import APIError
+from services.api.routes_models import as_json, config_error, registry_of
+from shared import subjects
+from shared.agents import fits, free_resources, host_accepts, needs
+from shared.config import ConfigError
+from shared.deploy_config import DeploymentConfig, check_name, convert
+from shared.deployment import load_deployed
+from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from shared.registry import Pipeline, PipelineStep, Registry
+
+router = APIRouter(prefix="/v1/api/pipelines")
+
+
+async def _body(request: Request) -> tuple[dict, Registry]:
+    _, registry = registry_of(request)
+    return await read_json(request, 1 << 20), registry
+
+
+async def _pipeline(registry: Registry, body: dict) -> Pipeline:
+    name = body.get("pipeline") or body.get("name")
+    if not isinstance(name, str):
+        raise APIError(400, "pipeline: a pipeline name is required", param="pipeline")
+    pipeline = await registry.pipeline(name)
+    if pipeline is None:
+        raise APIError(404, f"pipeline {name!r} does not exist", param="pipeline", code="pipeline_not_found")
+    return pipeline
+
+
+def _described(pipeline: Pipeline) -> dict:
+    return {"pipeline": {**as_json(pipeline), "deployment": pipeline.deployment}}
+
+
+@router.post("/create")
+async def create(request: Request) -> JSONResponse:
+    body, registry = await _body(request)
+    try:
+        name = check_name("pipeline", body.get("name"))
+    except ConfigError as exc:
+        raise config_error(exc) from None
+    return JSONResponse(_described(await registry.create_pipeline(name)))
+
+
+@router.post("/add_step")
+async def add_step(request: Request) -> JSONResponse:
+    """Append a model step (a version; the latest if none is named). Takes effect at the next deploy."""
+    body, registry = await _body(request)
+    pipeline = await _pipeline(registry, body)
+    model, version = body.get("model"), body.get("version")
+    record = await registry.version(model, version) if isinstance(model, str) else None
+    if record is None:
+        raise APIError(404, f"model {model!r} (version {version or 'latest'}) does not exist", param="model",
+                       code="model_not_found")
+    pipeline.steps.append(PipelineStep(record.name, record.version))
+    await registry.put_pipeline(pipeline)
+    return JSONResponse(_described(pipeline))
+
+
+@router.post("/clear_steps")
+async def clear_steps(request: Request) -> JSONResponse:
+    body, registry = await _body(request)
+    pipeline = await _pipeline(registry, body)
+    pipeline.steps = []
+    await registry.put_pipeline(pipeline)
+    return JSONResponse(_described(pipeline))
+
+
+@router.post("/deploy")
+async def deploy(request: Request) -> JSONResponse:
+    body, registry = await _body(request)
+    pipeline = await _pipeline(registry, body)
+    try:
+        raw = body.get("deployment_config")
+        config = convert(raw, DeploymentConfig, "deployment_config").validate() if raw else DeploymentConfig()
+        candidate = msgspec.structs.replace(pipeline, deployment_config=config)
+        deployed = await load_deployed(registry, candidate)
+        deployed.engine_config()  # the model's configs are checked again as the engine will take them
+        await _check_placement(registry, deployed)
+    except ConfigError as exc:
+        raise config_error(exc) from None
+    pipeline.deployment_config, pipeline.deployed = config, True
+    pipeline.generation += 1
+    await registry.put_pipeline(pipeline)
+    return JSONResponse(_described(pipeline))
+
+
+async def _check_placement(registry: Registry, deployed) -> None:
+    """Some live host must offer the accelerator and have room for the minimum replicas."""
+    agents = await registry.agent_records()
+    if not agents:
+        raise ConfigError("no worker host (agent) is running, so nothing could serve the deployment")
+    others = [p for p in await registry.pipelines() if p.deployed and p.name != deployed.pipeline.name]
+    reasons = []
+    for agent in agents:
+        if (why := host_accepts(agent, deployed)) is not None:
+            reasons.append(why)
+            continue
+        reserved = []
+        for other in others:
+            if any(w.deployment == other.deployment for w in agent.workers):
+                try:
+                    reserved.append(needs(await load_deployed(registry, other), other.deployment_config.replicas_min))
+                except ConfigError:
+                    continue
+        why = fits(free_resources(agent, reserved), needs(deployed, deployed.deployment_config.replicas_min))
+        if why is None:
+            return
+        reasons.append(f"host {agent.agent_id} {why}")
+    raise ConfigError("no worker host can run the deployment: " + "; ".join(reasons))
+
+
+@router.post("/undeploy")
+async def undeploy(request: Request) -> JSONResponse:
+    body, registry = await _body(request)
+    pipeline = await _pipeline(registry, body)
+    pipeline.deployed = False
+    await registry.put_pipeline(pipeline)
+    return JSONResponse(_described(pipeline))
+
+
+@router.post("/list")
+async def list_pipelines(request: Request) -> JSONResponse:
+    _, registry = await _body(request)
+    return JSONResponse({"pipelines": [_described(p)["pipeline"] for p in await registry.pipelines()]})
+
+
+@router.post("/get")
+async def get(request: Request) -> JSONResponse:
+    body, registry = await _body(request)
+    return JSONResponse(_described(await _pipeline(registry, body)))
+
+
+@router.post("/status")
+async def status(request: Request) -> JSONResponse:
+    """The seed product's pipeline.status(): overall status, engines, sidekicks, models."""
+    body, registry = await _body(request)
+    pipeline = await _pipeline(registry, body)
+    ctx = request.app.state.ctx
+    agents = await registry.agent_records()
+    workers = [w for a in agents for w in a.workers
+               if w.deployment == pipeline.deployment and w.generation == pipeline.generation]
+    refusals = [a.refused[pipeline.name] for a in agents if pipeline.name in a.refused]
+    engine = None
+    if pipeline.deployed:
+        try:
+            msg = await ctx.nc.request(subjects.scheduler_stats(pipeline.deployment),
+                                       encode(SchedulerStatsRequest()), timeout=1.0)
+            engine = SCHEDULER_STATS_DECODER.decode(msg.data)
+        except Exception:
+            engine = None
+    ready = engine is not None and engine.num_workers > 0
+    served = ctx.models.get(pipeline.deployment)
+    if not pipeline.deployed:
+        overall = "Undeployed"
+    elif ready and served is not None:
+        overall = "Running"
+    elif (workers and all(w.state == "failed" for w in workers)) or (refusals and not workers):
+        overall = "Error"
+    else:
+        overall = "Starting"
+    engines = [] if engine is None else [{
+        "name": f"engine-{pipeline.deployment}", "status": "Running" if ready else "Starting",
+        "info": {"num_workers": engine.num_workers, "num_running": engine.num_running,
+                 "num_waiting": engine.num_waiting, "kv_cache_usage": engine.kv_cache_usage}}]
+    sidekicks = [{"name": w.worker_id, "pid": w.pid, "status": w.state.capitalize(), "reason": w.error}
+                 for w in workers]
+    models = [{"name": s.model, "version": s.version, "status": overall if pipeline.deployed else "Undeployed"}
+              for s in pipeline.steps]
+    return JSONResponse({"status": overall, "deployment": pipeline.deployment, "generation": pipeline.generation,
+                         "details": refusals, "engines": engines, "sidekicks": sidekicks, "models": models})

@@ -1,0 +1,34 @@
+"""A worker started for a deployed pipeline (by the agent): its records, and its artifact on disk."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.bus import close, connect
+from shared.config import ConfigError
+from shared.deployment import DeployedModel, load_deployed
+from shared.model_files import cache_root, unpacked
+from shared.registry import Registry
+
+
+async def _fetch(nats_url: str, pipeline_name: str, generation: int) -> tuple[DeployedModel, str]:
+    nc = await connect(nats_url, f"worker-fetch-{pipeline_name}")
+    try:
+        registry = await Registry(nc).open()
+        pipeline = await registry.pipeline(pipeline_name)
+        if pipeline is None or not pipeline.deployed or pipeline.generation != generation:
+            raise ConfigError(f"pipeline {pipeline_name!r} generation {generation} is no longer deployed")
+        deployed = await load_deployed(registry, pipeline)
+        path = await registry.fetch_artifact(deployed.version, cache_root())
+    finally:
+        await close(nc)
+    return deployed, await asyncio.to_thread(unpacked, str(path))
+
+
+def fetch_deployment(nats_url: str, pipeline_name: str, generation: int) -> tuple[DeployedModel, str]:
+    """(the deployment's records, the local path to load) — before the worker's bus thread starts."""
+    return asyncio.run(_fetch(nats_url, pipeline_name, generation))
+
+
+def weight_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])

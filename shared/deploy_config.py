@@ -1,0 +1,201 @@
+"""The seed product's configuration objects, as wire types, each field checked against its range.
+
+`FrameworkConfig` and `Acceleration` come with an upload; `ContinuousBatchingConfig` and
+`OpenaiConfig` with `configure`; `DeploymentConfig` with `deploy`. The SDK (`switchyard.config`)
+builds them and the API validates them again, so a value out of range is refused with a message
+that names the field, the value and what is allowed, whoever sent it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from shared.config import KV_CACHE_DTYPES, ConfigError
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: also a NATS subject token
+ACCELS = ("cpu", "cuda", "qaic")
+KV_CACHE_DTYPES_REFUSED = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # known, but no backend here has them
+QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS_REFUSED = ("awq", "gptq", "fp8", "bitsandbytes", "gguf", "int4")
+MAX_CONTEXT = 1 << 20
+
+
+def check_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(f"{kind} name {name!r} is not allowed: use 1-63 lowercase letters, digits "
+                          "and '-', starting and ending with a letter or digit")
+    return name
+
+
+def _in_range(field: str, value, low, high, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
+        raise ConfigError(f"{field} = {value!r} is out of range: allowed {low} to {high}"
+                          + (" (or null)" if allow_none else ""))
+
+
+def _one_of(field: str, value, allowed: tuple, refused: tuple = (), why: str = "") -> None:
+    if value in refused:
+        raise ConfigError(f"{field} = {value!r} is not supported {why}: allowed {', '.join(map(repr, allowed))}")
+    if value not in allowed:
+        raise ConfigError(f"{field} = {value!r} is not allowed: allowed {', '.join(map(repr, allowed))}")
+
+
+def _is_bool(field: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field} = {value!r} must be true or false")
+
+
+class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's engine arguments, as the seed product's FrameworkConfig carries them."""
+
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # None: the model's own context length
+    max_seq_len_to_capture: int = 8192
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    block_size: int | None = None  # None: 16
+    device_group: str | None = None
+
+    def validate(self, accel: str) -> FrameworkConfig:
+        p = "framework_config."
+        _in_range(p + "max_num_seqs", self.max_num_seqs, 1, 1024)
+        _in_range(p + "max_model_len", self.max_model_len, 2, MAX_CONTEXT, allow_none=True)
+        _in_range(p + "max_seq_len_to_capture", self.max_seq_len_to_capture, 1, MAX_CONTEXT)
+        _in_range(p + "gpu_memory_utilization", self.gpu_memory_utilization, 0.05, 1.0)
+        bs = self.block_size
+        if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs not in (8, 16, 32, 64, 128)):
+            raise ConfigError(f"{p}block_size = {bs!r} is not allowed: allowed 8, 16, 32, 64 or 128")
+        _one_of(p + "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES, KV_CACHE_DTYPES_REFUSED,
+                "by the torch backend (quantized KV cache with scales is not built)")
+        quant = self.quantization or "none"
+        _one_of(p + "quantization", quant, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend")
+        if quant == "int8" and accel != "cpu":
+            raise ConfigError(f"{p}quantization = 'int8' is weight-only int8 for the CPU backend, not {accel!r}")
+        if self.device_group is not None:
+            check_name(p + "device_group", self.device_group)
+        return self
+
+    @property
+    def effective_block_size(self) -> int:
+        return self.block_size or 16
+
+
+class QaicConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Qualcomm Cloud AI 100: programs compiled for fixed shapes (validated here; run by the QAIC backend)."""
+
+    num_cores: int = 16
+    num_devices: int = 1
+    ctx_len: int = 128
+    prefill_seq_len: int = 32
+    full_batch_size: int | None = None
+    mxfp6_matmul: bool = False
+    mxint8_kv_cache: bool = False
+    aic_enable_depth_first: bool = False
+
+    def validate(self) -> QaicConfig:
+        p = "accel.qaic."
+        _in_range(p + "num_cores", self.num_cores, 1, 16)
+        _in_range(p + "num_devices", self.num_devices, 1, 16)
+        _in_range(p + "ctx_len", self.ctx_len, 1, MAX_CONTEXT)
+        _in_range(p + "prefill_seq_len", self.prefill_seq_len, 1, self.ctx_len)
+        _in_range(p + "full_batch_size", self.full_batch_size, 1, 1024, allow_none=True)
+        for flag in ("mxfp6_matmul", "mxint8_kv_cache", "aic_enable_depth_first"):
+            _is_bool(p + flag, getattr(self, flag))
+        return self
+
+
+class Accel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    kind: str = "cpu"
+    qaic: QaicConfig | None = None
+
+    def validate(self) -> Accel:
+        _one_of("accel", self.kind, ACCELS)
+        if self.qaic is not None:
+            if self.kind != "qaic":
+                raise ConfigError(f"accel = {self.kind!r} takes no QaicConfig")
+            self.qaic.validate()
+        return self
+
+
+def parse_accel(value) -> Accel:
+    """The wire form of `accel`: "cpu" | "cuda" | "qaic" | {"qaic": {...QaicConfig}}."""
+    if isinstance(value, str):
+        return Accel(kind=value).validate()
+    if isinstance(value, dict) and list(value) == ["qaic"]:
+        return Accel(kind="qaic", qaic=convert(value["qaic"] or {}, QaicConfig, "accel.qaic")).validate()
+    raise ConfigError(f"accel = {value!r} is not allowed: allowed 'cpu', 'cuda', 'qaic' or {{'qaic': {{...}}}}")
+
+
+class ContinuousBatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    max_concurrent_batch_size: int = 256
+
+    def validate(self) -> ContinuousBatchingConfig:
+        _in_range("continuous_batching_config.max_concurrent_batch_size", self.max_concurrent_batch_size, 1, 100_000)
+        return self
+
+
+class OpenaiConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-model OpenAI defaults; the API checks every key against its request models."""
+
+    enabled: bool = True
+    completion_config: dict = {}
+    chat_completion_config: dict = {}
+
+
+class SidekickResources(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What one worker process (the seed product's "sidekick") of a model may use."""
+
+    cpus: float = 1.0
+    memory: str = "4Gi"
+    gpus: int = 0
+
+
+class DeploymentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    replicas_min: int = 1
+    replicas_max: int = 1
+    cpus: float = 0.25  # the engine: the deployment's scheduler queue
+    memory: str = "512Mi"
+    sidekicks: dict[str, SidekickResources] = {}  # by model name
+
+    def validate(self) -> DeploymentConfig:
+        _in_range("deployment_config.replicas_min", self.replicas_min, 1, 16)
+        _in_range("deployment_config.replicas_max", self.replicas_max, self.replicas_min, 16)
+        _in_range("deployment_config.cpus", self.cpus, 0.1, 256)
+        parse_memory("deployment_config.memory", self.memory)
+        for model, side in self.sidekicks.items():
+            p = f"deployment_config.sidekick[{model}]."
+            _in_range(p + "cpus", side.cpus, 0.5, 256)
+            _in_range(p + "gpus", side.gpus, 0, 16)
+            parse_memory(p + "memory", side.memory)
+        return self
+
+    def sidekick(self, model: str) -> SidekickResources:
+        return self.sidekicks.get(model, SidekickResources())
+
+
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def parse_memory(field: str, value: str) -> int:
+    """Kubernetes quantities, as the seed product takes them: "512Mi", "4Gi", "1G", "1048576"."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T)?", str(value).strip())
+    if not m:
+        raise ConfigError(f"{field} = {value!r} is not a memory quantity such as '512Mi' or '4Gi'")
+    size = int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+    if not (2**20 <= size <= 2**44):
+        raise ConfigError(f"{field} = {value!r} is out of range: allowed 1Mi to 16Ti")
+    return size
+
+
+def convert(raw, cls, field: str):
+    """Wire dict -> typed config, with msgspec's type errors reworded to name the field."""
+    try:
+        return msgspec.convert(raw, cls, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{field}: {exc}") from None

@@ -1,0 +1,83 @@
+"""From a deployed pipeline and its model version to what each service runs.
+
+The scheduler, the worker and the API derive their settings for a deployment here, from the same
+records, so they cannot disagree (the scheduler still refuses a worker whose KV geometry differs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shared.config import ConfigError, EngineConfig
+from shared.deploy_config import DeploymentConfig, parse_memory
+from shared.registry import ModelVersion, Pipeline, Registry
+
+
+@dataclass
+class DeployedModel:
+    pipeline: Pipeline
+    version: ModelVersion
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.deployment
+
+    @property
+    def deployment_config(self) -> DeploymentConfig:
+        return self.pipeline.deployment_config or DeploymentConfig()
+
+    @property
+    def is_single_batch(self) -> bool:
+        return self.version.batch_config == "single"
+
+    def engine_config(self) -> EngineConfig:
+        """The framework and continuous-batching configs as engine settings for this deployment."""
+        fc, cb = self.version.framework_config, self.version.continuous_batching_config
+        max_num_seqs = 1 if self.is_single_batch else fc.max_num_seqs
+        block_size = fc.effective_block_size
+        return EngineConfig(
+            model=self.name, max_model_len=fc.max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(512, block_size), block_size=block_size,
+            kv_cache_dtype=fc.kv_cache_dtype, quantization=fc.quantization or "none",
+            max_concurrent_batch_size=1 if self.is_single_batch else (
+                cb.max_concurrent_batch_size if cb else EngineConfig().max_concurrent_batch_size),
+        ).validate()
+
+    # ---- one worker process (the seed product's sidekick) ----------------------------------------
+
+    @property
+    def worker_threads(self) -> int:
+        return max(1, math.floor(self.deployment_config.sidekick(self.version.name).cpus))
+
+    @property
+    def worker_memory(self) -> int:
+        return parse_memory("memory", self.deployment_config.sidekick(self.version.name).memory)
+
+    def kv_cache_bytes(self, weight_bytes: int) -> int:
+        """vLLM's rule on the worker's memory: utilization x memory, less the weights, is the KV pool."""
+        util = self.version.framework_config.gpu_memory_utilization
+        budget = int(util * self.worker_memory) - weight_bytes
+        if budget <= 0:
+            raise ConfigError(
+                f"gpu_memory_utilization {util} x sidekick memory {self.worker_memory / 2**20:.0f} MiB leaves "
+                f"no room for a KV cache after {weight_bytes / 2**20:.0f} MiB of weights: raise sidekick_memory")
+        return budget
+
+    def resources_per_replica(self) -> tuple[float, int]:
+        """(cpus, bytes) one replica takes on a worker host."""
+        return self.deployment_config.sidekick(self.version.name).cpus, self.worker_memory
+
+
+async def load_deployed(registry: Registry, pipeline: Pipeline) -> DeployedModel:
+    """The pipeline's one model step with its version record."""
+    if len(pipeline.steps) != 1:
+        raise ConfigError(f"pipeline {pipeline.name!r} has {len(pipeline.steps)} model steps; "
+                          "an LLM pipeline has exactly one")
+    step = pipeline.steps[0]
+    version = await registry.version(step.model, step.version)
+    if version is None:
+        raise ConfigError(f"model {step.model!r} version {step.version} is not in the registry")
+    if version.status != "ready":
+        raise ConfigError(f"model {step.model!r} version {step.version} is {version.status}: {version.error}")
+    return DeployedModel(pipeline, version)

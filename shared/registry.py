@@ -1,0 +1,286 @@
+"""The model registry and the desired state of deployments, kept in NATS JetStream.
+
+- Object Store `sy-artifacts`: model files, one object per version (`<model>/<version>/<file>`).
+- KV `sy-registry`: `models.<name>.<version>` (a ModelVersion) and `pipelines.<name>` (a Pipeline,
+  whose `deployed` flag and `generation` are the desired state that schedulers, API gateways and
+  worker agents watch).
+- KV `sy-agents` (entries expire): which worker hosts are alive, what they offer, what they run.
+
+Values are JSON (msgspec), so `nats kv get sy-registry models.smollm2.1` is readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+from nats.aio.client import Client
+from nats.js.api import StorageType
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+
+from shared.deploy_config import (
+    Accel,
+    ContinuousBatchingConfig,
+    DeploymentConfig,
+    FrameworkConfig,
+    OpenaiConfig,
+)
+
+ARTIFACTS_BUCKET = "sy-artifacts"
+REGISTRY_BUCKET = "sy-registry"
+AGENTS_BUCKET = "sy-agents"
+AGENT_TTL_S = 10.0  # an agent refreshes its entry every few seconds; a dead one disappears
+
+
+class ModelVersion(msgspec.Struct, kw_only=True):
+    name: str
+    version: int
+    file_name: str
+    sha256: str
+    size: int
+    status: str  # "ready" once the artifact is stored and inspected; "error" with `error`
+    created_at: float
+    framework: str = "vllm"
+    framework_config: FrameworkConfig = msgspec.field(default_factory=FrameworkConfig)
+    accel: Accel = msgspec.field(default_factory=Accel)
+    continuous_batching_config: ContinuousBatchingConfig | None = None
+    openai_config: OpenaiConfig | None = None
+    batch_config: str | None = None  # "single": one request at a time (no continuous batching)
+    visibility: str = "private"
+    workspace_id: int | None = None
+    python_version: str | None = None
+    requirements: list[str] = []
+    architecture: str = ""  # read from the artifact at upload
+    context_length: int = 0
+    error: str | None = None
+
+    @property
+    def object_name(self) -> str:
+        return f"{self.name}/{self.version}/{self.file_name}"
+
+
+class PipelineStep(msgspec.Struct):
+    model: str
+    version: int
+
+
+class Pipeline(msgspec.Struct, kw_only=True):
+    name: str
+    id: int
+    created_at: float
+    steps: list[PipelineStep] = []
+    deployed: bool = False
+    generation: int = 0  # bumped by every deploy: a changed generation means "restart with the new state"
+    deployment_config: DeploymentConfig | None = None
+
+    @property
+    def deployment(self) -> str:
+        """The deployment's name: the bus subject token and the `{deployment}` of inference URLs."""
+        return f"{self.name}-{self.id}"
+
+
+class WorkerState(msgspec.Struct, kw_only=True):
+    worker_id: str
+    deployment: str
+    generation: int
+    pid: int
+    state: str  # starting | running | stopping | failed
+    error: str | None = None
+
+
+class AgentRecord(msgspec.Struct, kw_only=True):
+    agent_id: str
+    accel: str
+    device_group: str | None
+    cpus: float
+    memory: int
+    workers: list[WorkerState] = []
+    refused: dict[str, str] = {}  # pipeline -> why this host does not run it
+    updated_at: float = 0.0
+
+
+_json = msgspec.json.Encoder()
+
+
+class Registry:
+    def __init__(self, nc: Client):
+        self.js = nc.jetstream()
+        self.kv = None
+        self.agents = None
+        self.objects = None
+
+    async def open(self) -> Registry:
+        self.kv = await self._bucket(REGISTRY_BUCKET)
+        self.agents = await self._bucket(AGENTS_BUCKET, ttl=AGENT_TTL_S)
+        try:
+            self.objects = await self.js.object_store(ARTIFACTS_BUCKET)
+        except (BucketNotFoundError, Exception):
+            self.objects = await self.js.create_object_store(ARTIFACTS_BUCKET, storage=StorageType.FILE)
+        return self
+
+    async def _bucket(self, name: str, ttl: float | None = None):
+        try:
+            return await self.js.key_value(name)
+        except BucketNotFoundError:
+            return await self.js.create_key_value(bucket=name, history=1, ttl=ttl, storage=StorageType.FILE)
+
+    # ---- values --------------------------------------------------------------------------------
+
+    async def _get(self, key: str, cls):
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return None
+        return msgspec.json.decode(entry.value, type=cls) if entry.value else None
+
+    async def _values(self, prefix: str, cls) -> list:
+        values = [await self._get(k, cls) for k in await _keys(self.kv, prefix)]
+        return [v for v in values if v is not None]
+
+    # ---- models --------------------------------------------------------------------------------
+
+    async def versions(self, name: str) -> list[ModelVersion]:
+        return sorted(await self._values(f"models.{name}.", ModelVersion), key=lambda v: v.version)
+
+    async def models(self) -> list[ModelVersion]:
+        """The latest version of every model."""
+        latest: dict[str, ModelVersion] = {}
+        for v in await self._values("models.", ModelVersion):
+            if v.name not in latest or v.version > latest[v.name].version:
+                latest[v.name] = v
+        return sorted(latest.values(), key=lambda v: v.name)
+
+    async def version(self, name: str, version: int | None = None) -> ModelVersion | None:
+        if version is None:
+            versions = await self.versions(name)
+            return versions[-1] if versions else None
+        return await self._get(f"models.{name}.{version}", ModelVersion)
+
+    async def create_version(self, record: ModelVersion) -> ModelVersion:
+        """Store under the next free version number (atomic: two uploads never share one)."""
+        while True:
+            record.version = max((v.version for v in await self.versions(record.name)), default=0) + 1
+            try:
+                await self.kv.create(f"models.{record.name}.{record.version}", _json.encode(record))
+                return record
+            except KeyWrongLastSequenceError:
+                continue
+
+    async def put_version(self, record: ModelVersion) -> None:
+        await self.kv.put(f"models.{record.name}.{record.version}", _json.encode(record))
+
+    # ---- artifacts -----------------------------------------------------------------------------
+
+    async def put_artifact(self, object_name: str, reader) -> tuple[str, int]:
+        """Stream a file-like object into the Object Store in chunks; returns (sha256 hex, size)."""
+        hashing = _HashingReader(reader)
+        await self.objects.put(object_name, hashing)
+        return hashing.sha256.hexdigest(), hashing.size
+
+    async def fetch_artifact(self, record: ModelVersion, cache_root: Path) -> Path:
+        """The artifact as a local file (cached by sha256, checked after download)."""
+        folder = cache_root / "artifacts" / record.sha256
+        path = folder / record.file_name
+        if path.exists():
+            return path
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{record.file_name}.{os.getpid()}.partial"
+        with open(partial, "wb") as out:
+            await self.objects.get(record.object_name, writeinto=out)
+        digest = await asyncio.to_thread(_sha256_file, partial)
+        if digest != record.sha256:
+            partial.unlink()
+            raise ValueError(f"artifact {record.object_name}: sha256 {digest} != recorded {record.sha256}")
+        partial.rename(path)
+        return path
+
+    # ---- pipelines -----------------------------------------------------------------------------
+
+    async def pipeline(self, name: str) -> Pipeline | None:
+        return await self._get(f"pipelines.{name}", Pipeline)
+
+    async def pipelines(self) -> list[Pipeline]:
+        return sorted(await self._values("pipelines.", Pipeline), key=lambda p: p.id)
+
+    async def put_pipeline(self, pipeline: Pipeline) -> None:
+        await self.kv.put(f"pipelines.{pipeline.name}", _json.encode(pipeline))
+
+    async def create_pipeline(self, name: str) -> Pipeline:
+        """The pipeline by that name, created with the next id if it does not exist yet."""
+        while (existing := await self.pipeline(name)) is None:
+            next_id = max((p.id for p in await self.pipelines()), default=0) + 1
+            try:
+                await self.kv.create(f"pipelines.{name}", _json.encode(Pipeline(name=name, id=next_id,
+                                                                                 created_at=time.time())))
+            except KeyWrongLastSequenceError:
+                continue
+        return existing
+
+    async def watch_pipelines(self) -> AsyncIterator[tuple[str, Pipeline | None]]:
+        """(name, pipeline) now for each one stored, then on every change; None when deleted."""
+        watcher = await self.kv.watch("pipelines.*")
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    continue  # "no more history": what follows are live changes
+                name = entry.key.split(".", 1)[1]
+                yield name, (msgspec.json.decode(entry.value, type=Pipeline) if entry.value else None)
+        finally:
+            with contextlib.suppress(Exception):  # the connection may be closing already
+                await watcher.stop()
+
+    # ---- agents --------------------------------------------------------------------------------
+
+    async def put_agent(self, record: AgentRecord) -> None:
+        record.updated_at = time.time()
+        await self.agents.put(f"agents.{record.agent_id}", _json.encode(record))
+
+    async def agent_records(self) -> list[AgentRecord]:
+        records = []
+        for key in await _keys(self.agents, "agents."):
+            try:
+                entry = await self.agents.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                records.append(msgspec.json.decode(entry.value, type=AgentRecord))
+        return records
+
+
+async def _keys(bucket, prefix: str) -> list[str]:
+    """Keys under a prefix, filtered here: nats-server 2.9 (Debian's) ignores server-side key filters."""
+    try:
+        return [k for k in await bucket.keys() if k.startswith(prefix)]
+    except NoKeysError:
+        return []
+
+
+class _HashingReader:
+    """A reader the Object Store pulls chunks from, hashing and counting what passes."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.sha256.update(data)
+        self.size += n
+        return n
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

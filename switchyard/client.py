@@ -1,0 +1,217 @@
+"""The Python SDK: upload a model, configure it, build and deploy a pipeline, infer, undeploy.
+
+    wl = Client("http://127.0.0.1:8000", api_key=...)
+    llm = wl.upload_model("smollm2", "model.gguf", framework="vllm", framework_config=..., accel=...)
+    llm = llm.configure(continuous_batching_config=..., openai_config=...)
+    p = wl.build_pipeline("smol-pipe"); p.add_model_step(llm); p.deploy(deployment_config=cfg)
+    p.openai_chat_completion(messages=[...]); p.undeploy()
+
+Every call is the HTTP management API underneath (docs/deploy.md); inference goes through the
+official `openai` client on the pipeline's inference URL.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import zipfile
+
+import httpx
+import msgspec
+
+from switchyard.config import Acceleration, AccelerationWithConfig, FrameworkConfig
+
+
+class SwitchyardError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class Client:
+    def __init__(self, api_endpoint: str = "http://127.0.0.1:8000", api_key: str | None = None,
+                 timeout: float = 600.0):
+        self.api_endpoint = api_endpoint.rstrip("/")
+        self.api_key = api_key
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.api_endpoint, headers=headers, timeout=timeout)
+
+    def _post(self, path: str, **kwargs) -> dict | list:
+        response = self.http.post(path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text
+            raise SwitchyardError(response.status_code, message)
+        return response.json()
+
+    # ---- models --------------------------------------------------------------------------------
+
+    def upload_model(self, name: str, path: str, framework: str = "vllm",
+                     framework_config: FrameworkConfig | None = None,
+                     accel: Acceleration | AccelerationWithConfig = Acceleration.CPU,
+                     input_schema: str | None = None, output_schema: str | None = None,
+                     visibility: str = "private", workspace_id: int | None = None,
+                     python_version: str | None = None, requirements: list[str] | None = None) -> ModelVersion:
+        """A GGUF file, a Hugging Face model directory (zipped on the way) or a zip of one."""
+        config = framework_config or FrameworkConfig()
+        metadata = {
+            "name": name, "visibility": visibility, "workspace_id": workspace_id,
+            "input_schema": input_schema, "output_schema": output_schema,
+            "conversion": {"framework": framework, "accel": accel.to_wire(), "python_version": python_version,
+                           "requirements": requirements or [],
+                           "framework_config": {"framework": framework, "config": msgspec.to_builtins(config)}},
+        }
+        with _as_file(path) as (file_name, f):
+            body = self._post("/v1/api/models/upload_and_convert",
+                              data={"metadata": msgspec.json.encode(metadata).decode()},
+                              files={"file": (file_name, f, "application/octet-stream")})
+        return ModelVersion(self, body["model"])
+
+    def get_model(self, name: str, version: int | None = None) -> ModelVersion:
+        return ModelVersion(self, self._post("/v1/api/models/get", json={"name": name, "version": version})["model"])
+
+    def list_models(self) -> list[ModelVersion]:
+        return [ModelVersion(self, m) for m in self._post("/v1/api/models/list", json={})["models"]]
+
+    def model_versions(self, name: str) -> list[ModelVersion]:
+        return [ModelVersion(self, m) for m in self._post("/v1/api/models/versions", json={"name": name})["versions"]]
+
+    # ---- pipelines -----------------------------------------------------------------------------
+
+    def build_pipeline(self, name: str) -> Pipeline:
+        return Pipeline(self, self._post("/v1/api/pipelines/create", json={"name": name})["pipeline"])
+
+    def get_pipeline(self, name: str) -> Pipeline:
+        return Pipeline(self, self._post("/v1/api/pipelines/get", json={"pipeline": name})["pipeline"])
+
+    def list_pipelines(self) -> list[Pipeline]:
+        return [Pipeline(self, p) for p in self._post("/v1/api/pipelines/list", json={})["pipelines"]]
+
+
+class _as_file:
+    """A path as (file name, open binary file); a directory is zipped to a temporary file first."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.tmp = None
+
+    def __enter__(self):
+        path = self.path
+        if os.path.isdir(path):
+            self.tmp = tempfile.NamedTemporaryFile(suffix=".zip", delete=False)
+            with zipfile.ZipFile(self.tmp, "w", zipfile.ZIP_STORED) as zf:
+                for root, _, files in os.walk(path):
+                    for f in files:
+                        full = os.path.join(root, f)
+                        zf.write(full, os.path.relpath(full, path))
+            self.tmp.close()
+            self.f = open(self.tmp.name, "rb")
+            return os.path.basename(os.path.normpath(path)) + ".zip", self.f
+        self.f = open(path, "rb")
+        return os.path.basename(path), self.f
+
+    def __exit__(self, *exc):
+        self.f.close()
+        if self.tmp is not None:
+            os.unlink(self.tmp.name)
+
+
+class ModelVersion:
+    def __init__(self, client: Client, record: dict):
+        self.client = client
+        self.record = record
+
+    name = property(lambda self: self.record["name"])
+    version = property(lambda self: self.record["version"])
+    sha = property(lambda self: self.record["sha256"])
+    status = property(lambda self: self.record["status"])
+
+    def configure(self, continuous_batching_config=None, openai_config=None, batch_config: str | None = None,
+                  **_ignored_tabular) -> ModelVersion:
+        """Continuous batching, OpenAI defaults (a request's own values win) and batch_config."""
+        if _ignored_tabular:
+            raise TypeError(f"configure() got unexpected arguments {sorted(_ignored_tabular)}")
+        body = {"name": self.name, "version": self.version, "batch_config": batch_config,
+                "continuous_batching_config": msgspec.to_builtins(continuous_batching_config),
+                "openai_config": msgspec.to_builtins(openai_config)}
+        self.record = self.client._post("/v1/api/models/configure", json=body)["model"]
+        return self
+
+    def __repr__(self) -> str:
+        return f"ModelVersion({self.name!r}, version={self.version}, status={self.status!r})"
+
+
+class Pipeline:
+    def __init__(self, client: Client, record: dict):
+        self.client = client
+        self.record = record
+
+    name = property(lambda self: self.record["name"])
+    deployment = property(lambda self: self.record["deployment"])
+
+    def _call(self, action: str, **fields) -> dict:
+        return self.client._post(f"/v1/api/pipelines/{action}", json={"pipeline": self.name, **fields})
+
+    def add_model_step(self, model: ModelVersion) -> Pipeline:
+        self.record = self._call("add_step", model=model.name, version=model.version)["pipeline"]
+        return self
+
+    def clear(self) -> Pipeline:
+        self.record = self._call("clear_steps")["pipeline"]
+        return self
+
+    def deploy(self, deployment_config=None, wait_for_status: bool = True, timeout: float = 600.0) -> Pipeline:
+        """Write the desired state; by default wait until the deployment runs (or fails)."""
+        self.record = self._call("deploy", deployment_config=msgspec.to_builtins(deployment_config))["pipeline"]
+        if wait_for_status:
+            self.wait_for("Running", timeout)
+        return self
+
+    def undeploy(self, wait_for_status: bool = True, timeout: float = 120.0) -> Pipeline:
+        self.record = self._call("undeploy")["pipeline"]
+        if wait_for_status:
+            self.wait_for("Undeployed", timeout)
+        return self
+
+    def status(self) -> dict:
+        return self._call("status")
+
+    def wait_for(self, wanted: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if status["status"] == wanted and (wanted != "Undeployed" or not status["sidekicks"]):
+                return status
+            if status["status"] == "Error":
+                raise SwitchyardError(500, f"pipeline {self.name!r} failed to deploy: {status}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pipeline {self.name!r} not {wanted} after {timeout}s: {status}")
+            time.sleep(0.5)
+
+    # ---- inference -----------------------------------------------------------------------------
+
+    def url(self) -> str:
+        return f"{self.client.api_endpoint}/v1/api/pipelines/infer/{self.deployment}/{self.name}"
+
+    def openai_client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url() + "/openai/v1", api_key=self.client.api_key or "none",
+                             max_retries=0, timeout=self.client.http.timeout.read)
+
+    def openai_completion(self, **kwargs):
+        return self.openai_client().completions.create(model=self.deployment, **kwargs)
+
+    def openai_chat_completion(self, **kwargs):
+        return self.openai_client().chat.completions.create(model=self.deployment, **kwargs)
+
+    def infer(self, records: list[dict] | dict) -> list[dict]:
+        """The records route: [{"prompt", "max_tokens"}] -> [{"generated_text", "num_output_tokens"}]."""
+        response = self.client.http.post(self.url(), json=records)
+        if response.status_code >= 400:
+            raise SwitchyardError(response.status_code, response.json()["error"]["message"])
+        return response.json()
