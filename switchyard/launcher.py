@@ -54,7 +54,7 @@ class Stack:
 
     def start(self) -> Stack:
         if self.nats_url is None:  # its JetStream store (the model registry) outlives the stack
-            store = cache_root() / "nats"
+            store = Path(os.environ.get("SY_NATS_STORE_DIR", cache_root() / "nats"))
             store.mkdir(parents=True, exist_ok=True)
             self.nats = NatsServer(store_dir=str(store)).start()
             self.nats_url = self.nats.url

@@ -25,7 +25,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
     env["PYTHONPATH"] = os.getcwd()
-    env["SWITCHYARD_CACHE"] = str(tmp_path / "cache")  # its nats-server keeps the registry there
+    env["SY_NATS_STORE_DIR"] = str(tmp_path / "nats")  # its nats-server keeps the registry there
     log = open(tmp_path / "launcher.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "switchyard.launcher", "--port", str(port),
                              "--kv-cache-memory-gib", "0.4", "--threads", "1"],
