@@ -151,6 +151,10 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-memory", default=env("SY_AGENT_MEMORY", "16Gi"),
                         help="memory the deployments on this host may reserve in all")
     parser.add_argument("--agent-log-dir", default=env("SY_AGENT_LOG_DIR"))
+    parser.add_argument("--scale-up-after-s", type=float, default=float(env("SY_SCALE_UP_AFTER_S", "5")),
+                        help="add a replica (up to replicas_max) when requests have waited this long")
+    parser.add_argument("--scale-down-after-s", type=float, default=float(env("SY_SCALE_DOWN_AFTER_S", "30")),
+                        help="remove a replica (down to replicas_min) when the engine has been idle this long")
 
 
 def add_nats_arg(parser: argparse.ArgumentParser) -> None:

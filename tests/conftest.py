@@ -39,11 +39,12 @@ def hf_tokenizer(default_model_path):
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
 
-def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list[str]):
+def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list[str], nats_store: str | None = None):
+    """nats_store: keep JetStream (the registry) there, so a later stack on the same folder finds it."""
     from switchyard.launcher import Stack
     from switchyard.nats_server import NatsServer, free_port
 
-    nats = NatsServer().start()
+    nats = NatsServer(store_dir=nats_store).start()
     log_dir = tmp_path_factory.mktemp(name)
     stack = Stack(nats_url=nats.url, api_port=free_port(), num_workers=num_workers, log_dir=log_dir,
                   service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", *extra_args])

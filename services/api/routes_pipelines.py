@@ -168,7 +168,7 @@ async def status(request: Request) -> JSONResponse:
         overall = "Undeployed"
     elif ready and served is not None:
         overall = "Running"
-    elif (workers and all(w.state == "failed" for w in workers)) or (refusals and not workers):
+    elif any(w.state == "failed" for w in workers) or (refusals and not workers):
         overall = "Error"
     else:
         overall = "Starting"

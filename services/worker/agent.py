@@ -38,8 +38,10 @@ TICK_S = 1.0
 
 
 class Agent:
-    def __init__(self, nc: Client, record: AgentRecord, log_dir: Path, worker_args: list[str], nats_url: str):
+    def __init__(self, nc: Client, record: AgentRecord, log_dir: Path, worker_args: list[str], nats_url: str,
+                 scaling: tuple[float, float] = (5.0, 30.0)):
         self.nc = nc
+        self.scaling = scaling  # (scale up after s, scale down after s)
         self.record = record
         self.log_dir = log_dir
         self.worker_args = worker_args
@@ -147,7 +149,8 @@ class Agent:
             self.refused[pipeline.name] = why
             return
         self.refused.pop(pipeline.name, None)
-        self.running[pipeline.name] = Replicas(deployed, self.nats_url, self.log_dir, self.worker_args)
+        self.running[pipeline.name] = Replicas(deployed, self.nats_url, self.log_dir, self.worker_args,
+                                               *self.scaling)
         log.info("deployment_adopted", pipeline=pipeline.name, generation=pipeline.generation)
 
     def _free(self) -> tuple[float, int]:
@@ -162,7 +165,7 @@ class Agent:
         except Exception:
             pass  # the scheduler has not picked the deployment up yet
         wanted = replicas.wanted(stats)
-        while len(replicas.live) < wanted and fits(self._free(), replicas.deployed.resources_per_replica()) is None:
+        while len(replicas.occupied) < wanted and fits(self._free(), replicas.deployed.resources_per_replica()) is None:
             replica = replicas.start_one()
             log.info("replica_started", worker_id=replica.worker_id, pid=replica.proc.pid)
         if len(replicas.live) > wanted:
@@ -185,7 +188,9 @@ def main() -> None:
 
     async def run() -> None:
         nc = await connect(args.nats_url, f"agent-{record.agent_id}")
-        await serve_until_signalled(nc, Agent(nc, record, log_dir, worker_args, args.nats_url), 30.0)
+        agent = Agent(nc, record, log_dir, worker_args, args.nats_url,
+                      scaling=(args.scale_up_after_s, args.scale_down_after_s))
+        await serve_until_signalled(nc, agent, 30.0)
 
     asyncio.run(run())
 

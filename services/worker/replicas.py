@@ -1,8 +1,8 @@
 """The worker processes of one deployment on one host: start, watch, stop, and scale within bounds.
 
 Scaling follows the deployment's scheduler: a queue that stays deep (requests waiting for
-SCALE_UP_AFTER_S) adds a replica up to replicas_max; an idle engine (nothing running or waiting
-for SCALE_DOWN_AFTER_S) removes one down to replicas_min. A replica that exits on its own is
+`scale_up_after_s`) adds a replica up to replicas_max; an idle engine (nothing running or waiting
+for `scale_down_after_s`) removes one down to replicas_min. A replica that exits on its own is
 marked failed (with the last line it logged) and started again after RESTART_BACKOFF_S.
 """
 
@@ -20,8 +20,6 @@ from shared.deployment import DeployedModel
 from shared.messages import SchedulerStats
 from shared.registry import WorkerState
 
-SCALE_UP_AFTER_S = 5.0
-SCALE_DOWN_AFTER_S = 30.0
 RESTART_BACKOFF_S = 5.0
 
 
@@ -48,6 +46,8 @@ class Replicas:
     nats_url: str
     log_dir: Path
     worker_args: list[str]
+    scale_up_after_s: float = 5.0
+    scale_down_after_s: float = 30.0
     replicas: list[Replica] = field(default_factory=list)
     busy_since: float | None = None  # requests have been waiting since
     idle_since: float | None = None  # nothing running or waiting since
@@ -59,6 +59,11 @@ class Replicas:
     @property
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.state in ("starting", "running")]
+
+    @property
+    def occupied(self) -> list[Replica]:
+        """Slots taken: live replicas, and failed ones until their restart backoff has passed."""
+        return [r for r in self.replicas if r.state != "stopping"]
 
     def start_one(self) -> Replica:
         pipeline = self.deployed.pipeline
@@ -108,10 +113,10 @@ class Replicas:
             self.busy_since = (self.busy_since or now) if stats.num_waiting > 0 else None
             idle = stats.num_running == 0 and stats.num_waiting == 0
             self.idle_since = (self.idle_since or now) if idle else None
-        if self.busy_since is not None and now - self.busy_since > SCALE_UP_AFTER_S:
+        if self.busy_since is not None and now - self.busy_since > self.scale_up_after_s:
             self.busy_since = None
             n += 1
-        elif self.idle_since is not None and now - self.idle_since > SCALE_DOWN_AFTER_S:
+        elif self.idle_since is not None and now - self.idle_since > self.scale_down_after_s:
             self.idle_since = None
             n -= 1
         return min(max(n, config.replicas_min), config.replicas_max)

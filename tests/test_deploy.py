@@ -1,0 +1,277 @@
+"""The seed product's workflow through the SDK against real services: upload, configure, build,
+deploy, infer (OpenAI routes, records route), status, undeploy; two models at once; replicas
+scaling; a registry that survives a restart of every service.
+
+The stack is this module's own (its own nats-server keeps JetStream in a folder the restart test
+reuses), with an API key, fast scaling, and a CPU budget that does not depend on the machine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+
+import httpx
+import pytest
+
+from switchyard import Client, SwitchyardError
+from switchyard.config import (
+    Acceleration,
+    ContinuousBatchingConfig,
+    DeploymentConfigBuilder,
+    FrameworkConfig,
+    OpenaiConfig,
+)
+
+pytestmark = pytest.mark.stack
+API_KEY = "sk-deploy-test"
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
+           "<|im_start|>assistant\nSure. "
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("deploy-nats"))
+
+
+def start(tmp_path_factory, store: str):
+    from tests.conftest import _start_stack
+
+    return _start_stack(tmp_path_factory, "deploy", num_workers=1, nats_store=store, extra_args=[
+        "--api-key", API_KEY, "--agent-cpus", "8", "--scale-up-after-s", "2", "--scale-down-after-s", "3"])
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory, store):
+    held = [start(tmp_path_factory, store)]  # the restart test replaces it
+    yield held
+    held[-1].stop()
+
+
+@pytest.fixture
+def wl(stacks) -> Client:
+    return Client(stacks[-1].base_url, api_key=API_KEY)
+
+
+@pytest.fixture(scope="module")
+def smollm2(stacks, default_model_path):
+    """The issue's own upload and configure."""
+    wl = Client(stacks[-1].base_url, api_key=API_KEY)
+    llm = wl.upload_model("smollm2", default_model_path, framework="vllm",
+                          framework_config=FrameworkConfig(max_num_seqs=16, max_model_len=2048, block_size=16,
+                                                           kv_cache_dtype="auto", gpu_memory_utilization=0.9),
+                          accel=Acceleration.CPU)
+    return llm.configure(
+        continuous_batching_config=ContinuousBatchingConfig(max_concurrent_batch_size=100),
+        openai_config=OpenaiConfig(enabled=True, completion_config={"temperature": .3, "max_tokens": 200},
+                                   chat_completion_config={"temperature": .3, "max_tokens": 200,
+                                                           "chat_template": TEMPLATE}))
+
+
+def pid_alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+
+
+def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
+    assert smollm2.status == "ready" and smollm2.version >= 1 and len(smollm2.sha) == 64
+    assert smollm2.record["architecture"] == "llama" and smollm2.record["context_length"] == 8192
+    llm = smollm2
+    cfg = DeploymentConfigBuilder().replicas(1, 2).cpus(1).memory("1Gi") \
+        .sidekick_cpus(llm, 2).sidekick_memory(llm, "4Gi").sidekick_gpus(llm, 0).build()
+    p = wl.build_pipeline("smol-pipe")
+    p.add_model_step(llm)
+    p.deploy(deployment_config=cfg)
+    status = p.status()
+    assert status["status"] == "Running"
+    assert status["engines"][0]["info"]["num_workers"] == 1
+    assert [m["name"] for m in status["models"]] == ["smollm2"]
+    sidekick = status["sidekicks"][0]
+    assert sidekick["status"] in ("Starting", "Running") and pid_alive(sidekick["pid"])
+
+    reply = p.openai_chat_completion(messages=[{"role": "user", "content": "good morning"}])
+    assert reply.choices[0].message.content.strip()
+    assert reply.usage.completion_tokens <= 200  # the configured max_tokens default applies
+    chunks = list(p.openai_completion(prompt="tell me a story", max_tokens=8, stream=True,
+                                      stream_options={"include_usage": True}))
+    text_chunks = [c for c in chunks if c.choices]
+    assert text_chunks and all(c.usage is not None for c in chunks)  # usage on every chunk, as the seed does
+    assert all(c.usage.ttft > 0 and c.usage.tps > 0 for c in chunks)
+    assert chunks[-1].usage.completion_tokens == 8
+
+    # the chat template from chat_completion_config is the one rendered (it opens the answer)
+    tokenized = httpx.post(f"{wl.api_endpoint}/tokenize", headers={"Authorization": f"Bearer {API_KEY}"},
+                           json={"model": "smol-pipe", "messages": [{"role": "user", "content": "hi"}]}).json()
+    assert tokenized["count"] > 0
+    plain = httpx.post(f"{wl.api_endpoint}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                       json={"model": "smol-pipe", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 4}, timeout=60)
+    assert plain.status_code == 200, plain.text  # the plain route, by pipeline name
+
+    rows = p.infer([{"prompt": "The capital of France is", "max_tokens": 6}])
+    assert rows[0]["num_output_tokens"] == 6 and isinstance(rows[0]["generated_text"], str)
+    with pytest.raises(SwitchyardError, match="Continuous batching is not supported with more than one batch"):
+        p.infer([{"prompt": "a", "max_tokens": 2}, {"prompt": "b", "max_tokens": 2}])
+
+    p.undeploy()
+    assert p.status()["status"] == "Undeployed"
+    deadline = time.monotonic() + 30
+    while pid_alive(sidekick["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pid_alive(sidekick["pid"])  # unloaded: the worker process is gone with its memory
+    gone = httpx.post(f"{wl.api_endpoint}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                      json={"model": "smol-pipe", "prompt": "x", "max_tokens": 2})
+    assert gone.status_code == 404
+
+
+def test_two_models_serve_at_once(wl, smollm2, default_model_path):
+    small = wl.upload_model("smollm2-int8", default_model_path,
+                            framework_config=FrameworkConfig(max_num_seqs=4, max_model_len=1024, quantization="int8"))
+    cfg = lambda m: DeploymentConfigBuilder().sidekick_cpus(m, 1).sidekick_memory(m, "1Gi").build()  # noqa: E731
+    a = wl.build_pipeline("pipe-a").clear().add_model_step(smollm2)
+    b = wl.build_pipeline("pipe-b").clear().add_model_step(small)
+    a.deploy(deployment_config=cfg(smollm2), wait_for_status=False)
+    b.deploy(deployment_config=cfg(small))
+    a.wait_for("Running", 300)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(p.openai_completion, prompt="Once upon a time", max_tokens=12,
+                                   extra_body={"ignore_eos": True}) for p in (a, b, a, b)]
+            results = [f.result() for f in futures]
+        assert all(r.usage.completion_tokens == 12 for r in results)
+        assert {r.model for r in results} == {a.deployment, b.deployment}
+        long_prompt = "the cat sat on the mat and " * 150  # ~1,200 tokens
+        with pytest.raises(Exception, match="maximum context length is 1024"):
+            b.openai_completion(prompt=long_prompt, max_tokens=4)
+        assert a.openai_completion(prompt=long_prompt, max_tokens=4).usage.completion_tokens == 4  # a's is 2048
+        assert a.status()["engines"][0]["name"] != b.status()["engines"][0]["name"]
+    finally:
+        a.undeploy()
+        b.undeploy()
+
+
+def test_replicas_scale_up_under_load_and_down_when_idle(wl, default_model_path):
+    one_at_a_time = wl.upload_model("smollm2-serial", default_model_path, framework_config=FrameworkConfig(
+        max_num_seqs=1, max_model_len=512))
+    p = wl.build_pipeline("scaled").clear().add_model_step(one_at_a_time)
+    p.deploy(deployment_config=DeploymentConfigBuilder().replicas(1, 2).sidekick_cpus(one_at_a_time, 1)
+             .sidekick_memory(one_at_a_time, "1Gi").build())
+    try:
+        counts = []
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(p.openai_completion, prompt="Count: one two", max_tokens=40,
+                                   extra_body={"ignore_eos": True}) for _ in range(8)]
+            while not all(f.done() for f in futures):
+                counts.append(len(p.status()["sidekicks"]))
+                time.sleep(0.5)
+            assert all(f.result().usage.completion_tokens == 40 for f in futures)
+        assert max(counts) == 2  # a deep queue added a replica, never past replicas_max
+        deadline = time.monotonic() + 60
+        while len(p.status()["sidekicks"]) > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(p.status()["sidekicks"]) == 1  # idle: back down to replicas_min
+    finally:
+        p.undeploy()
+
+
+def test_a_worker_that_cannot_start_is_an_error_and_its_model_answers_503(wl, smollm2):
+    p = wl.build_pipeline("too-small").clear().add_model_step(smollm2)
+    p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_memory(smollm2, "512Mi").build(),
+             wait_for_status=False)
+    try:
+        with pytest.raises(SwitchyardError, match="raise sidekick_memory"):
+            p.wait_for("Running", 120)
+        reply = httpx.post(f"{p.url()}/openai/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                           json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert reply.status_code == 503, reply.text
+    finally:
+        p.undeploy(wait_for_status=False)
+
+
+def test_uploading_a_name_again_makes_a_new_version(wl, smollm2, default_model_path):
+    again = wl.upload_model("smollm2", default_model_path)
+    versions = wl.model_versions("smollm2")
+    assert again.version == versions[-1].version > smollm2.version
+    assert {v.sha for v in versions} == {smollm2.sha}
+    assert all(v.record["file_name"] == os.path.basename(default_model_path) for v in versions)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"max_num_seqs": 0}, "framework_config.max_num_seqs = 0 is out of range: allowed 1 to 1024"),
+    ({"gpu_memory_utilization": 1.5}, "framework_config.gpu_memory_utilization = 1.5 is out of range"),
+    ({"block_size": 12}, "framework_config.block_size = 12 is not allowed: allowed 8, 16, 32, 64 or 128"),
+    ({"kv_cache_dtype": "fp8"}, "framework_config.kv_cache_dtype = 'fp8' is not supported"),
+    ({"quantization": "awq"}, "framework_config.quantization = 'awq' is not supported"),
+    ({"max_seq_len_to_capture": 0}, "framework_config.max_seq_len_to_capture = 0 is out of range"),
+    ({"device_group": "Bad Group"}, "device_group name 'Bad Group' is not allowed"),
+    ({"max_model_len": 9000}, "framework_config.max_model_len = 9000 is out of range: allowed 2 to 8192"),
+    ({"max_num_seqs": "many"}, "framework_config: Expected `int`"),
+    ({"unknown_field": 1}, "unknown field `unknown_field`"),
+])
+def test_upload_refuses_a_value_out_of_range_by_name(wl, default_model_path, config, message):
+    metadata = {"name": "bad", "conversion": {"framework": "vllm", "accel": "cpu",
+                                              "framework_config": {"framework": "vllm", "config": config}}}
+    with open(default_model_path, "rb") as f:
+        reply = httpx.post(f"{wl.api_endpoint}/v1/api/models/upload_and_convert",
+                           headers={"Authorization": f"Bearer {API_KEY}"},
+                           data={"metadata": json.dumps(metadata)}, files={"file": ("m.gguf", f)},
+                           timeout=120)
+    assert reply.status_code == 400
+    assert message in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("accel", "message"), [
+    ({"qaic": {"num_cores": 32}}, "accel.qaic.num_cores = 32 is out of range: allowed 1 to 16"),
+    ({"qaic": {"ctx_len": 64, "prefill_seq_len": 128}}, "accel.qaic.prefill_seq_len = 128 is out of range"),
+    ({"qaic": {"mxfp6_matmul": "yes"}}, "accel.qaic: Expected `bool`"),
+    ("tpu", "accel = 'tpu' is not allowed"),
+])
+def test_upload_refuses_a_bad_accelerator_config(wl, accel, message):
+    metadata = {"name": "bad", "conversion": {"accel": accel}}
+    reply = httpx.post(f"{wl.api_endpoint}/v1/api/models/upload_and_convert",
+                       headers={"Authorization": f"Bearer {API_KEY}"},
+                       data={"metadata": json.dumps(metadata)}, files={"file": ("m.gguf", b"GGUF")})
+    assert reply.status_code == 400 and message in reply.json()["error"]["message"]
+
+
+def test_seed_errors_and_refusals_at_configure_and_deploy(wl, smollm2, default_model_path):
+    with pytest.raises(SwitchyardError, match="^400: Continuous batching is not supported with single batch mode$"):
+        wl.get_model("smollm2", smollm2.version).configure(
+            batch_config="single", continuous_batching_config=ContinuousBatchingConfig(max_concurrent_batch_size=4))
+    with pytest.raises(SwitchyardError, match="max_concurrent_batch_size = 0 is out of range"):
+        wl.get_model("smollm2", smollm2.version).configure(
+            continuous_batching_config=ContinuousBatchingConfig(max_concurrent_batch_size=0))
+    with pytest.raises(SwitchyardError, match="completion_config has keys that are not request fields"):
+        wl.get_model("smollm2", smollm2.version).configure(openai_config=OpenaiConfig(completion_config={"x": 1}))
+    p = wl.build_pipeline("refused").clear().add_model_step(smollm2)
+    with pytest.raises(SwitchyardError, match="replicas_max = 1 is out of range: allowed 3 to 16"):
+        p.deploy(deployment_config=DeploymentConfigBuilder().replicas(3, 1).build())
+    with pytest.raises(SwitchyardError, match="sidekick_gpus = 1 is not allowed for accel 'cpu'"):
+        p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_gpus(smollm2, 1).build())
+    with pytest.raises(SwitchyardError, match="needs 64 CPUs, 8 free"):
+        p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_cpus(smollm2, 64).build())
+    with pytest.raises(SwitchyardError, match="memory = '4 gigs' is not a memory quantity"):
+        p.deploy(deployment_config=DeploymentConfigBuilder().memory("4 gigs").build())
+    cuda = wl.upload_model("on-cuda", default_model_path, accel=Acceleration.CUDA)
+    with pytest.raises(SwitchyardError, match="offers accel 'cpu', the model needs 'cuda'"):
+        wl.build_pipeline("on-cuda").add_model_step(cuda).deploy()
+    with pytest.raises(SwitchyardError, match="^404: pipeline 'nope' does not exist"):
+        wl.get_pipeline("nope")
+    reply = httpx.post(f"{wl.api_endpoint}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                       json={"model": "refused", "prompt": "x"})
+    assert reply.status_code == 404  # built, never deployed
+
+
+def test_the_registry_survives_a_restart_of_every_service(stacks, tmp_path_factory, store, smollm2):
+    wl = Client(stacks[-1].base_url, api_key=API_KEY)
+    p = wl.build_pipeline("survivor").clear().add_model_step(smollm2)
+    p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_memory(smollm2, "1Gi").build())
+    stacks[-1].stop()  # every service and nats-server itself
+    stacks.append(start(tmp_path_factory, store))
+    wl = Client(stacks[-1].base_url, api_key=API_KEY)
+    assert "smollm2" in [m.name for m in wl.list_models()]
+    p = wl.get_pipeline("survivor")
+    p.wait_for("Running", 300)  # still deployed: the agent starts its worker again
+    assert p.openai_completion(prompt="Hello", max_tokens=3).usage.completion_tokens == 3
+    p.undeploy()
