@@ -1,0 +1,130 @@
+"""The deploy workflow's config objects: ranges, what each field becomes in the engine, placement
+and replica scaling decisions (no services: the stack tests are in test_deploy.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from services.worker.replicas import Replica, Replicas
+from shared.agents import fits, free_resources, host_accepts, needs
+from shared.config import ConfigError
+from shared.deploy_config import (
+    Accel,
+    ContinuousBatchingConfig,
+    FrameworkConfig,
+    QaicConfig,
+    parse_accel,
+    parse_memory,
+)
+from shared.deployment import DeployedModel
+from shared.messages import SchedulerStats
+from shared.registry import AgentRecord, ModelVersion, Pipeline, PipelineStep
+from switchyard.config import Acceleration, DeploymentConfigBuilder
+
+
+def deployed(framework: FrameworkConfig | None = None, accel: str = "cpu", batch_config: str | None = None,
+             cb: ContinuousBatchingConfig | None = None, builder: DeploymentConfigBuilder | None = None):
+    version = ModelVersion(name="m", version=1, file_name="m.gguf", sha256="0" * 64, size=1, status="ready",
+                           created_at=0.0, framework_config=framework or FrameworkConfig(), accel=Accel(kind=accel),
+                           batch_config=batch_config, continuous_batching_config=cb)
+    pipeline = Pipeline(name="p", id=7, created_at=0.0, steps=[PipelineStep("m", 1)], deployed=True, generation=1,
+                        deployment_config=(builder or DeploymentConfigBuilder()).build())
+    return DeployedModel(pipeline, version)
+
+
+def test_every_framework_field_becomes_an_engine_setting():
+    fc = FrameworkConfig(max_num_seqs=16, max_model_len=2048, block_size=32, kv_cache_dtype="bfloat16",
+                         quantization="int8").validate("cpu")
+    engine = deployed(fc, cb=ContinuousBatchingConfig(max_concurrent_batch_size=100)).engine_config()
+    assert (engine.model, engine.max_num_seqs, engine.max_model_len, engine.block_size) == ("p-7", 16, 2048, 32)
+    assert (engine.kv_cache_dtype, engine.quantization, engine.max_concurrent_batch_size) == ("bfloat16", "int8", 100)
+
+
+def test_single_batch_mode_runs_one_request_at_a_time():
+    engine = deployed(batch_config="single").engine_config()
+    assert engine.max_num_seqs == 1 and engine.max_concurrent_batch_size == 1
+
+
+def test_the_kv_pool_is_utilization_times_memory_less_the_weights():
+    d = deployed(FrameworkConfig(gpu_memory_utilization=0.5),
+                 builder=DeploymentConfigBuilder().sidekick_memory("m", "2Gi").sidekick_cpus("m", 3))
+    assert d.kv_cache_bytes(weight_bytes=2**29) == 2**30 - 2**29
+    assert d.worker_threads == 3
+    with pytest.raises(ConfigError, match="raise sidekick_memory"):
+        d.kv_cache_bytes(weight_bytes=2**30)
+
+
+@pytest.mark.parametrize(("value", "size"), [("512Mi", 512 * 2**20), ("4Gi", 4 * 2**30), ("1G", 10**9),
+                                              ("1.5Gi", int(1.5 * 2**30)), ("2097152", 2**21)])
+def test_memory_quantities(value, size):
+    assert parse_memory("memory", value) == size
+
+
+@pytest.mark.parametrize("value", ["4 gigs", "-1Gi", "1Pi", "100"])
+def test_bad_memory_quantities_are_refused_by_name(value):
+    with pytest.raises(ConfigError, match=r"^memory = "):
+        parse_memory("memory", value)
+
+
+def test_quantization_and_kv_dtypes_no_backend_has_are_refused_clearly():
+    with pytest.raises(ConfigError, match="kv_cache_dtype = 'fp8' is not supported by the torch backend"):
+        FrameworkConfig(kv_cache_dtype="fp8").validate("cpu")
+    with pytest.raises(ConfigError, match="weight-only int8 for the CPU backend, not 'cuda'"):
+        FrameworkConfig(quantization="int8").validate("cuda")
+    assert FrameworkConfig(quantization=None).validate("cuda")
+
+
+def test_accelerators_on_the_wire():
+    assert parse_accel("cpu").kind == "cpu"
+    qaic = Acceleration.QAIC.with_config(QaicConfig(num_cores=4, full_batch_size=8, mxfp6_matmul=True))
+    parsed = parse_accel(qaic.to_wire())
+    assert (parsed.kind, parsed.qaic.num_cores, parsed.qaic.full_batch_size, parsed.qaic.mxfp6_matmul) == \
+        ("qaic", 4, 8, True)
+    with pytest.raises(ValueError):
+        Acceleration.CPU.with_config(QaicConfig())
+    with pytest.raises(ConfigError, match=r"accel.qaic.full_batch_size = 0 is out of range: allowed 1 to 1024"):
+        QaicConfig(full_batch_size=0).validate()
+
+
+def test_placement_by_accel_device_group_and_budget():
+    host = AgentRecord(agent_id="h", accel="cpu", device_group="rack-a", cpus=4, memory=8 * 2**30)
+    assert host_accepts(host, deployed(FrameworkConfig(device_group="rack-a"))) is None
+    assert "device group" in host_accepts(host, deployed(FrameworkConfig(device_group="rack-b")))
+    assert "offers accel 'cpu'" in host_accepts(host, deployed(accel="qaic"))
+    d = deployed(builder=DeploymentConfigBuilder().sidekick_cpus("m", 2).sidekick_memory("m", "3Gi"))
+    assert needs(d, 2) == (4, 6 * 2**30)
+    assert fits(free_resources(host, [needs(d, 1)]), needs(d, 1)) is None
+    assert "needs 2 CPUs, 0 free" in fits(free_resources(host, [needs(d, 2)]), needs(d, 1))
+
+
+class _Running:
+    pid = 1
+
+    def poll(self):
+        return None
+
+
+def test_replicas_follow_the_queue_within_their_bounds():
+    d = deployed(builder=DeploymentConfigBuilder().replicas(1, 2))
+    replicas = Replicas(d, "nats://unused", Path("/nonexistent"), [], scale_up_after_s=0.0, scale_down_after_s=0.0)
+    add = lambda: replicas.replicas.append(Replica("w", _Running(), Path("/nonexistent"), state="running"))  # noqa: E731
+    stats = lambda running, waiting: SchedulerStats(  # noqa: E731
+        model="p-7", num_workers=1, num_running=running, num_waiting=waiting, kv_cache_usage=0.0)
+    add()
+    assert replicas.wanted(stats(1, 3)) == 1  # the queue has only just become deep
+    time.sleep(0.01)
+    assert replicas.wanted(stats(1, 3)) == 2  # it stayed deep: one more
+    add()
+    replicas.wanted(stats(2, 3))
+    time.sleep(0.01)
+    assert replicas.wanted(stats(2, 3)) == 2  # never past replicas_max
+    assert replicas.wanted(stats(0, 0)) == 2  # only just idle
+    time.sleep(0.01)
+    assert replicas.wanted(stats(0, 0)) == 1  # it stayed idle: one fewer
+    replicas.replicas.pop()
+    replicas.wanted(stats(0, 0))
+    time.sleep(0.01)
+    assert replicas.wanted(stats(0, 0)) == 1  # never under replicas_min
