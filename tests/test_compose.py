@@ -1,4 +1,4 @@
-"""compose.yaml names nats and the four services, each started as `python -m services.<name>`."""
+"""compose.yaml names nats, the four services (each `python -m services.<name>`) and the agent."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import yaml
 def test_compose_runs_every_service_module():
     compose = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"nats", "kvcache", "worker", "scheduler", "api"}
+    assert set(services) == {"nats", "kvcache", "worker", "agent", "scheduler", "api"}
+    assert services["agent"]["command"][:3] == ["python", "-m", "services.worker.agent"]
+    assert importlib.util.find_spec("services.worker.agent") is not None
     assert "-js" in services["nats"]["command"]
     for name in ("kvcache", "worker", "scheduler", "api"):
         command = services[name]["command"]

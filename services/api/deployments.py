@@ -13,7 +13,7 @@ import time
 
 from services.api.context import ApiContext, ServedModel
 from services.api.openai_defaults import OpenaiDefaults, openai_defaults_from
-from shared.config import ConfigError, resolve_max_model_len
+from shared.config import resolve_max_model_len
 from shared.deployment import load_deployed
 from shared.log import get_logger
 from shared.model_files import cache_root, unpacked
@@ -87,8 +87,8 @@ class DeploymentWatcher:
                 max_model_len=resolve_max_model_len(deployed.version.framework_config.max_model_len,
                                                     tokenizer.context_length),
                 pipeline=pipeline.name, deployed=deployed)
-        except (ConfigError, ValueError, OSError) as exc:
-            log.error("deployment_load_failed", pipeline=pipeline.name, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - logged; the deployment stays 503 until redeployed
+            log.error("deployment_load_failed", pipeline=pipeline.name, error=f"{type(exc).__name__}: {exc}")
             return
         if self._generations.get(pipeline.name) != pipeline.generation:
             return  # undeployed or redeployed while loading

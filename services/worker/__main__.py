@@ -10,7 +10,7 @@ import uuid
 
 import torch
 
-from services.worker.deployment import fetch_deployment, weight_bytes
+from services.worker.deployment import drain_when_orphaned, fetch_deployment, weight_bytes
 from services.worker.guided import GrammarCompiler
 from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype_for, num_blocks_for_budget
 from services.worker.loader import load_model
@@ -81,6 +81,8 @@ def main() -> None:
 
     async def serve_bus(signalled: asyncio.Event) -> None:
         nc = await connect(args.nats_url, f"worker-{worker_id}")
+        if deployed is not None:  # an agent's replica: it must not outlive the agent that counts it
+            asyncio.get_running_loop().create_task(drain_when_orphaned(signalled))
         await serve(nc, WorkerService(nc, runner, hello, executor), signalled, config.drain_grace_s)
 
     run_with_bus_thread(serve_bus, executor)

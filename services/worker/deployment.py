@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from shared.bus import close, connect
 from shared.config import ConfigError
@@ -32,3 +33,12 @@ def fetch_deployment(nats_url: str, pipeline_name: str, generation: int) -> tupl
 
 def weight_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+async def drain_when_orphaned(signalled: asyncio.Event, interval_s: float = 1.0) -> None:
+    """If the agent that started this worker dies, drain and exit: a new agent starts its own
+    replicas, and an orphan would be a replica nobody counts or stops."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(interval_s)
+    signalled.set()
