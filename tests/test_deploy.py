@@ -190,6 +190,29 @@ def test_a_worker_that_cannot_start_is_an_error_and_its_model_answers_503(wl, sm
         p.undeploy(wait_for_status=False)
 
 
+def test_a_hugging_face_directory_uploads_zipped_and_serves(wl, tmp_path, hf_tokenizer):
+    """A tiny random Llama in transformers' own format, with SmolLM2's tokenizer beside it."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(hf_tokenizer), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512, tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny", safe_serialization=True)
+    hf_tokenizer.save_pretrained(tmp_path / "tiny")
+    tiny = wl.upload_model("tiny-llama", str(tmp_path / "tiny"))
+    assert tiny.record["file_name"] == "tiny.zip"
+    assert (tiny.record["architecture"], tiny.record["context_length"]) == ("LlamaForCausalLM", 512)
+    p = wl.build_pipeline("tiny").clear().add_model_step(tiny)
+    p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_memory(tiny, "256Mi").build())
+    try:
+        out = p.openai_completion(prompt="Hello there", max_tokens=5, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 5
+    finally:
+        p.undeploy()
+
+
 def test_uploading_a_name_again_makes_a_new_version(wl, smollm2, default_model_path):
     again = wl.upload_model("smollm2", default_model_path)
     versions = wl.model_versions("smollm2")
