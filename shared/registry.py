@@ -120,7 +120,7 @@ class Registry:
         self.agents = await self._bucket(AGENTS_BUCKET, ttl=AGENT_TTL_S)
         try:
             self.objects = await self.js.object_store(ARTIFACTS_BUCKET)
-        except (BucketNotFoundError, Exception):
+        except BucketNotFoundError:
             self.objects = await self.js.create_object_store(ARTIFACTS_BUCKET, storage=StorageType.FILE)
         return self
 
