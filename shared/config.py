@@ -141,6 +141,10 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                              "and chat_completion_config (which may carry chat_template)")
 
 
+def _physical_memory_mib() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+
+
 def add_agent_args(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument("--agent-id", default=env("SY_AGENT_ID"))
@@ -148,8 +152,8 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
                         help="only deployments whose framework_config.device_group names it run here")
     parser.add_argument("--agent-cpus", type=float, default=float(env("SY_AGENT_CPUS", os.cpu_count() or 1)),
                         help="CPUs the deployments on this host may reserve in all")
-    parser.add_argument("--agent-memory", default=env("SY_AGENT_MEMORY", "16Gi"),
-                        help="memory the deployments on this host may reserve in all")
+    parser.add_argument("--agent-memory", default=env("SY_AGENT_MEMORY", f"{_physical_memory_mib() * 9 // 10}Mi"),
+                        help="memory the deployments on this host may reserve in all (default: 90%% of RAM)")
     parser.add_argument("--agent-log-dir", default=env("SY_AGENT_LOG_DIR"))
     parser.add_argument("--scale-up-after-s", type=float, default=float(env("SY_SCALE_UP_AFTER_S", "5")),
                         help="add a replica (up to replicas_max) when requests have waited this long")

@@ -87,6 +87,7 @@ def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
     assert status["status"] == "Running"
     assert status["engines"][0]["info"]["num_workers"] == 1
     assert [m["name"] for m in status["models"]] == ["smollm2"]
+    assert (status["replicas"]["min"], status["replicas"]["max"]) == (1, 2)
     sidekick = status["sidekicks"][0]
     assert sidekick["status"] in ("Starting", "Running") and pid_alive(sidekick["pid"])
 

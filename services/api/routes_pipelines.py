@@ -180,5 +180,9 @@ async def status(request: Request) -> JSONResponse:
                  for w in workers]
     models = [{"name": s.model, "version": s.version, "status": overall if pipeline.deployed else "Undeployed"}
               for s in pipeline.steps]
+    config = pipeline.deployment_config
+    replicas = {"min": config.replicas_min, "max": config.replicas_max,
+                "running": sum(w.state == "running" for w in workers)} if config else None
     return JSONResponse({"status": overall, "deployment": pipeline.deployment, "generation": pipeline.generation,
-                         "details": refusals, "engines": engines, "sidekicks": sidekicks, "models": models})
+                         "details": refusals, "replicas": replicas, "engines": engines, "sidekicks": sidekicks,
+                         "models": models})
