@@ -16,7 +16,7 @@ import torch
 from services.worker.kv_cache import allocate_kv_cache
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
-from services.worker.quantization import quantize_int8
+from services.worker.quantization import quantize
 from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 from shared.model_files import default_model_path
 
@@ -57,15 +57,14 @@ def main() -> None:
     p.add_argument("--dtype", default="float32,bfloat16")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
-    p.add_argument("--quantization", default="none", choices=("none", "int8"))
+    p.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     for dtype in args.dtype.split(","):
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
-        if args.quantization == "int8":
-            quantize_int8(loaded.model)
+        quantize(loaded.model, args.quantization)
         for batch in (int(b) for b in args.batch.split(",")):
             runner = decode_runner(loaded, batch, args.context, args.steps + 1, args.pool_blocks)
             seconds = time_decode(runner, batch, args.steps)

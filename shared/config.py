@@ -13,6 +13,7 @@ import msgspec
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, on the CPU
 
 
 class ConfigError(ValueError):
@@ -34,7 +35,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
-    quantization: str = "none"  # or "int8": weight-only int8, one scale per output channel
+    quantization: str = "none"  # or "int8" / "int4": weight-only (services/worker/quantization.py)
     step_timeout_s: float = 60.0
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
 
@@ -54,8 +55,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
             raise ConfigError(f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}")
-        if self.quantization not in ("none", "int8"):
-            raise ConfigError(f"quantization must be none or int8 (weight-only, CPU), got {self.quantization!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be none, int8 or int4 (weight-only, CPU), got {self.quantization!r}")
         if self.batching not in ("continuous", "static"):
             raise ConfigError(f"batching must be continuous or static, got {self.batching!r}")
         if self.max_concurrent_batch_size < 1:
@@ -95,7 +96,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
     parser.add_argument("--quantization", default=_env("quantization", d.quantization),
-                        help="none, or int8: weight-only int8 (fastest at low concurrency on CPU)")
+                        help="none, int8 or int4: weight-only (int4 with --dtype bfloat16 is fastest at low concurrency)")
     parser.add_argument("--batching", default=_env("batching", d.batching),
                         help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))

@@ -12,13 +12,12 @@ import re
 
 import msgspec
 
-from shared.config import KV_CACHE_DTYPES, ConfigError
+from shared.config import KV_CACHE_DTYPES, QUANTIZATIONS, ConfigError
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: also a NATS subject token
 ACCELS = ("cpu", "cuda", "qaic")
 KV_CACHE_DTYPES_REFUSED = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # known, but no backend here has them
-QUANTIZATIONS = ("none", "int8")
-QUANTIZATIONS_REFUSED = ("awq", "gptq", "fp8", "bitsandbytes", "gguf", "int4")
+QUANTIZATIONS_REFUSED = ("awq", "gptq", "fp8", "bitsandbytes", "gguf")
 MAX_CONTEXT = 1 << 20
 
 
@@ -74,8 +73,8 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "by the torch backend (quantized KV cache with scales is not built)")
         quant = self.quantization or "none"
         _one_of(p + "quantization", quant, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend")
-        if quant == "int8" and accel != "cpu":
-            raise ConfigError(f"{p}quantization = 'int8' is weight-only int8 for the CPU backend, not {accel!r}")
+        if quant != "none" and accel != "cpu":
+            raise ConfigError(f"{p}quantization = {quant!r} is weight-only {quant} for the CPU backend, not {accel!r}")
         if self.device_group is not None:
             check_name(p + "device_group", self.device_group)
         return self

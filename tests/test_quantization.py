@@ -1,12 +1,14 @@
-"""Weight-only int8: both kernels compute with the same int8 weights, and the model stays close to
-the float32 reference (the faster path is checked against the torch path)."""
+"""Weight-only int8 and int4: the kernel and the dense path compute with the same quantized weights,
+and the model stays close to the float32 reference (the faster path is checked against the torch path)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from services.worker.quantization import SMALL_BATCH, Int8Linear, quantize_int8
+import pytest
+
+from services.worker.quantization import INT4_GROUP, SMALL_BATCH, SMALL_BATCH_INT4, Int4Linear, Int8Linear, quantize
 
 
 def test_int8_linear_small_and_large_batches_compute_the_same_weights():
@@ -21,18 +23,35 @@ def test_int8_linear_small_and_large_batches_compute_the_same_weights():
         torch.testing.assert_close(q(x), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_int8_model_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer):
+def test_int4_linear_kernel_and_dense_path_compute_the_same_weights():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64, bias=False).to(torch.bfloat16)
+    q = Int4Linear(linear)
+    groups = linear.weight.float().view(64, -1, INT4_GROUP)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15  # one int4 step per group
+    assert ((q.dequantized.float() - linear.weight.float()).view(64, -1, INT4_GROUP).abs().amax(-1)
+            <= step / 2 + 0.02 * groups.abs().amax(-1)).all()  # rounding (and bf16) error only
+    for rows in (1, SMALL_BATCH_INT4, SMALL_BATCH_INT4 + 1, 40):
+        x = torch.randn(rows, 128).to(torch.bfloat16)
+        assert q.uses_kernel(x) == (rows <= SMALL_BATCH_INT4)
+        expected = x.float() @ q.dequantized.float().t()
+        torch.testing.assert_close(q(x).float(), expected, atol=0.05, rtol=0.02)
+    assert not q.uses_kernel(torch.randn(1, 128))  # float32 activations: the dense path
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_model_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer, method):
     from services.worker.kv_cache import allocate_kv_cache
     from services.worker.loader import load_model
     from services.worker.model_runner import ModelRunner
     from tests.model_helpers import make_runner, prefill_logits
     from tests.test_llama_vs_hf import PROMPTS
 
-    int8 = load_model(default_model_path, dtype=torch.bfloat16)
-    quantize_int8(int8.model)
-    assert not any(isinstance(m, nn.Linear) for m in int8.model.modules())
-    fast = ModelRunner(int8.model, allocate_kv_cache(int8.config, 64, 16, torch.bfloat16), 16, 1024,
-                       int8.config.eos_token_ids)
+    quant = load_model(default_model_path, dtype=torch.bfloat16)
+    quantize(quant.model, method)
+    assert not any(isinstance(m, nn.Linear) for m in quant.model.modules())
+    fast = ModelRunner(quant.model, allocate_kv_cache(quant.config, 64, 16, torch.bfloat16), 16, 1024,
+                       quant.config.eos_token_ids)
     reference = make_runner(loaded_model)
     agree = total = 0
     for prompt in PROMPTS:

@@ -16,7 +16,7 @@ from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype
 from services.worker.loader import load_model
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
 from services.worker.model_runner import ModelRunner
-from services.worker.quantization import quantize_int8
+from services.worker.quantization import quantize
 from services.worker.service import WorkerService
 from shared import log as sylog
 from shared.bus import connect
@@ -61,8 +61,7 @@ def main() -> None:
         os.nice(args.nice)
     dtype = DTYPES[args.dtype]
     loaded = load_model(model_path, config.load_format, dtype)
-    if config.quantization == "int8":
-        quantize_int8(loaded.model)
+    quantize(loaded.model, config.quantization)
     max_model_len = resolve_max_model_len(config.max_model_len, loaded.config.max_position_embeddings)
     kv_dtype = kv_dtype_for(config.kv_cache_dtype, dtype)
     kv_bytes = (deployed.kv_cache_bytes(weight_bytes(loaded.model)) if deployed

@@ -1,7 +1,16 @@
-"""Weight-only int8 (`--quantization int8`): each Linear's weight as int8 with one scale per output
-channel (symmetric). Small batches (decode at low concurrency, bound by reading the weights) run
-torch's int8 GEMV kernel over the int8 bytes; larger batches (bound by arithmetic) run a GEMM over
-the same int8 values dequantized once at load. Either way the model computes with the int8 weights."""
+"""Weight-only quantization (`--quantization int8 | int4`).
+
+- int8: each Linear's weight as int8 with one scale per output channel (symmetric).
+- int4: 4-bit values in groups of 32 along the input dimension, each group with its own scale and
+  zero point (asymmetric), in torch's packed layout; the same scheme as the Q4_1 blocks of the
+  default GGUF, so re-quantizing those weights loses little.
+
+Small batches (decode at low concurrency, bound by reading the weights) run torch's int8 / int4
+GEMV kernels over the packed bytes; larger batches (bound by arithmetic) run a dense GEMM over the
+same quantized values dequantized once at load. Either way the model computes with the quantized
+weights. torch's int4 kernel is fast only for bfloat16 activations, so with float32 an Int4Linear
+always takes the dense path (int4 then saves nothing: use it with `--dtype bfloat16`).
+"""
 
 from __future__ import annotations
 
@@ -9,33 +18,80 @@ import torch
 from torch import nn
 
 SMALL_BATCH = 8  # rows up to which the int8 kernel beats the dense GEMM on this CPU (bench/profile_step.py)
+SMALL_BATCH_INT4 = 4  # the same for the int4 kernel, bfloat16 activations only
+INT4_GROUP = 32
 
 
-class Int8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear):
+class _WeightOnlyLinear(nn.Module):
+    small_batch = 0
+
+    def __init__(self, linear: nn.Linear, dequantized: torch.Tensor):
         super().__init__()
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        qweight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        dtype = linear.weight.dtype
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale.to(dtype))
-        self.register_buffer("dequantized", (qweight.float() * scale[:, None]).to(dtype))
+        self.register_buffer("dequantized", dequantized.to(linear.weight.dtype))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def uses_kernel(self, rows: torch.Tensor) -> bool:
+        return rows.shape[0] <= self.small_batch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] <= SMALL_BATCH:
-            out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.qweight, self.scale)
-            out = out.reshape(*x.shape[:-1], -1)
+        if self.uses_kernel(rows):
+            out = self.kernel(rows.contiguous()).reshape(*x.shape[:-1], -1)
             return out if self.bias is None else out + self.bias
         return nn.functional.linear(x, self.dequantized, self.bias)
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """Every Linear, the output head included, becomes an Int8Linear (the embedding table stays)."""
+class Int8Linear(_WeightOnlyLinear):
+    small_batch = SMALL_BATCH
+
+    def __init__(self, linear: nn.Linear):
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        qweight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        super().__init__(linear, qweight.float() * scale[:, None])
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale.to(linear.weight.dtype))
+
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scale)
+
+
+class Int4Linear(_WeightOnlyLinear):
+    small_batch = SMALL_BATCH_INT4
+
+    def __init__(self, linear: nn.Linear):
+        weight = linear.weight.detach().float()
+        n, k = weight.shape
+        groups = weight.view(n, k // INT4_GROUP, INT4_GROUP)
+        low = groups.amin(-1, keepdim=True)
+        scale = (groups.amax(-1, keepdim=True) - low).clamp(min=1e-8) / 15
+        q = torch.round((groups - low) / scale).clamp(0, 15)
+        super().__init__(linear, (q * scale + low).view(n, k))
+        # torch's convention: w = (q - 8) * scale + zero, scales and zeros as [k / group, n, 2]
+        zero = low + 8 * scale
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.view(n, k).to(torch.int32), 2))
+        self.register_buffer("scales_and_zeros", torch.stack(
+            [scale.view(n, -1), zero.view(n, -1)], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16))
+
+    def uses_kernel(self, rows: torch.Tensor) -> bool:
+        return rows.dtype == torch.bfloat16 and super().uses_kernel(rows)
+
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
+
+
+def quantize(model: nn.Module, method: str) -> nn.Module:
+    """Every Linear, the output head included, becomes a quantized one (the embedding table stays).
+    int4 needs the input size to be a multiple of 32; a Linear that is not stays int8."""
+    if method == "none":
+        return model
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int8Linear(child))
+                int4 = method == "int4" and child.in_features % INT4_GROUP == 0
+                setattr(module, child_name, Int4Linear(child) if int4 else Int8Linear(child))
     return model
