@@ -139,15 +139,22 @@ async def _named(request: Request, registry) -> tuple[dict, str]:
     return body, name
 
 
-@router.post("/get")
-async def get_model(request: Request) -> JSONResponse:
-    """The latest version (or `version`) of a model, with every version's number."""
-    _, registry = registry_of(request)
+async def _version(request: Request, registry) -> tuple[dict, ModelVersion]:
+    """The version a body names (`name`, and `version` or the latest); 404 if there is none."""
     body, name = await _named(request, registry)
     record = await registry.version(name, body.get("version"))
     if record is None:
         raise APIError(404, f"model {name!r} (version {body.get('version') or 'latest'}) does not exist",
                        param="name", code="model_not_found")
+    return body, record
+
+
+@router.post("/get")
+async def get_model(request: Request) -> JSONResponse:
+    """The latest version (or `version`) of a model, with every version's number."""
+    _, registry = registry_of(request)
+    _, record = await _version(request, registry)
+    name = record.name
     versions = [v.version for v in await registry.versions(name)]
     return JSONResponse({"model": as_json(record), "versions": versions})
 
@@ -163,10 +170,7 @@ async def model_versions(request: Request) -> JSONResponse:
 async def configure(request: Request) -> JSONResponse:
     """Continuous batching, OpenAI defaults and batch_config for one version (the latest if unnamed)."""
     _, registry = registry_of(request)
-    body, name = await _named(request, registry)
-    record = await registry.version(name, body.get("version"))
-    if record is None:
-        raise APIError(404, f"model {name!r} does not exist", param="name", code="model_not_found")
+    body, record = await _version(request, registry)
     try:
         batch_config = body.get("batch_config")
         if batch_config not in (None, "single"):
