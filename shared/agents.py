@@ -3,8 +3,8 @@
 A worker host (an agent, `python -m services.worker.agent`) offers one accelerator kind, an
 optional device group, and a budget of CPUs and memory. A deployment reserves its sidekick's
 share (sidekick_cpus, sidekick_memory) per running replica, the way a Kubernetes scheduler places
-pods. (The engine's cpus/memory are not reserved here: the engine, the deployment's scheduler
-queue, runs inside the shared scheduler process.)
+pods. The engine (the deployment's scheduler queue) reserves its cpus/memory the same way in the
+scheduler process, which publishes its budget as a record of kind ENGINE_HOST.
 The API refuses a deploy that fits nowhere; the agent uses the same arithmetic before it starts a
 replica.
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from shared.deployment import DeployedModel
 from shared.registry import AgentRecord
+
+ENGINE_HOST = "engine"  # the `accel` of the scheduler process's record
 
 
 def host_accepts(agent: AgentRecord, deployed: DeployedModel) -> str | None:

@@ -99,6 +99,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="none, int8 or int4: weight-only (int4 with --dtype bfloat16 is fastest at low concurrency)")
     parser.add_argument("--batching", default=_env("batching", d.batching),
                         help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
+    parser.add_argument("--engine-cpus", type=float, default=float(os.environ.get("SY_ENGINE_CPUS", os.cpu_count() or 1)),
+                        help="CPUs the deployments' engines (deployment_config.cpus) may reserve in the scheduler")
+    parser.add_argument("--engine-memory", default=os.environ.get("SY_ENGINE_MEMORY", f"{_physical_memory_mib() // 4}Mi"),
+                        help="memory the deployments' engines (deployment_config.memory) may reserve in the scheduler")
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
     parser.add_argument("--drain-grace-s", type=float, default=_env("drain_grace_s", d.drain_grace_s))
 

@@ -64,6 +64,11 @@ class DeployedModel:
                 f"no room for a KV cache after {weight_bytes / 2**20:.0f} MiB of weights: raise sidekick_memory")
         return budget
 
+    def engine_resources(self) -> tuple[float, int]:
+        """(cpus, bytes) the engine (the deployment's scheduler queue) reserves in the scheduler process."""
+        d = self.deployment_config
+        return d.cpus, parse_memory("memory", d.memory)
+
     def resources_per_replica(self) -> tuple[float, int]:
         """(cpus, bytes) one replica takes on a worker host."""
         return self.deployment_config.sidekick(self.version.name).cpus, self.worker_memory

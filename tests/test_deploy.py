@@ -40,7 +40,7 @@ def start(tmp_path_factory, store: str):
     from tests.conftest import _start_stack
 
     return _start_stack(tmp_path_factory, "deploy", num_workers=1, nats_store=store, extra_args=[
-        "--api-key", API_KEY, "--agent-cpus", "8", "--scale-up-after-s", "2", "--scale-down-after-s", "3"])
+        "--api-key", API_KEY, "--agent-cpus", "8", "--engine-cpus", "4", "--scale-up-after-s", "2", "--scale-down-after-s", "3"])
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +276,8 @@ def test_seed_errors_and_refusals_at_configure_and_deploy(wl, smollm2, default_m
         p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_gpus(smollm2, 1).build())
     with pytest.raises(SwitchyardError, match="needs 64 CPUs, 8 free"):
         p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_cpus(smollm2, 64).build())
+    with pytest.raises(SwitchyardError, match="scheduler has no room for the engine .* needs 64 CPUs"):
+        p.deploy(deployment_config=DeploymentConfigBuilder().cpus(64).build())
     with pytest.raises(SwitchyardError, match="memory = '4 gigs' is not a memory quantity"):
         p.deploy(deployment_config=DeploymentConfigBuilder().memory("4 gigs").build())
     cuda = wl.upload_model("on-cuda", default_model_path, accel=Acceleration.CUDA)

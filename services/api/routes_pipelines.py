@@ -8,6 +8,8 @@ what they report back: the engine (the deployment's scheduler queue) over the bu
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -16,7 +18,7 @@ from services.api.body import read_json
 from services.api.errors import APIError
 from services.api.routes_models import as_json, config_error, registry_of
 from shared import subjects
-from shared.agents import fits, free_resources, host_accepts, needs
+from shared.agents import ENGINE_HOST, fits, free_resources, host_accepts, needs
 from shared.config import ConfigError
 from shared.deploy_config import DeploymentConfig, check_name, convert
 from shared.deployment import load_deployed
@@ -99,11 +101,20 @@ async def deploy(request: Request) -> JSONResponse:
 
 
 async def _check_placement(registry: Registry, deployed) -> None:
-    """Some live host must offer the accelerator and have room for the minimum replicas."""
-    agents = await registry.agent_records()
+    """The scheduler must have room for the engine, and some live worker host must offer the
+    accelerator and have room for the minimum replicas."""
+    records = await registry.agent_records()
+    others = [p for p in await registry.pipelines() if p.deployed and p.name != deployed.pipeline.name]
+    engines = []
+    for other in others:
+        with contextlib.suppress(ConfigError):
+            engines.append((await load_deployed(registry, other)).engine_resources())
+    for scheduler in [r for r in records if r.accel == ENGINE_HOST]:
+        if (why := fits(free_resources(scheduler, engines), deployed.engine_resources())) is not None:
+            raise ConfigError(f"the scheduler has no room for the engine (deployment_config.cpus/memory): it {why}")
+    agents = [r for r in records if r.accel != ENGINE_HOST]
     if not agents:
         raise ConfigError("no worker host (agent) is running, so nothing could serve the deployment")
-    others = [p for p in await registry.pipelines() if p.deployed and p.name != deployed.pipeline.name]
     reasons = []
     for agent in agents:
         if (why := host_accepts(agent, deployed)) is not None:

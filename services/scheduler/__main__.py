@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import socket
 
 from services.scheduler.host import SchedulerHost
 from shared import log as sylog
+from shared.agents import ENGINE_HOST
 from shared.bus import connect
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args
+from shared.deploy_config import parse_memory
 from shared.lifecycle import serve_until_signalled
+from shared.registry import AgentRecord
 
 
 async def main() -> None:
@@ -21,7 +26,10 @@ async def main() -> None:
     config = engine_config_from_args(args)
     sylog.configure("scheduler")
     nc = await connect(args.nats_url, f"scheduler-{config.model}")
-    await serve_until_signalled(nc, SchedulerHost(nc, config), config.drain_grace_s)
+    budget = AgentRecord(agent_id=f"scheduler-{socket.gethostname()}-{os.getpid()}", accel=ENGINE_HOST,
+                         device_group=None, cpus=args.engine_cpus, memory=parse_memory("--engine-memory",
+                                                                                      args.engine_memory))
+    await serve_until_signalled(nc, SchedulerHost(nc, config, budget), config.drain_grace_s)
 
 
 if __name__ == "__main__":

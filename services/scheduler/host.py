@@ -3,7 +3,9 @@
 Each model has its own SchedulerService (its own queue, pools and admission limits) on its own
 subjects. The host watches the registry's pipelines: a deploy starts a SchedulerService with the
 engine settings derived from the model's configs (`shared/deployment.py`); an undeploy drains it
-and stops it; a redeploy (new generation) replaces it.
+and stops it; a redeploy (new generation) replaces it. Each engine reserves its deployment's
+`cpus`/`memory` from the host's budget (`--engine-cpus`, `--engine-memory`); one that does not fit
+is not started, and the host's record in `sy-agents` says why (pipelines/status shows it).
 """
 
 from __future__ import annotations
@@ -13,39 +15,42 @@ import asyncio
 from nats.aio.client import Client
 
 from services.scheduler.service import SchedulerService
+from shared.agents import fits, free_resources
 from shared.config import ConfigError, EngineConfig
 from shared.deployment import load_deployed
 from shared.log import get_logger
-from shared.registry import Pipeline, Registry
+from shared.registry import AGENT_TTL_S, AgentRecord, Pipeline, Registry
 
 log = get_logger("scheduler")
 UNDEPLOY_GRACE_S = 5.0  # in-flight requests of an undeployed pipeline get this long to finish
 
 
 class SchedulerHost:
-    def __init__(self, nc: Client, config: EngineConfig | None):
+    def __init__(self, nc: Client, config: EngineConfig | None, budget: AgentRecord):
         self.nc = nc
         self.static = SchedulerService(nc, config) if config is not None else None
-        self.deployed: dict[str, tuple[int, SchedulerService]] = {}  # pipeline -> (generation, service)
-        self._watch: asyncio.Task | None = None
+        self.deployed: dict[str, tuple[int, SchedulerService, tuple[float, int]]] = {}  # pipeline -> (gen, ...)
+        self.budget = budget  # accel ENGINE_HOST; its `refused` names the pipelines that did not fit
+        self.registry: Registry | None = None
+        self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()
 
     @property
     def services(self) -> list[SchedulerService]:
-        return ([self.static] if self.static else []) + [s for _, s in self.deployed.values()]
+        return ([self.static] if self.static else []) + [s for _, s, _ in self.deployed.values()]
 
     async def start(self) -> None:
         if self.static is not None:
             await self.static.start()
-        registry = await Registry(self.nc).open()
-        self._watch = asyncio.create_task(self._follow(registry))
+        self.registry = await Registry(self.nc).open()
+        self._tasks = [asyncio.create_task(self._follow(self.registry)), asyncio.create_task(self._announce())]
 
     async def drain(self, grace_s: float) -> None:
         await asyncio.gather(*(s.drain(grace_s) for s in self.services))
 
     async def stop(self) -> None:
-        if self._watch:
-            self._watch.cancel()
+        for task in self._tasks:
+            task.cancel()
         for service in self.services:
             await service.stop()
 
@@ -61,22 +66,41 @@ class SchedulerHost:
                 log.exception("deployment_watch_failed")
                 await asyncio.sleep(1.0)
 
+    async def _announce(self) -> None:
+        """Keep the host's record (budget and refusals) alive in the expiring agents bucket."""
+        while True:
+            try:
+                await self.registry.put_agent(self.budget)
+            except Exception:
+                log.exception("announce_failed")
+            await asyncio.sleep(AGENT_TTL_S / 3)
+
     async def _apply(self, registry: Registry, name: str, pipeline: Pipeline | None) -> None:
         current = self.deployed.get(name)
         wanted = pipeline is not None and pipeline.deployed
+        if not wanted and self.budget.refused.pop(name, None) is not None:
+            await registry.put_agent(self.budget)
         if current is not None and (not wanted or current[0] != pipeline.generation):
-            _, service = self.deployed.pop(name)
+            _, service, _ = self.deployed.pop(name)
             await service.drain(UNDEPLOY_GRACE_S)
             await service.stop()
             log.info("deployment_stopped", model=service.model)
         if not wanted or name in self.deployed:
             return
         try:
-            config = (await load_deployed(registry, pipeline)).engine_config()
+            deployed = await load_deployed(registry, pipeline)
+            config = deployed.engine_config()
+            reserved = [r for _, _, r in self.deployed.values()]
+            if (why := fits(free_resources(self.budget, reserved), deployed.engine_resources())) is not None:
+                raise ConfigError(f"the scheduler has no room for the engine: it {why}")
         except ConfigError as exc:
             log.error("deployment_refused", pipeline=name, error=str(exc))
+            self.budget.refused[name] = str(exc)
+            await registry.put_agent(self.budget)
             return
+        if self.budget.refused.pop(name, None) is not None:
+            await registry.put_agent(self.budget)
         service = SchedulerService(self.nc, config)
         await service.start()
-        self.deployed[name] = (pipeline.generation, service)
+        self.deployed[name] = (pipeline.generation, service, deployed.engine_resources())
         log.info("deployment_started", model=config.model, generation=pipeline.generation)
