@@ -3,12 +3,18 @@ and the model stays close to the float32 reference (the faster path is checked a
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-import pytest
-
-from services.worker.quantization import INT4_GROUP, SMALL_BATCH, SMALL_BATCH_INT4, Int4Linear, Int8Linear, quantize
+from services.worker.quantization import (
+    INT4_GROUP,
+    SMALL_BATCH,
+    SMALL_BATCH_INT4,
+    Int4Linear,
+    Int8Linear,
+    quantize,
+)
 
 
 def test_int8_linear_small_and_large_batches_compute_the_same_weights():
