@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -31,6 +31,8 @@ from shared.deploy_config import (
     FrameworkConfig,
     OpenaiConfig,
 )
+from shared.log import get_logger
+from shared.model_files import cache_root, unpacked
 
 ARTIFACTS_BUCKET = "sy-artifacts"
 REGISTRY_BUCKET = "sy-registry"
@@ -106,6 +108,7 @@ class AgentRecord(msgspec.Struct, kw_only=True):
 
 
 _json = msgspec.json.Encoder()
+log = get_logger("registry")
 
 
 class Registry:
@@ -183,6 +186,11 @@ class Registry:
         await self.objects.put(object_name, hashing)
         return hashing.sha256.hexdigest(), hashing.size
 
+    async def model_path(self, record: ModelVersion) -> str:
+        """The version as a loadable path: its artifact fetched into the cache, a zip extracted."""
+        path = await self.fetch_artifact(record, cache_root())
+        return await asyncio.to_thread(unpacked, str(path))
+
     async def fetch_artifact(self, record: ModelVersion, cache_root: Path) -> Path:
         """The artifact as a local file (cached by sha256, checked after download)."""
         folder = cache_root / "artifacts" / record.sha256
@@ -234,6 +242,20 @@ class Registry:
         finally:
             with contextlib.suppress(Exception):  # the connection may be closing already
                 await watcher.stop()
+
+    async def follow_pipelines(self, apply: Callable[[str, Pipeline | None], Awaitable[None]]) -> None:
+        """apply(name, pipeline) for every pipeline now and on every change, until cancelled. A watch
+        that fails (the bus went away) starts again, replaying the current state: `apply` must
+        take a state it has seen before."""
+        while True:
+            try:
+                async for name, pipeline in self.watch_pipelines():
+                    await apply(name, pipeline)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("deployment_watch_failed")
+                await asyncio.sleep(1.0)
 
     # ---- agents --------------------------------------------------------------------------------
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
+
 from services.api.context import ApiContext, ServedModel
 from services.api.openai_defaults import OpenaiDefaults, openai_defaults_from
 from shared.config import resolve_max_model_len
 from shared.deployment import load_deployed
 from shared.log import get_logger
-from shared.model_files import cache_root, unpacked
 from shared.registry import Pipeline
 from shared.tokenizer import load_tokenizer
 
@@ -30,22 +31,11 @@ class DeploymentWatcher:
         self._generations: dict[str, int] = {}  # pipeline -> generation served (or being loaded)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._task = asyncio.create_task(self.ctx.registry.follow_pipelines(self._apply))
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                async for name, pipeline in self.ctx.registry.watch_pipelines():
-                    await self._apply(name, pipeline)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the bus went away: watch again from the current state
-                log.exception("deployment_watch_failed")
-                await asyncio.sleep(1.0)
 
     async def _apply(self, name: str, pipeline: Pipeline | None) -> None:
         if pipeline is not None and pipeline.deployed:
@@ -76,12 +66,10 @@ class DeploymentWatcher:
     async def _load(self, pipeline: Pipeline) -> None:
         try:
             deployed = await load_deployed(self.ctx.registry, pipeline)
-            path = await self.ctx.registry.fetch_artifact(deployed.version, cache_root())
-            tokenizer = await asyncio.to_thread(lambda: load_tokenizer(unpacked(str(path))))
+            path = await self.ctx.registry.model_path(deployed.version)
+            tokenizer = await asyncio.to_thread(load_tokenizer, path)
             oc = deployed.version.openai_config
-            openai = openai_defaults_from({"enabled": oc.enabled, "completion_config": oc.completion_config,
-                                           "chat_completion_config": oc.chat_completion_config}) \
-                if oc else OpenaiDefaults()
+            openai = openai_defaults_from(msgspec.to_builtins(oc)) if oc else OpenaiDefaults()
             served = ServedModel(
                 name=pipeline.deployment, tokenizer=tokenizer, created=int(time.time()), openai=openai,
                 max_model_len=resolve_max_model_len(deployed.version.framework_config.max_model_len,

@@ -43,7 +43,8 @@ class SchedulerHost:
         if self.static is not None:
             await self.static.start()
         self.registry = await Registry(self.nc).open()
-        self._tasks = [asyncio.create_task(self._follow(self.registry)), asyncio.create_task(self._announce())]
+        self._tasks = [asyncio.create_task(self.registry.follow_pipelines(self._apply_locked)),
+                       asyncio.create_task(self._announce())]
 
     async def drain(self, grace_s: float) -> None:
         await asyncio.gather(*(s.drain(grace_s) for s in self.services))
@@ -54,17 +55,9 @@ class SchedulerHost:
         for service in self.services:
             await service.stop()
 
-    async def _follow(self, registry: Registry) -> None:
-        while True:
-            try:
-                async for name, pipeline in registry.watch_pipelines():
-                    async with self._lock:
-                        await self._apply(registry, name, pipeline)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("deployment_watch_failed")
-                await asyncio.sleep(1.0)
+    async def _apply_locked(self, name: str, pipeline: Pipeline | None) -> None:
+        async with self._lock:
+            await self._apply(self.registry, name, pipeline)
 
     async def _announce(self) -> None:
         """Keep the host's record (budget and refusals) alive in the expiring agents bucket."""

@@ -56,7 +56,8 @@ class Agent:
     async def start(self) -> None:
         self.registry = await Registry(self.nc).open()
         self._sub = await self.nc.subscribe(subjects.WORKERS_HELLO, cb=self._on_hello)
-        self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._loop())]
+        self._tasks = [asyncio.create_task(self.registry.follow_pipelines(self._desire)),
+                       asyncio.create_task(self._loop())]
         log.info("agent_ready", agent_id=self.record.agent_id, accel=self.record.accel,
                  cpus=self.record.cpus, memory=self.record.memory)
 
@@ -86,19 +87,12 @@ class Agent:
                     log.info("replica_running", worker_id=hello.worker_id)
                     await self.publish()
 
-    async def _follow(self) -> None:
-        while True:
-            try:
-                async for name, pipeline in self.registry.watch_pipelines():
-                    if pipeline is None:
-                        self.desired.pop(name, None)
-                    else:
-                        self.desired[name] = pipeline
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("deployment_watch_failed")
-                await asyncio.sleep(1.0)
+    async def _desire(self, name: str, pipeline: Pipeline | None) -> None:
+        """The registry's record is the desired state; the loop below converges on it."""
+        if pipeline is None:
+            self.desired.pop(name, None)
+        else:
+            self.desired[name] = pipeline
 
     async def _loop(self) -> None:
         while True:

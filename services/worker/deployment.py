@@ -8,7 +8,6 @@ import os
 from shared.bus import close, connect
 from shared.config import ConfigError
 from shared.deployment import DeployedModel, load_deployed
-from shared.model_files import cache_root, unpacked
 from shared.registry import Registry
 
 
@@ -20,10 +19,10 @@ async def _fetch(nats_url: str, pipeline_name: str, generation: int) -> tuple[De
         if pipeline is None or not pipeline.deployed or pipeline.generation != generation:
             raise ConfigError(f"pipeline {pipeline_name!r} generation {generation} is no longer deployed")
         deployed = await load_deployed(registry, pipeline)
-        path = await registry.fetch_artifact(deployed.version, cache_root())
+        path = await registry.model_path(deployed.version)
     finally:
         await close(nc)
-    return deployed, await asyncio.to_thread(unpacked, str(path))
+    return deployed, path
 
 
 def fetch_deployment(nats_url: str, pipeline_name: str, generation: int) -> tuple[DeployedModel, str]:
