@@ -102,10 +102,13 @@ def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
     assert chunks[-1].usage.completion_tokens == 8
 
     # the chat template from chat_completion_config is the one rendered (it opens the answer)
-    tokenized = httpx.post(f"{wl.api_endpoint}/tokenize", headers={"Authorization": f"Bearer {API_KEY}"},
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    tokenized = httpx.post(f"{wl.api_endpoint}/tokenize", headers=auth,
                            json={"model": "smol-pipe", "messages": [{"role": "user", "content": "hi"}]}).json()
-    assert tokenized["count"] > 0
-    plain = httpx.post(f"{wl.api_endpoint}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+    rendered = httpx.post(f"{wl.api_endpoint}/detokenize", headers=auth,
+                          json={"model": "smol-pipe", "tokens": tokenized["tokens"]}).json()["prompt"]
+    assert rendered.endswith("<|im_start|>assistant\nSure. ")
+    plain = httpx.post(f"{wl.api_endpoint}/v1/chat/completions", headers=auth,
                        json={"model": "smol-pipe", "messages": [{"role": "user", "content": "hi"}],
                              "max_tokens": 4}, timeout=60)
     assert plain.status_code == 200, plain.text  # the plain route, by pipeline name
