@@ -263,6 +263,14 @@ def test_upload_refuses_a_bad_accelerator_config(wl, accel, message):
     assert reply.status_code == 400 and message in reply.json()["error"]["message"]
 
 
+def test_upload_refuses_requirements_it_would_not_install(wl):
+    metadata = {"name": "bad", "conversion": {"accel": "cpu", "requirements": ["vllm==0.6.0"]}}
+    reply = httpx.post(f"{wl.api_endpoint}/v1/api/models/upload_and_convert",
+                       headers={"Authorization": f"Bearer {API_KEY}"},
+                       data={"metadata": json.dumps(metadata)}, files={"file": ("m.gguf", b"GGUF")})
+    assert reply.status_code == 400 and "conversion.requirements" in reply.json()["error"]["message"]
+
+
 def test_seed_errors_and_refusals_at_configure_and_deploy(wl, smollm2, default_model_path):
     with pytest.raises(SwitchyardError, match="^400: Continuous batching is not supported with single batch mode$"):
         wl.get_model("smollm2", smollm2.version).configure(

@@ -56,7 +56,7 @@ def config_error(exc: ConfigError) -> APIError:
 
 @router.post("/upload_and_convert")
 async def upload_and_convert(request: Request) -> JSONResponse:
-    ctx, registry = registry_of(request)
+    _, registry = registry_of(request)
     form = await request.form(max_files=1, max_fields=8, max_part_size=MAX_METADATA_BYTES)
     try:
         metadata, upload = form.get("metadata"), form.get("file")
@@ -98,6 +98,10 @@ def _new_version(metadata: str, file_name: str) -> ModelVersion:
         if fc.get("framework", "vllm") != "vllm":
             raise ConfigError(f"framework_config.framework = {fc.get('framework')!r} is not allowed: allowed 'vllm'")
         framework_config = convert(fc.get("config") or {}, FrameworkConfig, "framework_config").validate(accel.kind)
+        if conversion.get("requirements"):
+            raise ConfigError(f"conversion.requirements = {conversion['requirements']!r} is not supported: a vLLM "
+                              "model runs in the server's own pinned environment, which installs nothing per "
+                              "model; send []")
     except ConfigError as exc:
         raise config_error(exc) from None
     # input_schema / output_schema (base64 Arrow) describe tabular models; an OpenAI model has none
@@ -105,7 +109,7 @@ def _new_version(metadata: str, file_name: str) -> ModelVersion:
                         created_at=time.time(), framework=framework, framework_config=framework_config,
                         accel=accel, visibility=str(meta.get("visibility", "private")),
                         workspace_id=meta.get("workspace_id"), python_version=conversion.get("python_version"),
-                        requirements=list(conversion.get("requirements") or []))
+                        )
 
 
 async def _inspect(upload: UploadFile, record: ModelVersion) -> None:
