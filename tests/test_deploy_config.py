@@ -133,3 +133,20 @@ def test_replicas_follow_the_queue_within_their_bounds():
     replicas.wanted(stats(0, 0))
     time.sleep(0.01)
     assert replicas.wanted(stats(0, 0)) == 1  # never under replicas_min
+
+
+class _Signalled(_Running):
+    def __init__(self):
+        self.signals = []
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+
+def test_stopping_replicas_are_signalled_once_so_their_drain_is_not_cut_short():
+    replicas = Replicas(deployed(), "nats://unused", Path("/nonexistent"), [])
+    proc = _Signalled()
+    replicas.replicas.append(Replica("w", proc, Path("/nonexistent"), state="running"))
+    replicas.stop_all()
+    replicas.stop_all()  # the agent's next tick, while the worker still drains
+    assert len(proc.signals) == 1 and replicas.replicas[0].state == "stopping"

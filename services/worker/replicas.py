@@ -85,8 +85,9 @@ class Replicas:
             replica.proc.send_signal(signal.SIGTERM)
 
     def stop_all(self) -> None:
+        """SIGTERM each replica once: a second signal would cut its drain short."""
         for replica in self.replicas:
-            if replica.proc.poll() is None:
+            if replica.proc.poll() is None and replica.state != "stopping":
                 replica.state = "stopping"
                 replica.proc.send_signal(signal.SIGTERM)
 
