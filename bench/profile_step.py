@@ -1,6 +1,6 @@
 """`python -m bench.profile_step`: time (and optionally profile) the worker's decode step in process.
 
-    python -m bench.profile_step --batch 1,16,64 --context 128 --dtype float32,bfloat16 [--profile]
+    python -m bench.profile_step --batch 1,16,64 --context 128 --dtype float32,bfloat16 [--compile] [--profile]
 
 Builds the real ModelRunner on the default model with a paged KV cache, prefills `batch`
 sequences of `context` tokens, then times decode steps: ms/step and tokens/s per setting.
@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from services.worker.compiled import compile_decode_layers, warm_up
 from services.worker.kv_cache import allocate_kv_cache
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
@@ -58,13 +59,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
     p.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
+    p.add_argument("--compile", action="store_true", help="compile the decode layers (the worker's --compile)")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     for dtype in args.dtype.split(","):
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
         quantize(loaded.model, args.quantization)
+        if args.compile:
+            compile_decode_layers(loaded.model)
+            warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1).kv_caches, BLOCK_SIZE)
         for batch in (int(b) for b in args.batch.split(",")):
             runner = decode_runner(loaded, batch, args.context, args.steps + 1, args.pool_blocks)
             seconds = time_decode(runner, batch, args.steps)

@@ -124,6 +124,10 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", default=None,
                         help="serve this deployed pipeline (its configs come from the registry); set by the agent")
     parser.add_argument("--generation", type=int, default=0, help="the pipeline's deployment generation")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                        default=os.environ.get("SY_COMPILE", "0") == "1",
+                        help="compile the decode step's layers with torch.compile (Inductor): faster steps, "
+                             "paid for by a compile at start-up (cached on disk after the first)")
     parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "0")),
                         help="scheduling niceness of the worker: above 0, the gateway, scheduler and bus "
                              "preempt the model's threads when they share cores")

@@ -10,6 +10,7 @@ import uuid
 
 import torch
 
+from services.worker.compiled import compile_decode_layers, warm_up
 from services.worker.deployment import drain_when_orphaned, fetch_deployment, weight_bytes
 from services.worker.guided import GrammarCompiler
 from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype_for, num_blocks_for_budget
@@ -55,8 +56,9 @@ def main() -> None:
     else:
         config = engine_config_from_args(args)
         model_path = resolve_model_path(config.model_path)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # set even when it is torch's own default: left implicit, the decode step ran ~20% slower here
+    # (bench/profile_step.py, 2026-11-22)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     if args.nice:
         os.nice(args.nice)
     dtype = DTYPES[args.dtype]
@@ -71,6 +73,9 @@ def main() -> None:
     caches = allocate_kv_cache(loaded.config, num_blocks, config.block_size, kv_dtype)
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), loaded.config.vocab_size,
                               loaded.config.eos_token_ids) if config.load_format != "dummy" else None
+    if args.compile:
+        compile_decode_layers(loaded.model)
+        warm_up(loaded.model, caches, config.block_size)
     runner = ModelRunner(loaded.model, caches, config.block_size, max_model_len, loaded.config.eos_token_ids,
                          grammar=grammar)
     hello = WorkerHello(worker_id=worker_id, model=config.model, backend="torch", kind="paged",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.worker.attention import AttentionMetadata
+from services.worker.compiled import MIN_DECODE_BLOCKS
 from services.worker.guided import GrammarCompiler
 from services.worker.sampler import logprobs_of, sample
 from services.worker.sequence import SeqState
@@ -74,7 +75,9 @@ class ModelRunner:
                 decode_lens.append(start + 1)
             else:
                 prefills.append((row, num_new, start, torch.tensor(seq.block_table[:num_blocks])))
+        # at least MIN_DECODE_BLOCKS wide (masked padding), so compiled layers never see a 1-block table
         max_blocks = max((len(t) for t in decode_tables), default=0)
+        max_blocks = max(max_blocks, MIN_DECODE_BLOCKS) if decode_tables else 0
         tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in decode_tables], dtype=torch.long)
         context_mask = (torch.arange(max_blocks * bs).unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1))
         meta = AttentionMetadata(

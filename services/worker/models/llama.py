@@ -120,6 +120,7 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.compiled_layer = None  # TransformerBlock.forward compiled, for decode-only steps (compiled.py)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -136,8 +137,9 @@ class Llama(nn.Module):
         """Ragged batch of new tokens [num_tokens] -> hidden states [num_tokens, hidden]."""
         cos, sin = self.rotary.cos_sin(positions)
         x = self.tok_embeddings(input_ids)
+        compiled = self.compiled_layer if not meta.prefills else None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, meta)
+            x = compiled(layer, x, cos, sin, kv_cache, meta) if compiled else layer(x, cos, sin, kv_cache, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
