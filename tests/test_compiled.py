@@ -3,13 +3,16 @@ checked against the torch path), and the start-up warm-up leaves no graph to com
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from services.worker.compiled import WARM_UP_BATCHES, compile_decode_layers, warm_up
+from services.worker.compiled import MAX_BATCH, compile_decode_layers, warm_up
+from services.worker.kv_cache import allocate_kv_cache
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
+from services.worker.quantization import quantize
 from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
-from tests.model_helpers import BLOCK_SIZE, make_runner
+from tests.model_helpers import BLOCK_SIZE
 from tests.test_llama_vs_hf import PROMPTS
 
 DECODE_STEPS = 3
@@ -41,25 +44,41 @@ def _decode_logits(runner: ModelRunner, num_seqs: int, next_tokens: list[int] | 
     return logits
 
 
-def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(loaded_model, default_model_path,
-                                                                      hf_tokenizer):
-    compiled = load_model(default_model_path)  # float32, like the eager reference
-    compiled_runner = make_runner(compiled)
-    compile_decode_layers(compiled.model)
-    warm_up(compiled.model, compiled_runner.kv_caches, BLOCK_SIZE)
-    eager_runner = make_runner(loaded_model)
-    assert eager_runner.model.compiled_layer is None
-    # every decode batch size and a context shorter than one block: no graph is compiled after warm-up
+# float32: the same numbers up to summation order. bfloat16: Inductor keeps a fused op's
+# intermediates in float32 where eager rounds each op to bfloat16, so logits move by up to ~0.5
+# and a near tie may flip (bfloat16 is not batch-invariant either; docs/benchmarks.md)
+@pytest.mark.parametrize("dtype,quantization,atol,min_agreement", [
+    (torch.float32, "none", 2e-3, 1.0), (torch.bfloat16, "int4", 1.0, 0.9)])
+def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_model_path, hf_tokenizer,
+                                                                      dtype, quantization, atol, min_agreement):
+    loaded = load_model(default_model_path, dtype=dtype)
+    quantize(loaded.model, quantization)
+    model = loaded.model
+    caches = [allocate_kv_cache(loaded.config, 256, BLOCK_SIZE, dtype) for _ in range(2)]
+    compiled_runner, eager_runner = (ModelRunner(model, c, BLOCK_SIZE, 4096, loaded.config.eos_token_ids)
+                                     for c in caches)
+    compile_decode_layers(model)
+    warm_up(model, compiled_runner.kv_caches, BLOCK_SIZE)
+
+    def decode(runner: ModelRunner, num_seqs: int, tokens) -> torch.Tensor:
+        model.compiled_max_batch = MAX_BATCH if runner is compiled_runner else 0  # 0: the eager layers
+        return _decode_logits(runner, num_seqs, tokens)
+
+    # every graph's batch sizes, a batch above MAX_BATCH (eager), contexts shorter than one block:
+    # no graph is compiled after the warm-up
+    agree = total = 0
     with torch.compiler.set_stance("fail_on_recompile"):
-        for num_seqs in (1, 3, max(WARM_UP_BATCHES) + 4):
+        for num_seqs in (1, 2, 5, MAX_BATCH, MAX_BATCH + 3):
             prompts = [hf_tokenizer.encode(PROMPTS[i % len(PROMPTS)])[: 3 + 5 * i] for i in range(num_seqs)]
             for runner in (eager_runner, compiled_runner):
                 runner.seqs.clear()
                 _start(runner, prompts)
             tokens = None
             for _ in range(DECODE_STEPS):
-                expected = _decode_logits(eager_runner, num_seqs, tokens)
-                got = _decode_logits(compiled_runner, num_seqs, tokens)
-                torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-3)
-                assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
+                expected = decode(eager_runner, num_seqs, tokens).float()
+                got = decode(compiled_runner, num_seqs, tokens).float()
+                torch.testing.assert_close(got, expected, atol=atol, rtol=0.05)
+                agree += int((got.argmax(-1) == expected.argmax(-1)).sum())
+                total += num_seqs
                 tokens = expected.argmax(-1).tolist()
+    assert agree >= min_agreement * total, f"{agree}/{total}"

@@ -1,21 +1,28 @@
-"""Compiled decode layers (`--compile`): torch.compile (Inductor's C++ backend) over one layer.
+"""Compiled decode layers (`--compile`): torch.compile (Inductor's C++ backend) over runs of layers.
 
 In a decode step the model is ~100 small ops per layer (norms, rotary, the attention's reshapes,
 the SwiGLU); at batch 1 launching them costs more than computing them. Inductor fuses each layer's
-elementwise work into a few generated C++ loops around the GEMMs. One compiled function serves
-every layer: the weights are inputs to the graph (dynamo inlines nn.Modules), so 30 layers cost
-one compilation, not thirty, and dynamo skips the guards on module state it would otherwise check
-on every call (the weights never change after loading).
+elementwise work into a few generated C++ loops around the GEMMs.
 
-Only decode-only steps use it; a step with a prefill chunk runs eagerly, because the prefill path
-unrolls per chunk and would compile once per number of chunks. Shapes are dynamic, but dynamo
-specializes sizes 0 and 1, and the quantized Linears branch on the row count, so `warm_up`
-compiles every graph a decode step can need (batch 1, small batches, large batches) before the
-worker takes traffic (tests/test_compiled.py checks that nothing compiles after it; a shape that
-did would stall one step for a compile, not fail it; torch's "eager_on_recompile" stance would
-avoid that stall but slowed every step by half here). Block tables are padded to at least two blocks (`MIN_DECODE_BLOCKS`), so a short
-context never meets a one-block graph. Inductor caches what it compiled on disk
-(`TORCHINDUCTOR_CACHE_DIR`), so only a worker's first start on a machine pays the full compile.
+What is compiled is `run_layers` over a run of `layers_per_call` layers; the model calls it once
+per run. The weights are inputs to the graph (dynamo inlines nn.Modules) and dynamo skips the
+guards on module state (the weights never change after loading), so every run shares one graph.
+Longer runs mean fewer calls into compiled code (each costs ~60 us of guards and wrappers here)
+but a longer compile: the run is the largest divisor of the layer count up to MAX_LAYERS_PER_CALL
+(30 layers: 5 calls of 6; one layer per call took ~1.2 ms more per batch-1 step).
+
+Only decode-only steps of up to MAX_BATCH rows use it. Above that the step is arithmetic, not op
+launches, and the compiled graph measured slower than eager at batch 64 (bench/profile_step.py).
+A step with a prefill chunk runs eagerly, because the prefill path unrolls per chunk and would
+compile once per number of chunks. The KV pool's shape is fixed for a
+worker's life and marked static. The rest is dynamic, but dynamo specializes sizes 0 and 1 and
+the quantized Linears branch on the row count, so `warm_up` compiles every graph a decode step can
+need (batch 1, small batches, large batches) before the worker takes traffic; tests/test_compiled.py
+checks that nothing compiles after it. (A shape that did would stall one step for the compile, not
+fail it. torch's "eager_on_recompile" stance would avoid the stall, but slowed every step by half
+here.) Block tables are padded to at least two blocks (`MIN_DECODE_BLOCKS`), so a short context
+never meets a one-block graph. Inductor caches what it compiled on disk (`TORCHINDUCTOR_CACHE_DIR`),
+so only a worker's first start on a machine pays the full compile.
 """
 
 from __future__ import annotations
@@ -25,20 +32,26 @@ import time
 import torch
 
 from services.worker.attention import AttentionMetadata
+from services.worker.models.llama import run_layers
 from shared.log import get_logger
 
 log = get_logger("worker.compiled")
 MIN_DECODE_BLOCKS = 2
-# batch sizes that hit each graph: 1 (specialized), 2 (the generic small-batch kernel path of the
-# quantized Linears), 9 (above every small-batch threshold: the dense path)
-WARM_UP_BATCHES = (1, 2, 9)
+MAX_LAYERS_PER_CALL = 8
+MAX_BATCH = 8
+# batch sizes that reach each graph: 1 (specialized), 3 (the small-batch kernel path of the
+# quantized Linears) and MAX_BATCH (int4's dense path starts at 5). None equals the warm-up's
+# block-table width, so dynamo does not tie the two sizes together.
+WARM_UP_BATCHES = (1, 3, MAX_BATCH)
 
 
 def compile_decode_layers(model: torch.nn.Module) -> None:
-    """Give `model` (a Llama) one compiled layer function for its decode-only steps."""
-    layer_forward = type(model.layers[0]).forward
-    model.compiled_layer = torch.compile(
-        layer_forward, dynamic=True,
+    """Give `model` (a Llama) a compiled run_layers for its decode-only steps."""
+    num_layers = len(model.layers)
+    model.compiled_max_batch = MAX_BATCH
+    model.layers_per_call = max(n for n in range(1, MAX_LAYERS_PER_CALL + 1) if num_layers % n == 0)
+    model.compiled_run_layers = torch.compile(
+        run_layers, dynamic=True,
         options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
     )
 
@@ -46,19 +59,23 @@ def compile_decode_layers(model: torch.nn.Module) -> None:
 @torch.inference_mode()
 def warm_up(model: torch.nn.Module, kv_caches, block_size: int) -> float:
     """Run one decode step at each WARM_UP_BATCHES size so every graph compiles now, not under load.
-    It writes K/V into the first blocks of the pool, which nothing owns yet. Returns the seconds."""
+    `kv_caches` must be the pool the worker serves from. The step writes K/V into the pool's first
+    blocks, which nothing owns yet. Returns the seconds it took."""
     started = time.perf_counter()
-    num_blocks = MIN_DECODE_BLOCKS
+    for k_cache, v_cache in kv_caches:
+        torch._dynamo.mark_static(k_cache)
+        torch._dynamo.mark_static(v_cache)
     for batch in WARM_UP_BATCHES:
         positions = torch.full((batch,), block_size, dtype=torch.long)  # one token into the second block
         meta = AttentionMetadata(
             slot_mapping=torch.full((batch,), block_size, dtype=torch.long),
             decode_token_idx=torch.arange(batch),
-            decode_block_tables=torch.arange(num_blocks).repeat(batch, 1),
-            decode_context_mask=torch.ones(batch, 1, 1, num_blocks * block_size, dtype=torch.bool),
+            decode_block_tables=torch.arange(MIN_DECODE_BLOCKS).repeat(batch, 1),
+            decode_context_mask=torch.ones(batch, 1, 1, MIN_DECODE_BLOCKS * block_size, dtype=torch.bool),
             prefills=[],
         )
         model(torch.zeros(batch, dtype=torch.long), positions, kv_caches, meta)
     seconds = time.perf_counter() - started
-    log.info("compiled_decode_ready", batches=list(WARM_UP_BATCHES), seconds=round(seconds, 1))
+    log.info("compiled_decode_ready", layers_per_call=model.layers_per_call, batches=list(WARM_UP_BATCHES),
+             seconds=round(seconds, 1))
     return seconds

@@ -111,6 +111,12 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def run_layers(layers, x, cos, sin, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+    for layer, kv_cache in zip(layers, kv_caches, strict=True):
+        x = layer(x, cos, sin, kv_cache, meta)
+    return x
+
+
 class Llama(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -120,7 +126,11 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
-        self.compiled_layer = None  # TransformerBlock.forward compiled, for decode-only steps (compiled.py)
+        # run_layers compiled for decode-only steps of up to compiled_max_batch rows, and how many
+        # layers each call runs (set by compiled.py; max batch 0: never)
+        self.compiled_run_layers = None
+        self.compiled_max_batch = 0
+        self.layers_per_call = cfg.num_layers
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -137,9 +147,12 @@ class Llama(nn.Module):
         """Ragged batch of new tokens [num_tokens] -> hidden states [num_tokens, hidden]."""
         cos, sin = self.rotary.cos_sin(positions)
         x = self.tok_embeddings(input_ids)
-        compiled = self.compiled_layer if not meta.prefills else None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = compiled(layer, x, cos, sin, kv_cache, meta) if compiled else layer(x, cos, sin, kv_cache, meta)
+        if meta.prefills or input_ids.shape[0] > self.compiled_max_batch:
+            x = run_layers(self.layers, x, cos, sin, kv_caches, meta)
+        else:
+            for i in range(0, len(self.layers), self.layers_per_call):
+                j = i + self.layers_per_call
+                x = self.compiled_run_layers(list(self.layers[i:j]), x, cos, sin, kv_caches[i:j], meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
