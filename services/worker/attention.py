@@ -3,8 +3,9 @@
 The torch backend is the reference every faster backend is tested against. The pool keeps each
 block head-major, `[num_blocks, num_kv_heads, block_size, head_dim]`, so the blocks gathered for
 a sequence feed batched matmuls as they are, with no transposed copy. Decode rows (one query
-token each) are batched into grouped matmuls with a length mask; prefill chunks run one SDPA call
-per sequence with the causal mask shifted by the cached prefix.
+token each) are batched into grouped matmuls with a length mask. A prefill chunk with nothing
+cached before it runs causal SDPA; one after a cached prefix (a prefix-cache hit, or a later chunk
+of a chunked prefill) runs grouped matmuls with the causal mask shifted by the prefix.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+# a prefill chunk after a cached prefix runs as plain matmuls while its float32 scores
+# (heads x queries x context) stay this small (64 MiB); past it, SDPA with a mask
+MATMUL_ATTENTION_MAX_SCORES = 16 * 2**20
 
 
 @dataclass
@@ -79,7 +84,7 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch
 
 
 def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scale: float) -> torch.Tensor:
-    num_query = q.shape[0]
+    num_query, num_heads, _ = q.shape
     context_len = num_cached + num_query
 
     def contiguous_kv(cache: torch.Tensor) -> torch.Tensor:  # [1, h_kv, ctx, d]
@@ -90,9 +95,25 @@ def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scal
     qb = q.transpose(0, 1).unsqueeze(0)  # [1, h, nq, d]
     if num_cached == 0:
         o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    else:
-        # query i sits at position num_cached + i and sees keys 0..num_cached + i
-        rows = torch.arange(num_query).unsqueeze(1) + num_cached
-        mask = torch.arange(context_len).unsqueeze(0) <= rows
-        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        return o.squeeze(0).transpose(0, 1)
+    # query i sits at position num_cached + i and sees keys 0..num_cached + i
+    rows = torch.arange(num_query).unsqueeze(1) + num_cached
+    mask = torch.arange(context_len).unsqueeze(0) <= rows
+    if num_heads * num_query * context_len <= MATMUL_ATTENTION_MAX_SCORES:
+        return _matmul_attention(qb, k, v, mask, scale)
+    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)
+
+
+def _matmul_attention(qb, k, v, mask, scale: float) -> torch.Tensor:
+    """A chunk after a cached prefix, as two grouped matmuls (softmax in float32): with a mask,
+    SDPA's CPU kernel took ~2x as long for 64 queries over 576 keys (bench/profile_step.py)."""
+    _, num_heads, num_query, head_dim = qb.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    qg = qb.reshape(1, num_kv_heads, group * num_query, head_dim)  # query heads by their KV head
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [1, h_kv, group * nq, ctx]
+    scores = scores.view(1, num_kv_heads, group, num_query, -1).masked_fill_(~mask, float("-inf"))
+    probs = scores.softmax(-1).to(v.dtype).view(1, num_kv_heads, group * num_query, -1)
+    out = torch.matmul(probs, v).view(num_heads, num_query, head_dim)
+    return out.transpose(0, 1)
