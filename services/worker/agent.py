@@ -169,7 +169,7 @@ class Agent:
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard worker host (agent)")
     add_nats_arg(parser)
-    add_worker_args(parser)  # --dtype and --nice go on to the workers it starts
+    add_worker_args(parser)  # --dtype, --nice and --compile go on to the workers it starts
     add_agent_args(parser)
     args, _ = parser.parse_known_args()
     sylog.configure("agent")
@@ -178,7 +178,8 @@ def main() -> None:
                          memory=parse_memory("--agent-memory", args.agent_memory))
     log_dir = Path(args.agent_log_dir or tempfile.mkdtemp(prefix="switchyard-agent-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    worker_args = ["--dtype", args.dtype] + (["--nice", str(args.nice)] if args.nice else [])
+    worker_args = (["--dtype", args.dtype] + (["--nice", str(args.nice)] if args.nice else [])
+                   + (["--compile"] if args.compile else []))
 
     async def run() -> None:
         nc = await connect(args.nats_url, f"agent-{record.agent_id}")

@@ -14,11 +14,12 @@ but a longer compile: the run is the largest divisor of the layer count up to MA
 Only decode-only steps of up to MAX_BATCH rows use it. Above that the step is arithmetic, not op
 launches, and the compiled graph measured slower than eager at batch 64 (bench/profile_step.py).
 A step with a prefill chunk runs eagerly, because the prefill path unrolls per chunk and would
-compile once per number of chunks. The KV pool's shape is fixed for a
-worker's life and marked static. The rest is dynamic, but dynamo specializes sizes 0 and 1 and
-the quantized Linears branch on the row count, so `warm_up` compiles every graph a decode step can
-need (batch 1, small batches, large batches) before the worker takes traffic; tests/test_compiled.py
-checks that nothing compiles after it. (A shape that did would stall one step for the compile, not
+compile once per number of chunks.
+
+The KV pool's shape is fixed for a worker's life and marked static. The rest is dynamic, but
+dynamo specializes sizes 0 and 1 and the quantized Linears branch on the row count, so `warm_up`
+compiles every graph a decode step can need (batch 1, small batches, int4's dense path) before the
+worker takes traffic; tests/test_compiled.py checks that nothing compiles after it. (A shape that did would stall one step for the compile, not
 fail it. torch's "eager_on_recompile" stance would avoid the stall, but slowed every step by half
 here.) Block tables are padded to at least two blocks (`MIN_DECODE_BLOCKS`), so a short context
 never meets a one-block graph. Inductor caches what it compiled on disk (`TORCHINDUCTOR_CACHE_DIR`),
