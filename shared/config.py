@@ -35,6 +35,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
+    num_scheduler_steps: int = 1  # decode iterations per Step when nothing waits (multi-step scheduling)
     quantization: str = "none"  # or "int8" / "int4": weight-only (services/worker/quantization.py)
     step_timeout_s: float = 60.0
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
@@ -59,6 +60,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"quantization must be none, int8 or int4 (weight-only, CPU), got {self.quantization!r}")
         if self.batching not in ("continuous", "static"):
             raise ConfigError(f"batching must be continuous or static, got {self.batching!r}")
+        if not 1 <= self.num_scheduler_steps <= 64:
+            raise ConfigError(f"num_scheduler_steps must be in 1..64, got {self.num_scheduler_steps}")
         if self.max_concurrent_batch_size < 1:
             raise ConfigError(f"max_concurrent_batch_size must be at least 1, got {self.max_concurrent_batch_size}")
         if self.max_waiting < 0:
@@ -99,6 +102,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="none, int8 or int4: weight-only (int4 with --dtype bfloat16 is fastest at low concurrency)")
     parser.add_argument("--batching", default=_env("batching", d.batching),
                         help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
+    parser.add_argument("--num-scheduler-steps", type=int, default=_env("num_scheduler_steps", d.num_scheduler_steps),
+                        help="decode iterations a worker runs per Step while no request waits (1: one per Step)")
     parser.add_argument("--engine-cpus", type=float, default=float(os.environ.get("SY_ENGINE_CPUS", os.cpu_count() or 1)),
                         help="CPUs the deployments' engines (deployment_config.cpus) may reserve in the scheduler")
     parser.add_argument("--engine-memory", default=os.environ.get("SY_ENGINE_MEMORY", f"{_physical_memory_mib() // 4}Mi"),

@@ -168,6 +168,10 @@ class Step(msgspec.Struct, tag="step"):
     scheduled: list[ScheduledSeq] = []
     dropped_ids: list[RequestId] = []  # aborted or preempted: forget their state
     reset: bool = False  # first step of a new pool (e.g. a restarted scheduler): forget every sequence
+    # multi-step: run this many decode iterations back to back (every row a decode row, with slots
+    # allocated for all of them); a row leaves once it finishes. StepResult then lists each row's
+    # tokens in order
+    num_steps: int = 1
 
 
 class Sampled(msgspec.Struct):

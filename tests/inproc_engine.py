@@ -17,12 +17,13 @@ BLOCK_SIZE = 16
 
 
 class InProcessEngine:
-    def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256):
+    def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256,
+                 num_scheduler_steps: int = 1):
         caches = allocate_kv_cache(loaded.config, num_blocks, BLOCK_SIZE, loaded.model.output.weight.dtype)
         self.runner = ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=8192,
                                   eos_token_ids=loaded.config.eos_token_ids)
         kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
-        self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, num_scheduler_steps=num_scheduler_steps)
         self.outputs: dict[str, list[int]] = {}
         self.num_cached_tokens: dict[str, int] = {}
         self.num_steps = 0
@@ -33,8 +34,12 @@ class InProcessEngine:
 
     def step(self) -> None:
         plan = self.scheduler.schedule()
-        out = self.runner.execute(plan.step)
-        finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=out.sampled))
+        sampled, num_done, iteration = [], 0, plan.step
+        while iteration is not None:  # as the worker service runs a (multi-step) Step
+            sampled.extend(self.runner.execute(iteration).sampled)
+            num_done += 1
+            iteration = self.runner.next_iteration(plan.step, num_done)
+        finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=sampled))
         for f in finished:
             self.outputs[f.request.request_id] = f.request.output_token_ids
             self.num_cached_tokens[f.request.request_id] = f.request.num_cached_tokens

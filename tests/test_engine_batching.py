@@ -56,3 +56,24 @@ def test_preempted_request_recomputes_same_tokens(loaded_model, prompts):
     assert engine.scheduler.num_preemptions > 0
     for i, p in enumerate(chosen):
         assert outputs[f"p{i}"] == alone(loaded_model, p, 40), f"p{i}"
+
+
+@pytest.mark.parametrize("num_blocks", [256, 12])  # 12: rows preempted between multi-step Steps
+def test_multi_step_gives_the_same_tokens_in_fewer_steps(loaded_model, prompts, num_blocks):
+    chosen = prompts if num_blocks == 256 else [p[:60] for p in prompts if len(p) >= 60][:3]
+    max_tokens = [3 + (i * 5) % 23 for i in range(len(chosen))] if num_blocks == 256 else [40] * len(chosen)
+    runs = {}
+    for num_scheduler_steps in (1, 4):
+        engine = InProcessEngine(loaded_model, num_blocks=num_blocks, max_num_batched_tokens=256,
+                                 num_scheduler_steps=num_scheduler_steps)
+        for i, p in enumerate(chosen):
+            engine.add(f"r{i}", p, max_tokens[i])
+        runs[num_scheduler_steps] = engine.run(), engine.num_steps
+        assert engine.scheduler.kv.pool.num_free == num_blocks  # lookahead slots freed too
+        if num_blocks == 12:
+            assert engine.scheduler.num_preemptions > 0
+    (single, single_steps), (multi, multi_steps) = runs[1], runs[4]
+    assert multi == single
+    assert all(len(multi[f"r{i}"]) <= max_tokens[i] for i in range(len(chosen)))
+    # with room, decode runs 4 iterations a Step; under preemption, only while nothing waits
+    assert multi_steps < single_steps * (0.5 if num_blocks == 256 else 1.0), (multi_steps, single_steps)

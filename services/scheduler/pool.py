@@ -51,7 +51,8 @@ class PoolLoop:
         kv = KVCacheManager(hello.num_blocks, hello.block_size, self.root_hash,
                             enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens,
-                                   can_run_more, is_static=config.batching == "static")
+                                   can_run_more, is_static=config.batching == "static",
+                                   num_scheduler_steps=config.num_scheduler_steps)
         self.on_gone = on_gone
         self.last_seen = time.monotonic()
         self.is_alive = True

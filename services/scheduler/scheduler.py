@@ -8,7 +8,7 @@ and none is free, the youngest running request is preempted (freed, recomputed l
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,11 +39,12 @@ def _always() -> bool:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 can_run_more: Callable[[], bool] = _always, is_static: bool = False):
+                 can_run_more: Callable[[], bool] = _always, is_static: bool = False, num_scheduler_steps: int = 1):
         self.kv = kv
         # static batching (for comparison only): a batch forms while none of it has decoded, then
         # runs to completion before anything else is admitted
         self.is_static = is_static
+        self.num_scheduler_steps = num_scheduler_steps
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.can_run_more = can_run_more  # the model-wide cap (max_concurrent_batch_size) across pools
@@ -126,8 +127,31 @@ class Scheduler:
                 self.kv.record_admission(request.num_tokens, num_computed)
             self._emit(out, request, num_new, [])
             budget -= num_new
+        self._look_ahead(out)
         out.step.dropped_ids = self.take_dropped_ids()
         return out
+
+    def _look_ahead(self, out: SchedulerOutput) -> None:
+        """Multi-step: a batch of decode rows with nothing waiting runs up to num_scheduler_steps
+        iterations in one Step, which saves the round trip between them. Only then, because a request
+        arriving meanwhile waits for the Step to end. A row gets slots up to its max_tokens only (the
+        worker ends it there)."""
+        rows = out.step.scheduled
+        if self.num_scheduler_steps == 1 or self.waiting or out.step.new_seqs or not rows:
+            return
+        if any(row.num_new_tokens != 1 for row in rows):
+            return
+        requests = [self.requests[row.request_id] for row in rows]
+        remaining = [r.sampling.max_tokens - len(r.output_token_ids) for r in requests]
+        num_steps = min(self.num_scheduler_steps, max(remaining))
+        if num_steps < 2:
+            return
+        for row, request, left in zip(rows, requests, remaining, strict=True):
+            more = self.kv.allocate_slots(request, min(num_steps, left))
+            if more is None:
+                return  # one iteration (blocks already added to earlier rows stay theirs, listed below)
+            row.new_block_ids.extend(b.block_id for b in more)
+        out.step.num_steps = num_steps
 
     def _is_batch_open(self) -> bool:
         return not self.is_static or not any(r.output_token_ids for r in self.running)
@@ -178,10 +202,12 @@ class Scheduler:
     # ---- results --------------------------------------------------------------------------------
 
     def update(self, out: SchedulerOutput, result: StepResult) -> list[FinishedRequest]:
+        # a multi-step Step computed one more token per extra iteration of each row
+        num_sampled = Counter(s.request_id for s in result.sampled) if out.step.num_steps > 1 else {}
         for request_id, num_new in out.num_new_tokens.items():
             request = self.requests.get(request_id)
             if request is not None and request.status == RequestStatus.RUNNING:
-                request.num_computed_tokens += num_new
+                request.num_computed_tokens += num_new + max(num_sampled.get(request_id, 1) - 1, 0)
         finished = []
         for sampled in result.sampled:
             request = self.requests.get(sampled.request_id)

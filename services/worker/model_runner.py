@@ -11,7 +11,7 @@ from services.worker.compiled import MIN_DECODE_BLOCKS
 from services.worker.guided import GrammarCompiler
 from services.worker.sampler import logprobs_of, sample
 from services.worker.sequence import SeqState
-from shared.messages import FinishReason, Logprobs, Sampled, Step
+from shared.messages import FinishReason, Logprobs, Sampled, ScheduledSeq, Step
 
 
 @dataclass
@@ -111,6 +111,13 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows])
         token_ids, logprobs = sample(logits, [s.sample_row(self.eos_token_ids) for s in to_sample])
         return self._record(to_sample, token_ids, logprobs)
+
+    def next_iteration(self, step: Step, num_done: int) -> Step | None:
+        """Multi-step: the Step's next decode iteration, over its rows still running; None when done."""
+        if num_done >= step.num_steps:
+            return None
+        rows = [ScheduledSeq(row.request_id, 1) for row in step.scheduled if row.request_id in self.seqs]
+        return Step(step_id=step.step_id, scheduled=rows) if rows else None
 
     def _score_prompt(self, seq: SeqState, hidden: torch.Tensor) -> None:
         """Logprobs of prompt tokens: the row at position p scores the prompt token at p + 1."""

@@ -16,6 +16,7 @@ from shared.log import get_logger
 from shared.messages import (
     DISCOVER_DECODER,
     STEP_DECODER,
+    Step,
     StepResult,
     TokenBatch,
     TokenEntry,
@@ -77,21 +78,26 @@ class WorkerService:
 
     async def _on_step(self, msg: Msg) -> None:
         step = STEP_DECODER.decode(msg.data)
-        started = time.perf_counter()
         self.last_step_at = time.monotonic()
-        try:
-            # the forward runs off the event loop so heartbeats keep flowing; torch frees the GIL
-            out = await asyncio.get_running_loop().run_in_executor(self.executor, self.runner.execute, step)
-        except Exception as exc:  # a failed step must not kill the worker: the scheduler fails its requests
-            log.exception("step_failed", step_id=step.step_id)
-            for seq in [*step.new_seqs, *step.scheduled]:
-                self.runner.seqs.pop(seq.request_id, None)
-            await msg.respond(encode(StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}")))
-            return
-        forward_seconds = time.perf_counter() - started  # the step itself, not the publishing after it
-        await self._publish_tokens(out)
-        await msg.respond(encode(StepResult(step_id=step.step_id, sampled=out.sampled,
-                                            forward_seconds=forward_seconds)))
+        sampled, forward_seconds, num_done = [], 0.0, 0
+        iteration: Step | None = step
+        while iteration is not None:  # one iteration, or step.num_steps of them (multi-step)
+            started = time.perf_counter()
+            try:
+                # the forward runs off the event loop so heartbeats keep flowing; torch frees the GIL
+                out = await asyncio.get_running_loop().run_in_executor(self.executor, self.runner.execute, iteration)
+            except Exception as exc:  # a failed step must not kill the worker: the scheduler fails its requests
+                log.exception("step_failed", step_id=step.step_id)
+                for seq in [*step.new_seqs, *step.scheduled]:
+                    self.runner.seqs.pop(seq.request_id, None)
+                await msg.respond(encode(StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}")))
+                return
+            forward_seconds += time.perf_counter() - started  # the step itself, not the publishing after it
+            await self._publish_tokens(out)
+            sampled.extend(out.sampled)
+            num_done += 1
+            iteration = self.runner.next_iteration(step, num_done)
+        await msg.respond(encode(StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds)))
         self.last_step_at = time.monotonic()
 
     async def _publish_tokens(self, out: StepOutput) -> None:
