@@ -14,12 +14,11 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", 
 
 
 @pytest.fixture(scope="module")
-def multi_step_client(tmp_path_factory):
-    openai = pytest.importorskip("openai")
+def multi_step_stack(tmp_path_factory):
     from tests.conftest import _start_stack
 
     s = _start_stack(tmp_path_factory, "multi-step", num_workers=1, extra_args=["--num-scheduler-steps", "4"])
-    yield openai.AsyncOpenAI(base_url=s.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    yield s
     s.stop()
 
 
@@ -37,14 +36,19 @@ async def _stream(client, model: str, prompt: str, max_tokens: int, stop: list[s
     return text, finish, usage, num_chunks
 
 
-def test_multi_step_streams_what_single_step_does(multi_step_client, async_openai_client, model_name):
-    async def run(client):
-        requests = [_stream(client, model_name, p, 5 + 7 * i) for i, p in enumerate(PROMPTS)]
-        requests.append(_stream(client, model_name, "Count: 1, 2, 3, 4,", 40, stop=[" 9"]))
-        return await asyncio.gather(*requests)
+def test_multi_step_streams_what_single_step_does(multi_step_stack, stack, model_name):
+    openai = pytest.importorskip("openai")
 
-    single = asyncio.run(run(async_openai_client))
-    multi = asyncio.run(run(multi_step_client))
+    async def run(base_url: str):
+        # a client of its own, on this event loop (the session's async client lives on pytest's)
+        async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
+                                      timeout=300) as client:
+            requests = [_stream(client, model_name, p, 5 + 7 * i) for i, p in enumerate(PROMPTS)]
+            requests.append(_stream(client, model_name, "Count: 1, 2, 3, 4,", 40, stop=[" 9"]))
+            return await asyncio.gather(*requests)
+
+    single = asyncio.run(run(stack.base_url))
+    multi = asyncio.run(run(multi_step_stack.base_url))
     for (text, finish, usage, num_chunks), expected in zip(multi, single, strict=True):
         assert (text, finish, usage) == expected[:3]
         assert num_chunks * 2 >= expected[3]  # streamed per iteration (equal here), not a burst per Step
