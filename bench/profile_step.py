@@ -63,14 +63,17 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     args = p.parse_args()
     torch.set_num_threads(args.threads or torch.get_num_threads())
+    batches = [int(b) for b in args.batch.split(",")]
+    # one pool size for every batch: the compiled graphs are specialized to the pool's shape
+    pool_blocks = max(args.pool_blocks, max(batches) * -(-(args.context + args.steps + 9) // BLOCK_SIZE))
     for dtype in args.dtype.split(","):
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
         quantize(loaded.model, args.quantization)
         if args.compile:
             compile_decode_layers(loaded.model)
-            warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1).kv_caches, BLOCK_SIZE)
-        for batch in (int(b) for b in args.batch.split(",")):
-            runner = decode_runner(loaded, batch, args.context, args.steps + 1, args.pool_blocks)
+            warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1, pool_blocks).kv_caches, BLOCK_SIZE)
+        for batch in batches:
+            runner = decode_runner(loaded, batch, args.context, args.steps + 1, pool_blocks)
             seconds = time_decode(runner, batch, args.steps)
             print(f"{dtype:8s} batch {batch:3d} context {args.context}: {seconds * 1e3:7.1f} ms/step, "
                   f"{batch / seconds:7.1f} tok/s", flush=True)

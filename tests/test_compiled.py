@@ -59,6 +59,14 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
                                      for c in caches)
     compile_decode_layers(model)
     warm_up(model, compiled_runner.kv_caches, BLOCK_SIZE)
+    compiled_calls = []
+    compiled_fn = model.compiled_run_layers
+
+    def counted(*args):  # proves the compiled layers ran, so the comparison below is not eager vs eager
+        compiled_calls.append(args[1].shape[0])
+        return compiled_fn(*args)
+
+    model.compiled_run_layers = counted
 
     def decode(runner: ModelRunner, num_seqs: int, tokens) -> torch.Tensor:
         model.compiled_max_batch = MAX_BATCH if runner is compiled_runner else 0  # 0: the eager layers
@@ -82,3 +90,6 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
                 total += num_seqs
                 tokens = expected.argmax(-1).tolist()
     assert agree >= min_agreement * total, f"{agree}/{total}"
+    calls_per_step = len(model.layers) // model.layers_per_call
+    assert sorted(set(compiled_calls)) == [1, 2, 5, MAX_BATCH]  # every batch up to MAX_BATCH, none above
+    assert len(compiled_calls) == 4 * DECODE_STEPS * calls_per_step

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.stack
@@ -53,3 +54,8 @@ def test_multi_step_streams_what_single_step_does(multi_step_stack, stack, model
         assert (text, finish, usage) == expected[:3]
         assert num_chunks * 2 >= expected[3]  # streamed per iteration (equal here), not a burst per Step
     assert multi[-1][1] == "stop" and "9" not in multi[-1][0]
+    # one iteration per Step would need a Step per token of the longest request; multi-step fewer
+    metrics = httpx.get(multi_step_stack.base_url + "/metrics", timeout=10).text
+    num_steps = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("switchyard_scheduler_steps_total"))
+    assert 0 < num_steps < max(usage for _, _, usage, _ in multi), metrics
