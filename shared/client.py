@@ -51,6 +51,7 @@ class RequestStream:
         self.num_tokens = 0
         self.is_finished = False
         self.worker_id = ""  # the worker that produced the latest tokens
+        self.received_at = 0.0  # wall clock on the scheduler when it took the Submit (Accepted.received_at)
 
     async def entries(self, timeout: float | None = None) -> AsyncIterator[TokenEntry]:
         try:
@@ -117,6 +118,7 @@ class BusClient:
         if isinstance(reply, Rejected):
             self.forget(request_id)
             raise SubmitRejected(reply.code, reply.reason)
+        stream.received_at = reply.received_at
         return stream
 
     async def abort(self, model: str, request_ids: list[str]) -> None:

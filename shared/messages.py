@@ -89,6 +89,7 @@ class Submit(msgspec.Struct, tag="submit"):
 class Accepted(msgspec.Struct, tag="accepted"):
     request_id: RequestId
     num_waiting: int = 0
+    received_at: float = 0.0  # wall clock on the scheduler when the Submit arrived: the engine's clock starts
 
 
 class Rejected(msgspec.Struct, tag="rejected"):

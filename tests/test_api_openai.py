@@ -38,6 +38,10 @@ def test_chat_stream_matches_whole_and_usage_adds_up(openai_client, model_name):
     assert usage.prompt_tokens_details.cached_tokens == 32  # the same 37-token prompt, 2 full blocks
     extra = usage.model_extra
     assert extra["ttft"] > 0 and extra["tps"] > 0
+    t = extra["timings"]  # the latency breakdown, in order along the request's path
+    assert 0 < t["received"] <= t["submitted"] and t["received"] <= t["scheduled"] <= t["first_token"]
+    assert t["first_token"] <= t["first_byte"]
+    assert t["engine_ttft"] == pytest.approx(t["first_token"] - t["received"], abs=1e-5)
 
 
 def test_completion_whole_and_streamed(openai_client, model_name):

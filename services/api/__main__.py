@@ -59,7 +59,9 @@ def main() -> None:
         await bus.close(ctx.nc)
 
     app = create_app(make_context, close_context)
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", loop="uvloop")
+    # uvloop and httptools: the C event loop and HTTP parser rather than uvicorn's pure-Python h11
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", loop="uvloop",
+                               http="httptools")
     DrainingServer(uv_config, app, grace_s=config.drain_grace_s).run()
 
 

@@ -78,15 +78,19 @@ class Generation:
                      tps=self.num_output_tokens / max(now - self.arrival, 1e-9), timings=self.timings())
 
     def timings(self) -> dict[str, float] | None:
-        """Seconds after the request's arrival at the API: Accepted from the scheduler, first
-        scheduled, first token sampled on the worker, first byte to the client; and engine_ttft,
-        the engine's share of TTFT (Accepted to first token). The gateway and the bus account for
-        the rest of what the client sees. Wall-clock stamps from other processes assume one clock."""
+        """Seconds after the request's arrival at the API: the Submit received by the scheduler,
+        its Accepted back at the API, first scheduled, first token sampled on the worker, first byte
+        to the client; and engine_ttft, the engine's share of TTFT (Submit received to first token).
+        The gateway and the bus account for the rest of what the client sees. The Accepted's way
+        back overlaps the engine's work, so it is not counted against either. Wall-clock stamps
+        from other processes assume one clock."""
         if self.submitted_at is None or not self.first_token_produced_at:
             return None
         first_token = self.first_token_produced_at - self.arrival_wall
         submitted = self.submitted_at - self.arrival
-        out = {"submitted": submitted, "first_token": first_token, "engine_ttft": first_token - submitted}
+        received = self.stream.received_at - self.arrival_wall if self.stream.received_at else submitted
+        out = {"received": received, "submitted": submitted, "first_token": first_token,
+               "engine_ttft": first_token - received}
         if self.queue_time is not None:
             out["scheduled"] = self.queue_time
         if self.first_byte_at is not None:

@@ -105,12 +105,16 @@ class SchedulerService:
     # ---- admission -----------------------------------------------------------------------------
 
     async def _on_submit(self, msg: Msg) -> None:
+        received_at = time.time()
         try:
             submit = SUBMIT_DECODER.decode(msg.data)
         except msgspec.DecodeError as exc:
             await msg.respond(encode(Rejected(request_id="", code=RejectCode.INVALID, reason=f"bad Submit: {exc}")))
             return
-        await msg.respond(encode(self.admit(submit)))
+        reply = self.admit(submit)
+        if isinstance(reply, Accepted):
+            reply.received_at = received_at
+        await msg.respond(encode(reply))
 
     def admit(self, submit: Submit) -> Accepted | Rejected:
         def reject(code: RejectCode, reason: str) -> Rejected:
