@@ -56,7 +56,11 @@ class RequestStream:
     async def entries(self, timeout: float | None = None) -> AsyncIterator[TokenEntry]:
         try:
             while not self.is_finished:
-                entry = await asyncio.wait_for(self.queue.get(), timeout)
+                if self.queue.empty():  # asyncio.timeout, not wait_for: no task per token
+                    async with asyncio.timeout(timeout):
+                        entry = await self.queue.get()
+                else:
+                    entry = self.queue.get_nowait()
                 if entry.offset != self.num_tokens:
                     raise RuntimeError(f"{self.request_id}: gap in token stream "
                                        f"(expected offset {self.num_tokens}, got {entry.offset})")

@@ -1,0 +1,53 @@
+"""The bus client's request streams, on a real nats-server: order, the idle timeout, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+
+from shared.client import BusClient, RequestStream
+from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
+
+pytestmark = pytest.mark.stack
+
+
+async def _client(stack) -> BusClient:
+    bus = BusClient(await nats.connect(stack.nats_url))
+    await bus.start()
+    return bus
+
+
+def _stream(bus: BusClient, request_id: str) -> RequestStream:
+    stream = RequestStream(bus, "m", request_id)
+    bus.streams[request_id] = stream
+    return stream
+
+
+async def test_entries_already_queued_and_later_ones_come_in_order(stack):
+    bus = await _client(stack)
+    stream = _stream(bus, "r1")
+    entries = [TokenEntry("r1", 0, [5, 6]), TokenEntry("r1", 2, [7])]
+    await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=entries)))
+    await bus.nc.flush()
+    await asyncio.sleep(0.1)  # both queued before anyone reads
+    reader = stream.entries(timeout=5)
+    assert [e.token_ids for e in [await reader.__anext__(), await reader.__anext__()]] == [[5, 6], [7]]
+    await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=[
+        TokenEntry("r1", 3, [8], finish_reason=FinishReason.LENGTH)])))
+    assert [e.token_ids async for e in reader] == [[8]]  # waited for, then the stream ends
+    assert stream.num_tokens == 4 and "r1" not in bus.streams
+    await bus.stop()
+    await bus.nc.close()
+
+
+async def test_no_token_within_the_idle_timeout_raises_and_forgets_the_stream(stack):
+    bus = await _client(stack)
+    stream = _stream(bus, "r2")
+    with pytest.raises(TimeoutError):
+        async for _ in stream.entries(timeout=0.05):
+            pass
+    assert "r2" not in bus.streams
+    await bus.stop()
+    await bus.nc.close()
