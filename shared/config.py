@@ -133,9 +133,9 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                         default=os.environ.get("SY_COMPILE", "0") == "1",
                         help="compile the decode step's layers with torch.compile (Inductor): faster steps, "
                              "paid for by a compile at start-up (cached on disk after the first)")
-    parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "0")),
-                        help="scheduling niceness of the worker: above 0, the gateway, scheduler and bus "
-                             "preempt the model's threads when they share cores")
+    parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "10")),
+                        help="scheduling niceness of the worker (default 10): the gateway, scheduler and "
+                             "bus preempt the model's threads when they share cores (0: no preference)")
 
 
 def add_api_args(parser: argparse.ArgumentParser) -> None:

@@ -49,3 +49,13 @@ def test_ctrl_c_stops_every_process(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_model_yields_the_cores_to_the_serving_path(stack):
+    """The worker runs at niceness 10 by default, so the gateway, scheduler and nats-server preempt
+    the model's threads when they share cores; they themselves keep the default."""
+    def niceness(name: str) -> int:
+        return os.getpriority(os.PRIO_PROCESS, stack.service(name).proc.pid)
+
+    assert niceness("worker-0") - niceness("api") == 10
+    assert niceness("scheduler") == niceness("api")

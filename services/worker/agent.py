@@ -178,8 +178,7 @@ def main() -> None:
                          memory=parse_memory("--agent-memory", args.agent_memory))
     log_dir = Path(args.agent_log_dir or tempfile.mkdtemp(prefix="switchyard-agent-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    worker_args = (["--dtype", args.dtype] + (["--nice", str(args.nice)] if args.nice else [])
-                   + (["--compile"] if args.compile else []))
+    worker_args = ["--dtype", args.dtype, "--nice", str(args.nice)] + (["--compile"] if args.compile else [])
 
     async def run() -> None:
         nc = await connect(args.nats_url, f"agent-{record.agent_id}")
