@@ -121,7 +121,7 @@ async def _sse(choices: Choices, responder: Responder, request_id: str, created:
                usage_every_chunk: bool):
     """usage_every_chunk (the pipeline routes, as the seed product does): with include_usage, every
     chunk carries the usage so far, ttft and tps included; the final usage chunk still comes last."""
-    def data(obj: dict) -> dict:
+    def data(obj: dict) -> bytes:
         if include_usage and usage_every_chunk and "choices" in obj and "usage" not in obj:
             obj["usage"] = choices.usage().as_dict()
         return b"data: " + _json.encode(obj) + b"\n\n"  # one SSE event (msgspec's JSON has no newline)
