@@ -96,24 +96,27 @@ def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scal
     if num_cached == 0:
         o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         return o.squeeze(0).transpose(0, 1)
+    if num_heads * num_query * context_len <= MATMUL_ATTENTION_MAX_SCORES:
+        return _matmul_attention(qb, k, v, num_cached, scale)
     # query i sits at position num_cached + i and sees keys 0..num_cached + i
     rows = torch.arange(num_query).unsqueeze(1) + num_cached
     mask = torch.arange(context_len).unsqueeze(0) <= rows
-    if num_heads * num_query * context_len <= MATMUL_ATTENTION_MAX_SCORES:
-        return _matmul_attention(qb, k, v, mask, scale)
     o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)
 
 
-def _matmul_attention(qb, k, v, mask, scale: float) -> torch.Tensor:
+def _matmul_attention(qb, k, v, num_cached: int, scale: float) -> torch.Tensor:
     """A chunk after a cached prefix, as two grouped matmuls (softmax in float32): with a mask,
-    SDPA's CPU kernel took ~2x as long for 64 queries over 576 keys (bench/profile_step.py)."""
+    SDPA's CPU kernel took ~2x as long for 64 queries over 576 keys (bench/profile_step.py).
+    Every query sees the whole prefix, so only the chunk's own keys are masked (causally)."""
     _, num_heads, num_query, head_dim = qb.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     qg = qb.reshape(1, num_kv_heads, group * num_query, head_dim)  # query heads by their KV head
     scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [1, h_kv, group * nq, ctx]
-    scores = scores.view(1, num_kv_heads, group, num_query, -1).masked_fill_(~mask, float("-inf"))
+    scores = scores.view(1, num_kv_heads, group, num_query, -1)
+    future = torch.ones(num_query, num_query, dtype=torch.bool).triu_(1)  # query i, chunk key j > i
+    scores[..., num_cached:].masked_fill_(future, float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(1, num_kv_heads, group * num_query, -1)
     out = torch.matmul(probs, v).view(num_heads, num_query, head_dim)
     return out.transpose(0, 1)
