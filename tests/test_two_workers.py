@@ -50,11 +50,16 @@ async def test_prefix_routing_and_kv_index(two_worker_stack, model_name):
     await bus.start()
     p1 = [1000 + i for i in range(80)]
     p2 = [5000 + i for i in range(80)]
-    # p1 runs long on one worker, so least-load sends p2 to the other
-    long_run = asyncio.create_task(run(bus, model_name, p1 + [1], 40))
-    await asyncio.sleep(1.0)
+    # p1 runs long on one worker (it has produced a token and has 119 to go), so least-load sends
+    # p2 to the other
+    long_stream = await bus.submit(model_name, p1 + [1], SamplingParams(max_tokens=120, temperature=0.0,
+                                                                        ignore_eos=True))
+    long_entries = long_stream.entries(timeout=120)
+    cached1 = (await long_entries.__anext__()).num_cached_tokens
     w2, cached2, _ = await run(bus, model_name, p2 + [1], 4)
-    w1, cached1, _ = await long_run
+    assert not long_stream.is_finished
+    assert [e async for e in long_entries][-1].finish_reason == FinishReason.LENGTH
+    w1 = long_stream.worker_id
     assert {w1, w2} == {"worker-0", "worker-1"} and cached1 == cached2 == 0
 
     # both idle now: with plain least-load both repeats would go to the same worker
