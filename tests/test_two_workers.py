@@ -24,12 +24,28 @@ pytestmark = pytest.mark.stack
 
 
 @pytest.fixture(scope="module")
-def two_worker_stack(tmp_path_factory):
+def two_worker_stack(tmp_path_factory, model_name):
     from tests.conftest import _start_stack
 
     s = _start_stack(tmp_path_factory, "two-workers", num_workers=2, extra_args=[])
+    asyncio.run(_wait_for_workers(s.nats_url, model_name, 2))  # /health is ready with one; routing needs both
     yield s
     s.stop()
+
+
+async def _wait_for_workers(nats_url: str, model: str, num_workers: int, timeout_s: float = 240.0) -> None:
+    nc = await nats.connect(nats_url)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        while True:
+            msg = await nc.request(subjects.scheduler_stats(model),
+                                   encode(SchedulerStatsRequest()), timeout=2)
+            if SCHEDULER_STATS_DECODER.decode(msg.data).num_workers == num_workers:
+                return
+            assert asyncio.get_running_loop().time() < deadline, f"{num_workers} workers never joined"
+            await asyncio.sleep(0.25)
+    finally:
+        await nc.close()
 
 
 async def run(bus: BusClient, model: str, prompt_ids: list[int], max_tokens: int):
