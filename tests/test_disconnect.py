@@ -9,15 +9,9 @@ import httpx
 import nats
 import pytest
 
-from shared import subjects
-from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from tests.bus_helpers import scheduler_stats
 
 pytestmark = pytest.mark.stack
-
-
-async def stats(nc, model):
-    msg = await nc.request(subjects.scheduler_stats(model), encode(SchedulerStatsRequest()), timeout=2)
-    return SCHEDULER_STATS_DECODER.decode(msg.data)
 
 
 async def test_fifty_dropped_streams_leave_the_engine_idle(stack, model_name):
@@ -39,7 +33,7 @@ async def test_fifty_dropped_streams_leave_the_engine_idle(stack, model_name):
                     pass
                 num_open += 1
                 if num_open == 50:
-                    busy = await stats(nc, model_name)
+                    busy = await scheduler_stats(nc, model_name)
                     opened.set()
                 await opened.wait()  # every stream is generating before any is dropped
             # leaving the block closes the connection mid-stream
@@ -48,7 +42,7 @@ async def test_fifty_dropped_streams_leave_the_engine_idle(stack, model_name):
     dropped_at = time.monotonic()
     assert busy.num_running + busy.num_waiting == 50 and busy.kv_cache_usage > 0
     while time.monotonic() - dropped_at < 10:
-        s = await stats(nc, model_name)
+        s = await scheduler_stats(nc, model_name)
         if s.num_running == 0 and s.num_waiting == 0 and s.kv_cache_usage == 0.0:
             break
         await asyncio.sleep(0.05)

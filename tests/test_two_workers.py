@@ -12,13 +12,12 @@ from shared import subjects
 from shared.client import BusClient
 from shared.messages import (
     KV_STATS_REPLY_DECODER,
-    SCHEDULER_STATS_DECODER,
     FinishReason,
     KvStatsRequest,
     SamplingParams,
-    SchedulerStatsRequest,
     encode,
 )
+from tests.bus_helpers import scheduler_stats
 
 pytestmark = pytest.mark.stack
 
@@ -38,9 +37,7 @@ async def _wait_for_workers(nats_url: str, model: str, num_workers: int, timeout
     deadline = asyncio.get_running_loop().time() + timeout_s
     try:
         while True:
-            msg = await nc.request(subjects.scheduler_stats(model),
-                                   encode(SchedulerStatsRequest()), timeout=2)
-            if SCHEDULER_STATS_DECODER.decode(msg.data).num_workers == num_workers:
+            if (await scheduler_stats(nc, model)).num_workers == num_workers:
                 return
             assert asyncio.get_running_loop().time() < deadline, f"{num_workers} workers never joined"
             await asyncio.sleep(0.25)
@@ -117,8 +114,7 @@ async def test_worker_killed_mid_stream_fails_its_requests_and_others_carry_on(t
     two_worker_stack.service(victim).proc.kill()  # SIGKILL: no goodbye, heartbeats just stop
     last = [e async for e in entries][-1]
     assert last.finish_reason == FinishReason.ERROR and victim in last.error
-    msg = await nc.request(subjects.scheduler_stats(model_name), encode(SchedulerStatsRequest()), timeout=2)
-    assert SCHEDULER_STATS_DECODER.decode(msg.data).num_workers == 1  # the dead worker's pool is gone
+    assert (await scheduler_stats(nc, model_name)).num_workers == 1  # the dead worker's pool is gone
     for i in range(3):  # and every new request goes to the survivor
         survivor, _, tokens = await run(bus, model_name, [7000 + 50 * i + j for j in range(20)], 4)
         assert survivor != victim and len(tokens) == 4
