@@ -114,7 +114,8 @@ def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
     assert plain.status_code == 200, plain.text  # the plain route, by pipeline name
 
     rows = p.infer([{"prompt": "The capital of France is", "max_tokens": 6}])
-    assert rows[0]["num_output_tokens"] == 6 and isinstance(rows[0]["generated_text"], str)
+    # the configured temperature (0.3) samples, so the model may end early (EOS); never past the row's max_tokens
+    assert 1 <= rows[0]["num_output_tokens"] <= 6 and isinstance(rows[0]["generated_text"], str)
     with pytest.raises(SwitchyardError, match="Continuous batching is not supported with more than one batch"):
         p.infer([{"prompt": "a", "max_tokens": 2}, {"prompt": "b", "max_tokens": 2}])
 
