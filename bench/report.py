@@ -11,7 +11,9 @@ COLUMNS = [("c", lambda p: p["concurrency"]), ("rate", lambda p: p["request_rate
 for _metric in ("ttft", "tpot", "itl", "e2e"):
     for _p in ("p50", "p90", "p99"):
         COLUMNS.append((f"{_metric.upper()} {_p}", lambda p, m=_metric, q=_p: f"{p[m + '_ms'][q]:.1f}"))
-COLUMNS.append(("gw+bus p50", lambda p: f"{p['gateway_bus_ms']['p50']:.2f}" if "gateway_bus_ms" in p else "-"))
+for _name, _key in (("gw+bus", "gateway_bus_ms"), ("to engine", "to_engine_ms"), ("to api", "to_api_ms"),
+                   ("http", "http_ms")):
+    COLUMNS.append((f"{_name} p50", lambda p, k=_key: f"{p[k]['p50']:.2f}" if k in p else "-"))
 
 
 def markdown(run: dict) -> str:

@@ -40,4 +40,11 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int, req
     if engine:  # Switchyard's latency breakdown: what the gateway and the bus add to the engine's TTFT
         point["engine_ttft_ms"] = percentiles([r.server["engine_ttft"] for r in engine])
         point["gateway_bus_ms"] = percentiles([r.ttft - r.server["engine_ttft"] for r in engine])
+        # ...split into its legs: API arrival to the scheduler's receipt; first token sampled to
+        # first delta handed to the client by the API; the client's own HTTP legs (request in,
+        # first byte back) and parsing, i.e. client TTFT minus the API's first byte
+        legs = [r for r in engine if "first_byte" in r.server]
+        point["to_engine_ms"] = percentiles([r.server["received"] for r in legs])
+        point["to_api_ms"] = percentiles([r.server["first_byte"] - r.server["first_token"] for r in legs])
+        point["http_ms"] = percentiles([r.ttft - r.server["first_byte"] for r in legs])
     return point

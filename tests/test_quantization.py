@@ -10,7 +10,6 @@ from torch import nn
 from services.worker.quantization import (
     INT4_GROUP,
     SMALL_BATCH,
-    SMALL_BATCH_INT4,
     Int4Linear,
     Int8Linear,
     quantize,
@@ -23,40 +22,50 @@ def test_int8_linear_small_and_large_batches_compute_the_same_weights():
     q = Int8Linear(linear)
     assert q.qweight.dtype == torch.int8 and q.scale.shape == (48,)
     assert (q.dequantized - linear.weight).abs().max() <= q.scale.max() / 2 + 1e-6  # rounding error only
-    for rows in (1, SMALL_BATCH, SMALL_BATCH + 1, 40):
+    small = SMALL_BATCH[torch.float32]
+    for rows in (1, small, small + 1, 40):
         x = torch.randn(rows, 64)
+        assert q.uses_kernel(x) == (rows <= small)
         expected = x @ q.dequantized.t() + linear.bias
-        torch.testing.assert_close(q(x), expected, atol=1e-4, rtol=1e-4)
+        out = q(x)
+        assert out.dtype == torch.float32
+        # the kernel takes its rows rounded to bfloat16; the dense path is exact
+        tolerance = 0.02 if rows <= small else 1e-4
+        torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
 
 
-def test_int4_linear_kernel_and_dense_path_compute_the_same_weights():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int4_linear_kernel_and_dense_path_compute_the_same_weights(dtype):
     torch.manual_seed(0)
-    linear = nn.Linear(128, 64, bias=False).to(torch.bfloat16)
+    linear = nn.Linear(128, 64, bias=False).to(dtype)
     q = Int4Linear(linear)
     groups = linear.weight.float().view(64, -1, INT4_GROUP)
     step = (groups.amax(-1) - groups.amin(-1)) / 15  # one int4 step per group
     assert ((q.dequantized.float() - linear.weight.float()).view(64, -1, INT4_GROUP).abs().amax(-1)
             <= step / 2 + 0.02 * groups.abs().amax(-1)).all()  # rounding (and bf16) error only
-    for rows in (1, SMALL_BATCH_INT4, SMALL_BATCH_INT4 + 1, 40):
-        x = torch.randn(rows, 128).to(torch.bfloat16)
-        assert q.uses_kernel(x) == (rows <= SMALL_BATCH_INT4)
+    small = SMALL_BATCH[dtype]
+    for rows in (1, small, small + 1, 40):
+        x = torch.randn(rows, 128).to(dtype)
+        assert q.uses_kernel(x) == (rows <= small)
         expected = x.float() @ q.dequantized.float().t()
-        torch.testing.assert_close(q(x).float(), expected, atol=0.05, rtol=0.02)
-    assert not q.uses_kernel(torch.randn(1, 128))  # float32 activations: the dense path
+        out = q(x)
+        assert out.dtype == dtype  # a float32 model's rows go to the kernel as bfloat16 and come back
+        torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.02)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
-def test_quantized_model_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer, method):
+@pytest.mark.parametrize(("method", "dtype"), [("int8", torch.bfloat16), ("int4", torch.bfloat16),
+                                               ("int4", torch.float32)])
+def test_quantized_model_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer, method, dtype):
     from services.worker.kv_cache import allocate_kv_cache
     from services.worker.loader import load_model
     from services.worker.model_runner import ModelRunner
     from tests.model_helpers import make_runner, prefill_logits
     from tests.test_llama_vs_hf import PROMPTS
 
-    quant = load_model(default_model_path, dtype=torch.bfloat16)
+    quant = load_model(default_model_path, dtype=dtype)
     quantize(quant.model, method)
     assert not any(isinstance(m, nn.Linear) for m in quant.model.modules())
-    fast = ModelRunner(quant.model, allocate_kv_cache(quant.config, 64, 16, torch.bfloat16), 16, 1024,
+    fast = ModelRunner(quant.model, allocate_kv_cache(quant.config, 64, 16, dtype), 16, 1024,
                        quant.config.eos_token_ids)
     reference = make_runner(loaded_model)
     agree = total = 0

@@ -41,7 +41,7 @@ MIN_DECODE_BLOCKS = 2
 MAX_LAYERS_PER_CALL = 8
 MAX_BATCH = 8
 # batch sizes that reach each graph: 1 (specialized), 3 (the small-batch kernel path of the
-# quantized Linears) and MAX_BATCH (int4's dense path starts at 5). None equals the warm-up's
+# quantized Linears) and MAX_BATCH (a bfloat16 model's dense path starts at 5). None equals the warm-up's
 # block-table width, so dynamo does not tie the two sizes together.
 WARM_UP_BATCHES = (1, 3, MAX_BATCH)
 

@@ -7,9 +7,11 @@
 
 Small batches (decode at low concurrency, bound by reading the weights) run torch's int8 / int4
 GEMV kernels over the packed bytes; larger batches (bound by arithmetic) run a dense GEMM over the
-same quantized values dequantized once at load. Either way the model computes with the quantized
-weights. torch's int4 kernel is fast only for bfloat16 activations, so with float32 an Int4Linear
-always takes the dense path (int4 then saves nothing: use it with `--dtype bfloat16`).
+same quantized values dequantized once at load, in the model's dtype. Either way the model computes
+with the quantized weights. torch's weight-only kernels are fast only for bfloat16 rows (with
+float32 rows they ran 2-13x slower than the dense GEMM on an AVX2 CPU, bench/profile_step.py), so a
+float32 model hands them its rows rounded to bfloat16 and takes float32 back: the GEMV then reads
+the packed bytes, and every other op (and every larger batch) stays float32.
 """
 
 from __future__ import annotations
@@ -17,20 +19,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-SMALL_BATCH = 8  # rows up to which the int8 kernel beats the dense GEMM on this CPU (bench/profile_step.py)
-SMALL_BATCH_INT4 = 4  # the same for the int4 kernel, bfloat16 activations only
+# rows up to which the kernels beat the dense GEMM (bench/profile_step.py): a float32 GEMM reads twice
+# the bytes of a bfloat16 one, so against it the kernels win for more rows
+SMALL_BATCH = {torch.bfloat16: 4, torch.float32: 8}
+KERNEL_DTYPE = torch.bfloat16  # the rows the kernels take
 INT4_GROUP = 32
 
 
 class _WeightOnlyLinear(nn.Module):
-    small_batch = 0
-
     def __init__(self, linear: nn.Linear, dequantized: torch.Tensor):
         super().__init__()
         self.register_buffer("dequantized", dequantized.to(linear.weight.dtype))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.small_batch = SMALL_BATCH.get(linear.weight.dtype, 0)
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n, in] bfloat16 rows -> [n, out] bfloat16."""
         raise NotImplementedError
 
     def uses_kernel(self, rows: torch.Tensor) -> bool:
@@ -39,29 +43,25 @@ class _WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if self.uses_kernel(rows):
-            out = self.kernel(rows.contiguous()).reshape(*x.shape[:-1], -1)
+            out = self.kernel(rows.to(KERNEL_DTYPE).contiguous()).to(x.dtype).reshape(*x.shape[:-1], -1)
             return out if self.bias is None else out + self.bias
         return nn.functional.linear(x, self.dequantized, self.bias)
 
 
 class Int8Linear(_WeightOnlyLinear):
-    small_batch = SMALL_BATCH
-
     def __init__(self, linear: nn.Linear):
         weight = linear.weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
         qweight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
         super().__init__(linear, qweight.float() * scale[:, None])
         self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale.to(linear.weight.dtype))
+        self.register_buffer("scale", scale.to(KERNEL_DTYPE))
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scale)
 
 
 class Int4Linear(_WeightOnlyLinear):
-    small_batch = SMALL_BATCH_INT4
-
     def __init__(self, linear: nn.Linear):
         weight = linear.weight.detach().float()
         n, k = weight.shape
@@ -75,10 +75,7 @@ class Int4Linear(_WeightOnlyLinear):
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.view(n, k).to(torch.int32), 2))
         self.register_buffer("scales_and_zeros", torch.stack(
-            [scale.view(n, -1), zero.view(n, -1)], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16))
-
-    def uses_kernel(self, rows: torch.Tensor) -> bool:
-        return rows.dtype == torch.bfloat16 and super().uses_kernel(rows)
+            [scale.view(n, -1), zero.view(n, -1)], dim=-1).transpose(0, 1).contiguous().to(KERNEL_DTYPE))
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
