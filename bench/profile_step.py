@@ -14,6 +14,7 @@ import time
 import torch
 
 from services.worker.compiled import compile_decode_layers, warm_up
+from services.worker.dense import pack_linears
 from services.worker.kv_cache import allocate_kv_cache
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
@@ -60,6 +61,7 @@ def main() -> None:
     p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
     p.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
     p.add_argument("--compile", action="store_true", help="compile the decode layers (the worker's --compile)")
+    p.add_argument("--mkl", action="store_true", help="plain Linears on F.linear (MKL), not oneDNN's packed weights")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     args = p.parse_args()
     torch.set_num_threads(args.threads or torch.get_num_threads())
@@ -69,6 +71,8 @@ def main() -> None:
     for dtype in args.dtype.split(","):
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
         quantize(loaded.model, args.quantization)
+        if not args.compile and not args.mkl:
+            pack_linears(loaded.model)
         if args.compile:
             compile_decode_layers(loaded.model)
             warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1, pool_blocks).kv_caches, BLOCK_SIZE)

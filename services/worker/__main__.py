@@ -11,6 +11,7 @@ import uuid
 import torch
 
 from services.worker.compiled import compile_decode_layers, warm_up
+from services.worker.dense import pack_linears
 from services.worker.deployment import drain_when_orphaned, fetch_deployment, weight_bytes
 from services.worker.guided import GrammarCompiler
 from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype_for, num_blocks_for_budget
@@ -64,6 +65,8 @@ def main() -> None:
     dtype = DTYPES[args.dtype]
     loaded = load_model(model_path, config.load_format, dtype)
     quantize(loaded.model, config.quantization)
+    if not args.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
+        pack_linears(loaded.model)
     max_model_len = resolve_max_model_len(config.max_model_len, loaded.config.max_position_embeddings)
     kv_dtype = kv_dtype_for(config.kv_cache_dtype, dtype)
     kv_bytes = (deployed.kv_cache_bytes(weight_bytes(loaded.model)) if deployed

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from services.worker import dense
+
 # rows up to which the kernels beat the dense GEMM (bench/profile_step.py): a float32 GEMM reads twice
 # the bytes of a bfloat16 one, so against it the kernels win for more rows
 SMALL_BATCH = {torch.bfloat16: 4, torch.float32: 8}
@@ -29,7 +31,10 @@ INT4_GROUP = 32
 class _WeightOnlyLinear(nn.Module):
     def __init__(self, linear: nn.Linear, dequantized: torch.Tensor):
         super().__init__()
-        self.register_buffer("dequantized", dequantized.to(linear.weight.dtype))
+        # the dense path's weight: oneDNN's packed copy for float32 (dense.py), else plain
+        self.is_packed = dense.available(linear.weight.dtype)
+        weight = dequantized.to(linear.weight.dtype)
+        self.register_buffer("dense_weight", dense.pack(weight) if self.is_packed else weight)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
         self.small_batch = SMALL_BATCH.get(linear.weight.dtype, 0)
 
@@ -40,12 +45,20 @@ class _WeightOnlyLinear(nn.Module):
     def uses_kernel(self, rows: torch.Tensor) -> bool:
         return rows.shape[0] <= self.small_batch
 
+    @property
+    def dequantized(self) -> torch.Tensor:
+        """The quantized weight as [out, in] values of the model's dtype."""
+        return self.dense_weight.to_dense() if self.is_packed else self.dense_weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if self.uses_kernel(rows):
+        # compiled decode steps (up to 8 rows) always take the kernel: a packed weight cannot be traced
+        if self.uses_kernel(rows) or (self.is_packed and torch.compiler.is_compiling()):
             out = self.kernel(rows.to(KERNEL_DTYPE).contiguous()).to(x.dtype).reshape(*x.shape[:-1], -1)
             return out if self.bias is None else out + self.bias
-        return nn.functional.linear(x, self.dequantized, self.bias)
+        if self.is_packed:
+            return dense.linear(x, self.dense_weight, self.bias)
+        return nn.functional.linear(x, self.dense_weight, self.bias)
 
 
 class Int8Linear(_WeightOnlyLinear):

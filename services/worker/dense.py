@@ -1,0 +1,48 @@
+"""float32 Linears on oneDNN with prepacked weights.
+
+torch's `F.linear` on float32 goes to MKL's sgemm. On an AMD EPYC with AVX2 (2 cores), oneDNN's
+matmul over a weight reordered once into its blocked layout ran 1.6-2x faster for 1 to 64 rows
+(bench/profile_step.py), the batches a decode step has; `pack_linears` gives the worker's model
+that path. The packed weight is an opaque oneDNN tensor, which torch.compile cannot take as a graph
+input, so a model whose decode layers are compiled keeps its plain Linears (the quantized Linears'
+dense path, never traced, packs either way; quantization.py). bfloat16 stays on `F.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def available(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] float32 -> the same weight in oneDNN's layout (`.to_dense()` gives it back)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().float().contiguous(), None)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, linear_: nn.Linear):
+        super().__init__()
+        self.register_buffer("packed", pack(linear_.weight))
+        self.bias = None if linear_.bias is None else nn.Parameter(linear_.bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.packed, self.bias)
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """Every float32 nn.Linear becomes a PackedLinear (a tied output head gets its own copy)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and available(child.weight.dtype):
+                setattr(module, name, PackedLinear(child))
+    return model
