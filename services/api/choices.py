@@ -18,7 +18,7 @@ class Choices:
     def __init__(self, generations: list[Generation], prompt_index: list[int]):
         self.generations = generations
         self.prompt_index = prompt_index  # of each choice
-        self.arrival = time.monotonic()
+        self.arrival = min((g.arrival for g in generations), default=time.monotonic())
 
     async def submit(self) -> None:
         """All or nothing: if one is refused, those already accepted are aborted."""

@@ -31,7 +31,8 @@ class Delta:
 class Generation:
     def __init__(self, bus: BusClient, model: str, prompt_ids: list[int], sampling: SamplingParams,
                  detokenizer: IncrementalDetokenizer, metrics: ApiMetrics, *, cache_salt: str | None,
-                 idle_timeout_s: float, request_timeout_s: float):
+                 idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float]):
+        """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival)."""
         self.bus = bus
         self.model = model
         self.prompt_ids = prompt_ids
@@ -41,8 +42,7 @@ class Generation:
         self.cache_salt = cache_salt
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
-        self.arrival = time.monotonic()
-        self.arrival_wall = time.time()
+        self.arrival, self.arrival_wall = arrival
         self.first_token_at: float | None = None
         self.queue_time: float | None = None
         self.submitted_at: float | None = None  # monotonic, when the scheduler's Accepted arrived

@@ -6,7 +6,9 @@ A pure ASGI middleware, so a streamed response counts as in flight until its las
 from __future__ import annotations
 
 import hmac
+import time
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.context import ApiContext
@@ -24,6 +26,12 @@ def is_valid_key(authorization: str | None, keys: tuple[str, ...]) -> bool:
     return any(matches)
 
 
+def arrival(request: Request) -> tuple[float, float]:
+    """(monotonic, wall clock) when the request reached the gateway: the clock of its TTFT and of
+    the latency breakdown starts before its body is read, parsed and tokenized."""
+    return request.state.arrival if hasattr(request.state, "arrival") else (time.monotonic(), time.time())
+
+
 class Guards:
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -31,6 +39,7 @@ class Guards:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope.setdefault("state", {})["arrival"] = (time.monotonic(), time.time())
         ctx: ApiContext = scope["app"].state.ctx
         path = scope["path"]
         if ctx.api_keys and path not in OPEN_PATHS:

@@ -9,12 +9,15 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from services.api.body import read_json, validate
 from services.api.context import ApiContext
 from services.api.errors import APIError
+from services.api.guards import arrival
 from services.api.params import completion_prompts, sampling_params
 from services.api.protocol import CompletionRequest
 from services.api.routes_openai import chat, choices_for, complete
@@ -64,7 +67,9 @@ async def records(request: Request, deployment: str, pipeline: str) -> JSONRespo
         body = validate(CompletionRequest, fields, model.openai.completion)
         prompts = completion_prompts(body, model)
         sampling = sampling_params(body, model, len(prompts[0]), max_tokens=body.max_tokens or 16, logprobs=None)
-        choices = choices_for(ctx, model, body, prompts, [sampling])
+        # rows run one after another: each one's clock starts when it does (row 0's at the request's arrival)
+        started = arrival(request) if i == 0 else (time.monotonic(), time.time())
+        choices = choices_for(ctx, model, body, prompts, [sampling], started)
         await choices.submit()
         text = [delta.text async for _, delta in choices.deltas()]
         out.append({"generated_text": "".join(text), "num_output_tokens": choices.usage().completion_tokens})

@@ -16,6 +16,7 @@ from services.api.context import ApiContext, ServedModel
 from services.api.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.generation import Generation
+from services.api.guards import arrival
 from services.api.params import (
     chat_logprobs,
     choice_seed,
@@ -50,7 +51,7 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
     prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
     samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
                                  logprobs=body.logprobs, prompt_logprobs=prompt_logprobs) for ids in prompts]
-    choices = choices_for(ctx, model, body, prompts, samplings)
+    choices = choices_for(ctx, model, body, prompts, samplings, arrival(request))
     responder = CompletionResponder(model, body, prompts, len(choices.generations))
     return await _respond(choices, responder, body, request, usage_every_chunk)
 
@@ -61,13 +62,13 @@ async def chat(request: Request, model_name: str | None = None, usage_every_chun
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=chat_logprobs(body))
-    choices = choices_for(ctx, model, body, [prompt_ids], [sampling])
+    choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrival(request))
     responder = ChatResponder(model, body, len(choices.generations))
     return await _respond(choices, responder, body, request, usage_every_chunk)
 
 
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
-             samplings: list[SamplingParams]) -> Choices:
+                samplings: list[SamplingParams], arrived: tuple[float, float]) -> Choices:
     generations, prompt_index = [], []
     for p, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
         for j in range(body.n):
@@ -75,7 +76,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
             detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings)
             generations.append(Generation(
                 ctx.bus, model.name, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
-                idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s))
+                idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s, arrival=arrived))
             prompt_index.append(p)
     return Choices(generations, prompt_index)
 
