@@ -106,10 +106,8 @@ class WorkerService:
             return
         now = time.time()
         by_reply: dict[str, list[TokenEntry]] = defaultdict(list)
-        # first tokens first: a reader handles a batch in order, so under load a new request's first
-        # token does not wait behind the fan-out of every running stream's next one (TTFT over ITL)
-        rows = [(self.runner.seqs.get(s.request_id) or out.finished[s.request_id], s) for s in out.sampled]
-        for seq, sampled in sorted(rows, key=lambda row: row[0].num_output_tokens > 1):
+        for sampled in out.sampled:
+            seq = self.runner.seqs.get(sampled.request_id) or out.finished[sampled.request_id]
             by_reply[seq.reply_to].append(TokenEntry(
                 request_id=seq.request_id, offset=seq.num_output_tokens - 1, token_ids=[sampled.token_id],
                 finish_reason=sampled.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
