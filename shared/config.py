@@ -13,7 +13,7 @@ import msgspec
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, on the CPU
+QUANTIZATIONS = ("none", "int8", "int4", "w8a8")  # on the CPU: weight-only int8 / int4, or int8 activations too
 
 
 class ConfigError(ValueError):
@@ -36,7 +36,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
     num_scheduler_steps: int = 1  # decode iterations per Step when nothing waits (multi-step scheduling)
-    quantization: str = "none"  # or "int8" / "int4": weight-only (services/worker/quantization.py)
+    quantization: str = "none"  # or "int8" / "int4" (weight-only) / "w8a8" (services/worker/quantization.py)
     step_timeout_s: float = 60.0
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
 
@@ -57,7 +57,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
             raise ConfigError(f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}")
         if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"quantization must be none, int8 or int4 (weight-only, CPU), got {self.quantization!r}")
+            raise ConfigError(f"quantization must be none, int8, int4 or w8a8 (CPU), got {self.quantization!r}")
         if self.batching not in ("continuous", "static"):
             raise ConfigError(f"batching must be continuous or static, got {self.batching!r}")
         if not 1 <= self.num_scheduler_steps <= 64:
@@ -99,7 +99,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
     parser.add_argument("--quantization", default=_env("quantization", d.quantization),
-                        help="none, int8 or int4: weight-only (int4 with --dtype bfloat16 is fastest at low concurrency)")
+                        help="none; int8 or int4: weight-only; w8a8: int8 weights and activations (docs/configuration.md)")
     parser.add_argument("--batching", default=_env("batching", d.batching),
                         help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
     parser.add_argument("--num-scheduler-steps", type=int, default=_env("num_scheduler_steps", d.num_scheduler_steps),

@@ -74,7 +74,7 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         quant = self.quantization or "none"
         _one_of(p + "quantization", quant, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend")
         if quant != "none" and accel != "cpu":
-            raise ConfigError(f"{p}quantization = {quant!r} is weight-only {quant} for the CPU backend, not {accel!r}")
+            raise ConfigError(f"{p}quantization = {quant!r} runs on torch's CPU kernels only, not on {accel!r}")
         if self.device_group is not None:
             check_name(p + "device_group", self.device_group)
         return self

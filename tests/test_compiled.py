@@ -47,8 +47,11 @@ def _decode_logits(runner: ModelRunner, num_seqs: int, next_tokens: list[int] | 
 # float32: the same numbers up to summation order. bfloat16: Inductor keeps a fused op's
 # intermediates in float32 where eager rounds each op to bfloat16, so logits move by up to ~0.5
 # and a near tie may flip (bfloat16 is not batch-invariant either; docs/benchmarks.md)
+# w8a8: the same GEMM, but the rows it quantizes differ from eager's in the last bits (Inductor fuses
+# the norms and the division by the row's max), and at a rounding edge of the uint8 grid that is a
+# whole level; through 30 layers logits moved by up to ~2 at 0.2% of the entries
 @pytest.mark.parametrize("dtype,quantization,atol,min_agreement", [
-    (torch.float32, "none", 2e-3, 1.0), (torch.bfloat16, "int4", 1.0, 0.9)])
+    (torch.float32, "none", 2e-3, 1.0), (torch.bfloat16, "int4", 1.0, 0.9), (torch.float32, "w8a8", 3.0, 0.9)])
 def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_model_path, hf_tokenizer,
                                                                       dtype, quantization, atol, min_agreement):
     loaded = load_model(default_model_path, dtype=dtype)
@@ -57,7 +60,9 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
     caches = [allocate_kv_cache(loaded.config, 256, BLOCK_SIZE, dtype) for _ in range(2)]
     compiled_runner, eager_runner = (ModelRunner(model, c, BLOCK_SIZE, 4096, loaded.config.eos_token_ids)
                                      for c in caches)
-    compile_decode_layers(model)
+    compile_decode_layers(model, max_num_seqs=16)
+    compiled_max_batch = model.compiled_max_batch  # MAX_BATCH; every batch up to 16 for w8a8
+    assert compiled_max_batch == (16 if quantization == "w8a8" else MAX_BATCH)
     warm_up(model, compiled_runner.kv_caches, BLOCK_SIZE)
     compiled_calls = []
     compiled_fn = model.compiled_run_layers
@@ -69,10 +74,10 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
     model.compiled_run_layers = counted
 
     def decode(runner: ModelRunner, num_seqs: int, tokens) -> torch.Tensor:
-        model.compiled_max_batch = MAX_BATCH if runner is compiled_runner else 0  # 0: the eager layers
+        model.compiled_max_batch = compiled_max_batch if runner is compiled_runner else 0  # 0: the eager layers
         return _decode_logits(runner, num_seqs, tokens)
 
-    # every graph's batch sizes, a batch above MAX_BATCH (eager), contexts shorter than one block:
+    # every graph's batch sizes, a batch above MAX_BATCH (eager, but compiled for w8a8), contexts shorter than one block:
     # no graph is compiled after the warm-up
     agree = total = 0
     with torch.compiler.set_stance("fail_on_recompile"):
@@ -91,5 +96,6 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
                 tokens = expected.argmax(-1).tolist()
     assert agree >= min_agreement * total, f"{agree}/{total}"
     calls_per_step = len(model.layers) // model.layers_per_call
-    assert sorted(set(compiled_calls)) == [1, 2, 5, MAX_BATCH]  # every batch up to MAX_BATCH, none above
-    assert len(compiled_calls) == 4 * DECODE_STEPS * calls_per_step
+    expected = [b for b in (1, 2, 5, MAX_BATCH, MAX_BATCH + 3) if b <= compiled_max_batch]
+    assert sorted(set(compiled_calls)) == expected  # every batch up to the compiled max, none above
+    assert len(compiled_calls) == len(expected) * DECODE_STEPS * calls_per_step

@@ -72,7 +72,7 @@ def test_bad_memory_quantities_are_refused_by_name(value):
 def test_quantization_and_kv_dtypes_no_backend_has_are_refused_clearly():
     with pytest.raises(ConfigError, match="kv_cache_dtype = 'fp8' is not supported by the torch backend"):
         FrameworkConfig(kv_cache_dtype="fp8").validate("cpu")
-    with pytest.raises(ConfigError, match="is weight-only int8 for the CPU backend, not 'cuda'"):
+    with pytest.raises(ConfigError, match="'int8' runs on torch's CPU kernels only, not on 'cuda'"):
         FrameworkConfig(quantization="int8").validate("cuda")
     assert FrameworkConfig(quantization=None).validate("cuda")
 

@@ -77,7 +77,7 @@ def main() -> None:
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), loaded.config.vocab_size,
                               loaded.config.eos_token_ids) if config.load_format != "dummy" else None
     if args.compile:
-        compile_decode_layers(loaded.model)
+        compile_decode_layers(loaded.model, config.max_num_seqs)
         warm_up(loaded.model, caches, config.block_size)
     runner = ModelRunner(loaded.model, caches, config.block_size, max_model_len, loaded.config.eos_token_ids,
                          grammar=grammar)

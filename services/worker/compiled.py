@@ -12,7 +12,10 @@ but a longer compile: the run is the largest divisor of the layer count up to MA
 (30 layers: 5 calls of 6; one layer per call took ~1.2 ms more per batch-1 step).
 
 Only decode-only steps of up to MAX_BATCH rows use it. Above that the step is arithmetic, not op
-launches, and the compiled graph measured slower than eager at batch 64 (bench/profile_step.py).
+launches, and the compiled graph measured slower than eager at batch 64 (bench/profile_step.py):
+compiled, float32 Linears leave oneDNN's packed weights (dense.py). A w8a8 model's GEMM is the same
+op compiled or not, so its decode steps compile at every batch up to max_num_seqs (AVX2 VM,
+2026-11-23: batch 16 in 73 against ~105 ms eager, 64 in 225 against ~290).
 A step with a prefill chunk runs eagerly, because the prefill path unrolls per chunk and would
 compile once per number of chunks.
 
@@ -34,6 +37,7 @@ import torch
 
 from services.worker.attention import AttentionMetadata
 from services.worker.models.llama import run_layers
+from services.worker.w8a8 import W8A8Linear
 from shared.log import get_logger
 
 log = get_logger("worker.compiled")
@@ -41,15 +45,20 @@ MIN_DECODE_BLOCKS = 2
 MAX_LAYERS_PER_CALL = 8
 MAX_BATCH = 8
 # batch sizes that reach each graph: 1 (specialized), 3 (the small-batch kernel path of the
-# quantized Linears) and MAX_BATCH (a bfloat16 model's dense path starts at 5). None equals the warm-up's
-# block-table width, so dynamo does not tie the two sizes together.
+# quantized Linears) and MAX_BATCH (a bfloat16 model's dense path starts at 5); warm_up adds the
+# largest compiled batch (w8a8's). None equals the warm-up's block-table width, so dynamo does not
+# tie the two sizes together.
 WARM_UP_BATCHES = (1, 3, MAX_BATCH)
 
 
-def compile_decode_layers(model: torch.nn.Module) -> None:
+def compile_decode_layers(model: torch.nn.Module, max_num_seqs: int) -> None:
     """Give `model` (a Llama) a compiled run_layers for its decode-only steps."""
+    # dynamo's code cache is keyed by run_layers' code and its module guards are skipped, so a
+    # model compiled earlier in this process (tests compile several) would lend this one its graphs
+    torch._dynamo.reset()
     num_layers = len(model.layers)
-    model.compiled_max_batch = MAX_BATCH
+    w8a8 = any(isinstance(m, W8A8Linear) for m in model.modules())
+    model.compiled_max_batch = max(max_num_seqs, MAX_BATCH) if w8a8 else MAX_BATCH
     model.layers_per_call = max(n for n in range(1, MAX_LAYERS_PER_CALL + 1) if num_layers % n == 0)
     model.compiled_run_layers = torch.compile(
         run_layers, dynamic=True,
@@ -66,7 +75,7 @@ def warm_up(model: torch.nn.Module, kv_caches, block_size: int) -> float:
     for k_cache, v_cache in kv_caches:
         torch._dynamo.mark_static(k_cache)
         torch._dynamo.mark_static(v_cache)
-    for batch in WARM_UP_BATCHES:
+    for batch in sorted({*WARM_UP_BATCHES, model.compiled_max_batch}):
         positions = torch.full((batch,), block_size, dtype=torch.long)  # one token into the second block
         meta = AttentionMetadata(
             slot_mapping=torch.full((batch,), block_size, dtype=torch.long),
@@ -77,6 +86,6 @@ def warm_up(model: torch.nn.Module, kv_caches, block_size: int) -> float:
         )
         model(torch.zeros(batch, dtype=torch.long), positions, kv_caches, meta)
     seconds = time.perf_counter() - started
-    log.info("compiled_decode_ready", layers_per_call=model.layers_per_call, batches=list(WARM_UP_BATCHES),
+    log.info("compiled_decode_ready", layers_per_call=model.layers_per_call, max_batch=model.compiled_max_batch,
              seconds=round(seconds, 1))
     return seconds

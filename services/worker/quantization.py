@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from services.worker import dense
+from services.worker.w8a8 import W8A8Linear
 
 # rows up to which the kernels beat the dense GEMM (bench/profile_step.py): a float32 GEMM reads twice
 # the bytes of a bfloat16 one, so against it the kernels win for more rows
@@ -97,12 +98,20 @@ class Int4Linear(_WeightOnlyLinear):
 
 def quantize(model: nn.Module, method: str) -> nn.Module:
     """Every Linear, the output head included, becomes a quantized one (the embedding table stays).
-    int4 needs the input size to be a multiple of 32; a Linear that is not stays int8."""
+    int4 needs the input size to be a multiple of 32; a Linear that is not stays int8. w8a8 (int8
+    activations too) is w8a8.py's."""
     if method == "none":
         return model
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                int4 = method == "int4" and child.in_features % INT4_GROUP == 0
-                setattr(module, child_name, Int4Linear(child) if int4 else Int8Linear(child))
+                setattr(module, child_name, _quantized(child, method))
     return model
+
+
+def _quantized(linear: nn.Linear, method: str) -> nn.Module:
+    if method == "w8a8":
+        return W8A8Linear(linear)
+    if method == "int4" and linear.in_features % INT4_GROUP == 0:
+        return Int4Linear(linear)
+    return Int8Linear(linear)
