@@ -19,6 +19,7 @@ from services.worker.kv_cache import allocate_kv_cache
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from services.worker.quantization import quantize
+from shared.config import QUANTIZATIONS
 from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 from shared.model_files import default_model_path
 
@@ -59,7 +60,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32,bfloat16")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
-    p.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
+    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     p.add_argument("--compile", action="store_true", help="compile the decode layers (the worker's --compile)")
     p.add_argument("--mkl", action="store_true", help="plain Linears on F.linear (MKL), not oneDNN's packed weights")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
@@ -74,7 +75,7 @@ def main() -> None:
         if not args.compile and not args.mkl:
             pack_linears(loaded.model)
         if args.compile:
-            compile_decode_layers(loaded.model)
+            compile_decode_layers(loaded.model, max(batches))
             warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1, pool_blocks).kv_caches, BLOCK_SIZE)
         for batch in batches:
             runner = decode_runner(loaded, batch, args.context, args.steps + 1, pool_blocks)

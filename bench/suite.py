@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from bench import hf_static, report, serve
+from shared.config import QUANTIZATIONS
 from shared.model_files import default_model_path
 from switchyard.launcher import Stack
 from switchyard.nats_server import free_port, wait_for_port
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--dtype", default="bfloat16", help="Switchyard's weights: bfloat16 (fast) or float32 "
                    "(exact and batch-invariant, the default of `make run`)")
-    p.add_argument("--quantization", default="none", help="Switchyard's --quantization (none, int8 or int4)")
+    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS, help="Switchyard's --quantization")
     p.add_argument("--switchyard-args", default="", help="more flags for Switchyard's services, e.g. '--nice 10'")
     p.add_argument("--tag", default="", help="appended to Switchyard's labels and result files, e.g. -nocache")
     args, sweep_args = p.parse_known_args(argv)
