@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 from nats.aio.client import Client
 from nats.js.api import StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from shared.deploy_config import (
     Accel,
@@ -134,6 +134,18 @@ class Registry:
 
     # ---- values --------------------------------------------------------------------------------
 
+    async def _keys(self, bucket: str, prefix: str) -> list[str]:
+        """The keys under a prefix, each once, from one snapshot of the bucket's stream.
+
+        Not nats-py's KeyValue.keys(): it lists through a consumer, so a key updated while it lists
+        comes back twice, and an early "no more" marker can make it return nothing at all (both
+        seen against nats-server 2.9; tests/test_registry.py). A deleted key is still listed here
+        (its delete marker is a message); reading it gives KeyNotFoundError.
+        """
+        root = f"$KV.{bucket}."
+        info = await self.js.stream_info(f"KV_{bucket}", subjects_filter=f"{root}{prefix}>")
+        return sorted(subject[len(root):] for subject in info.state.subjects or {})
+
     async def _get(self, key: str, cls):
         try:
             entry = await self.kv.get(key)
@@ -142,7 +154,7 @@ class Registry:
         return msgspec.json.decode(entry.value, type=cls) if entry.value else None
 
     async def _values(self, prefix: str, cls) -> list:
-        values = [await self._get(k, cls) for k in await _keys(self.kv, prefix)]
+        values = [await self._get(k, cls) for k in await self._keys(REGISTRY_BUCKET, prefix)]
         return [v for v in values if v is not None]
 
     # ---- models --------------------------------------------------------------------------------
@@ -264,7 +276,7 @@ class Registry:
 
     async def agent_records(self) -> list[AgentRecord]:
         records = []
-        for key in await _keys(self.agents, "agents."):
+        for key in await self._keys(AGENTS_BUCKET, "agents."):
             try:
                 entry = await self.agents.get(key)
             except KeyNotFoundError:
@@ -272,14 +284,6 @@ class Registry:
             if entry.value:
                 records.append(msgspec.json.decode(entry.value, type=AgentRecord))
         return records
-
-
-async def _keys(bucket, prefix: str) -> list[str]:
-    """Keys under a prefix, filtered here: nats-server 2.9 (Debian's) ignores server-side key filters."""
-    try:
-        return [k for k in await bucket.keys() if k.startswith(prefix)]
-    except NoKeysError:
-        return []
 
 
 class _HashingReader:
