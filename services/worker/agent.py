@@ -113,7 +113,7 @@ class Agent:
                 if not replicas.replicas:
                     del self.running[name]
                     log.info("deployment_released", pipeline=name)
-        for name, pipeline in self.desired.items():
+        for name, pipeline in list(self.desired.items()):  # the watch may add one while we adopt
             if pipeline.deployed and name not in self.running:
                 await self._adopt(pipeline)
             elif not pipeline.deployed:
