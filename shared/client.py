@@ -40,6 +40,14 @@ class SubmitRejected(Exception):
         self.reason = reason
 
 
+def _is_verdict(entry: TokenEntry) -> bool:
+    """A terminal entry without tokens: the scheduler ending the request (deadline, error). Its
+    offset is the scheduler's count of the tokens, which lags the worker's stream (the worker
+    publishes straight to the reply subject, and a multi-step Step reports back only at its end),
+    and other publishers' messages are not ordered with it: it ends the stream wherever it lands."""
+    return entry.finish_reason is not None and not entry.token_ids
+
+
 class RequestStream:
     """The entries of one request, in order; ends after the entry with a finish_reason."""
 
@@ -61,7 +69,7 @@ class RequestStream:
                         entry = await self.queue.get()
                 else:
                     entry = self.queue.get_nowait()
-                if entry.offset != self.num_tokens:
+                if entry.offset != self.num_tokens and not _is_verdict(entry):
                     raise RuntimeError(f"{self.request_id}: gap in token stream "
                                        f"(expected offset {self.num_tokens}, got {entry.offset})")
                 self.num_tokens += len(entry.token_ids)

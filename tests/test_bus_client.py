@@ -51,3 +51,24 @@ async def test_no_token_within_the_idle_timeout_raises_and_forgets_the_stream(st
     assert "r2" not in bus.streams
     await bus.stop()
     await bus.nc.close()
+
+
+async def test_the_schedulers_verdict_ends_the_stream_whatever_its_offset(stack):
+    """A deadline's error entry counts the tokens the scheduler has seen, which may lag (or lead)
+    what the worker streamed: it ends the stream; a token entry out of place is still a gap."""
+    bus = await _client(stack)
+    for request_id, verdict_offset in (("late", 1), ("early", 5)):
+        stream = _stream(bus, request_id)
+        await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=[
+            TokenEntry(request_id, 0, [5, 6]),
+            TokenEntry(request_id, verdict_offset, [], finish_reason=FinishReason.TIMEOUT, error="deadline")])))
+        got = [e async for e in stream.entries(timeout=5)]
+        assert [e.error for e in got] == [None, "deadline"] and stream.num_tokens == 2
+    gap = _stream(bus, "gap")
+    await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=[
+        TokenEntry("gap", 0, [5]), TokenEntry("gap", 2, [7], finish_reason=FinishReason.LENGTH)])))
+    with pytest.raises(RuntimeError, match="gap in token stream"):
+        async for _ in gap.entries(timeout=5):
+            pass
+    await bus.stop()
+    await bus.nc.close()
