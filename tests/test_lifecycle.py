@@ -113,7 +113,9 @@ def test_no_scheduler_is_503(life_stack, client, model_name):
 
 async def test_sigterm_drains_in_flight_then_every_process_exits(life_stack, model_name):
     """Last: it ends the stack. In-flight requests finish, new ones get 503, then all exit."""
-    body = {"model": model_name, "prompt": "Tell me a story", "max_tokens": 30, "ignore_eos": True,
+    # 10 tokens: well inside the stack's 6 s deadline even at the 200 ms a token one CI VM gave
+    # (30 tokens ran past it), and still in flight when the SIGTERMs land after the first one
+    body = {"model": model_name, "prompt": "Tell me a story", "max_tokens": 10, "ignore_eos": True,
             "stream": True}
     async with httpx.AsyncClient(base_url=life_stack.base_url, headers=auth(), timeout=60) as http:
         async with http.stream("POST", "/v1/completions", json=body) as response:
