@@ -17,6 +17,7 @@ import pytest
 from shared.registry import AgentRecord, ModelVersion, Registry, WorkerState
 from switchyard.nats_server import NatsServer
 
+pytestmark = pytest.mark.stack  # starts a nats-server: not part of `make test-fast`
 LISTINGS = 200
 
 
