@@ -26,6 +26,7 @@ from bench.dataset import Prompt
 class RequestResult:
     ok: bool
     ttft: float = 0.0
+    started_at: float = 0.0  # Unix time when the request was started (the breakdown's way in)
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
     num_output_tokens: int = 0
@@ -62,7 +63,7 @@ def _body(spec: LoadSpec, prompt: Prompt) -> tuple[str, dict]:
 async def send(session: aiohttp.ClientSession, spec: LoadSpec, prompt: Prompt) -> RequestResult:
     path, body = _body(spec, prompt)
     started = time.perf_counter()
-    result = RequestResult(ok=False, num_prompt_tokens=prompt.num_tokens)
+    result = RequestResult(ok=False, num_prompt_tokens=prompt.num_tokens, started_at=time.time())
     last = started
     num_chunks = 0
     try:

@@ -41,10 +41,15 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int, req
         point["engine_ttft_ms"] = percentiles([r.server["engine_ttft"] for r in engine])
         point["gateway_bus_ms"] = percentiles([r.ttft - r.server["engine_ttft"] for r in engine])
         # ...split into its legs: API arrival to the scheduler's receipt; first token sampled to
-        # first delta handed to the client by the API; the client's own HTTP legs (request in,
-        # first byte back) and parsing, i.e. client TTFT minus the API's first byte
+        # first delta handed to the client by the API; the HTTP legs, i.e. client TTFT minus the
+        # API's first byte: the request's way in (client start to arrival at the API, one clock)
+        # and the first delta's way out, with the client's parsing
         legs = [r for r in engine if "first_byte" in r.server]
         point["to_engine_ms"] = percentiles([r.server["received"] for r in legs])
         point["to_api_ms"] = percentiles([r.server["first_byte"] - r.server["first_token"] for r in legs])
         point["http_ms"] = percentiles([r.ttft - r.server["first_byte"] for r in legs])
+        way_in = [(r, r.server["arrived_at"] - r.started_at) for r in legs if "arrived_at" in r.server]
+        if way_in:
+            point["http_in_ms"] = percentiles([t for _, t in way_in])
+            point["http_out_ms"] = percentiles([r.ttft - r.server["first_byte"] - t for r, t in way_in])
     return point

@@ -81,6 +81,8 @@ class Generation:
         """Seconds after the request's arrival at the API: the Submit received by the scheduler,
         its Accepted back at the API, first scheduled, first token sampled on the worker, first byte
         to the client; and engine_ttft, the engine's share of TTFT (Submit received to first token).
+        arrived_at is that arrival itself (Unix time), so a client on the same clock can tell its
+        request's way in from the first byte's way out.
         The gateway and the bus account for the rest of what the client sees. The Accepted's way
         back overlaps the engine's work, so it is not counted against either. Wall-clock stamps
         from other processes assume one clock."""
@@ -90,7 +92,7 @@ class Generation:
         submitted = self.submitted_at - self.arrival
         received = self.stream.received_at - self.arrival_wall if self.stream.received_at else submitted
         out = {"received": received, "submitted": submitted, "first_token": first_token,
-               "engine_ttft": first_token - received}
+               "engine_ttft": first_token - received, "arrived_at": self.arrival_wall}
         if self.queue_time is not None:
             out["scheduled"] = self.queue_time
         if self.first_byte_at is not None:
