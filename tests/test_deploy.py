@@ -94,8 +94,8 @@ def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
     reply = p.openai_chat_completion(messages=[{"role": "user", "content": "good morning"}])
     assert reply.choices[0].message.content.strip()
     assert reply.usage.completion_tokens <= 200  # the configured max_tokens default applies
-    chunks = list(p.openai_completion(prompt="tell me a story", max_tokens=8, stream=True,
-                                      stream_options={"include_usage": True}))
+    chunks = list(p.openai_completion(prompt="tell me a story", max_tokens=8, stream=True,  # sampled: no early EOS
+                                      stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     text_chunks = [c for c in chunks if c.choices]
     assert text_chunks and all(c.usage is not None for c in chunks)  # usage on every chunk, as the seed does
     assert all(c.usage.ttft > 0 and c.usage.tps > 0 for c in chunks)

@@ -85,6 +85,20 @@ async def test_queue_beyond_running_plus_waiting_is_429_at_once(life_stack, mode
         assert r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "rate_limit_error"
         for stream in streams:
             await stream.__aexit__(None, None, None)
+        await _wait_until_idle(http, model_name)  # the next test must not meet these in the queue
+
+
+async def _wait_until_idle(http: httpx.AsyncClient, model_name: str, timeout_s: float = 30.0) -> None:
+    """Until the scheduler holds no running or waiting request (aborts of closed streams land)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = (await http.get("/metrics")).text
+        held = [line for line in text.splitlines() if line.startswith(("vllm:num_requests_running",
+                                                                        "vllm:num_requests_waiting"))]
+        if held and all(float(line.rsplit(" ", 1)[1]) == 0 for line in held):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"requests still held after {timeout_s}s: {held}")
 
 
 def test_deadline_ends_a_request_with_an_error(client, model_name):
@@ -113,9 +127,9 @@ def test_no_scheduler_is_503(life_stack, client, model_name):
 
 async def test_sigterm_drains_in_flight_then_every_process_exits(life_stack, model_name):
     """Last: it ends the stack. In-flight requests finish, new ones get 503, then all exit."""
-    # 10 tokens: well inside the stack's 6 s deadline even at the 200 ms a token one CI VM gave
-    # (30 tokens ran past it), and still in flight when the SIGTERMs land after the first one
-    body = {"model": model_name, "prompt": "Tell me a story", "max_tokens": 10, "ignore_eos": True,
+    # 16 tokens: inside the stack's 6 s deadline even at the 200 ms a token one CI VM gave (30 ran
+    # past it); at ~25 ms a token on a fast VM, the refusal is asked for as soon as draining starts
+    body = {"model": model_name, "prompt": "Tell me a story", "max_tokens": 16, "ignore_eos": True,
             "stream": True}
     async with httpx.AsyncClient(base_url=life_stack.base_url, headers=auth(), timeout=60) as http:
         async with http.stream("POST", "/v1/completions", json=body) as response:
@@ -124,8 +138,11 @@ async def test_sigterm_drains_in_flight_then_every_process_exits(life_stack, mod
                 pass
             for svc in life_stack.services:
                 svc.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.5)
-            refused = await http.post("/v1/completions", json={**body, "stream": False})
+            for _ in range(100):  # until the API has taken its SIGTERM (one token is served before that)
+                refused = await http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 1})
+                if refused.status_code != 200:
+                    break
+                await asyncio.sleep(0.02)
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
             rest = [line async for line in lines if line.startswith("data:")]
     chunks = [json.loads(line[5:]) for line in rest if line != "data: [DONE]"]
