@@ -141,6 +141,11 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
 def add_api_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
+    parser.add_argument("--api-processes", type=int, default=int(os.environ.get("SY_API_PROCESSES", "1")),
+                        help="gateway processes sharing the port (SO_REUSEPORT), each with its own bus "
+                             "client; they admit a burst of requests in parallel (default 1)")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="bind the port with SO_REUSEPORT, beside other gateway processes")
     parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")),
                         help="a request with no token for this long is aborted")
     parser.add_argument("--request-timeout-s", type=float,

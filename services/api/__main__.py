@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import uvicorn
@@ -11,6 +12,7 @@ from services.api.app import create_app
 from services.api.context import ApiContext, ServedModel
 from services.api.deployments import DeploymentWatcher
 from services.api.openai_defaults import load_openai_config
+from services.api.processes import Supervisor, reuse_port_socket
 from services.api.server import DrainingServer
 from shared import bus
 from shared import log as sylog
@@ -36,6 +38,10 @@ def main() -> None:
     args, _ = parser.parse_known_args()  # the launcher passes every service the same flags
     config = engine_config_from_args(args)
     sylog.configure("api")
+    if args.api_processes < 1:
+        parser.error(f"--api-processes must be at least 1, got {args.api_processes}")
+    if args.api_processes > 1:
+        sys.exit(Supervisor(sys.argv[1:], args.api_processes).run())
     tokenizer = load_tokenizer(resolve_model_path(config.model_path))
     served = ServedModel(name=config.model, tokenizer=tokenizer, created=int(time.time()),
                          max_model_len=resolve_max_model_len(config.max_model_len, tokenizer.context_length),
@@ -62,7 +68,8 @@ def main() -> None:
     # uvloop and httptools: the C event loop and HTTP parser rather than uvicorn's pure-Python h11
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", loop="uvloop",
                                http="httptools")
-    DrainingServer(uv_config, app, grace_s=config.drain_grace_s).run()
+    sockets = [reuse_port_socket(args.host, args.port)] if args.reuse_port else None
+    DrainingServer(uv_config, app, grace_s=config.drain_grace_s).run(sockets=sockets)
 
 
 if __name__ == "__main__":

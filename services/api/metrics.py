@@ -3,15 +3,26 @@
 Request-level histograms and counters are observed here, at the gateway, as requests finish.
 Engine state (running/waiting requests, KV usage, prefix-cache and preemption counters, step
 times) lives in the schedulers and the KV index; it is fetched over the bus at scrape time.
+With several gateway processes (processes.py) each writes its series to PROMETHEUS_MULTIPROC_DIR,
+and a scrape of any of them sums them all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 from nats.aio.client import Client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from shared import subjects
 from shared.messages import (
@@ -48,9 +59,18 @@ class ApiMetrics:
         self.request_success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                        [*m, "finished_reason"], registry=r)
         self.in_flight = Gauge("switchyard_api_requests_in_flight", "Requests the gateway is serving.",
-                               registry=r)
+                               registry=r, multiprocess_mode="livesum")
         self.http_errors = Counter("switchyard_api_errors", "Error answers by HTTP status.", ["status"],
                                    registry=r)
+
+    def exposition(self) -> bytes:
+        """The gateway's own series, summed over every gateway process when there are several."""
+        multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not multiproc_dir:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, multiproc_dir)
+        return generate_latest(registry)
 
     def observe_finished(self, model: str, *, ttft: float | None, e2e: float, queue_time: float | None,
                          num_prompt_tokens: int, num_output_tokens: int, finish_reason: str) -> None:
@@ -121,7 +141,8 @@ async def _kv_families(nc: Client) -> list:
 
 
 def _nats_family(nc: Client) -> CounterMetricFamily:
-    family = CounterMetricFamily("switchyard_nats", "The gateway's NATS connection.", labels=["stat"])
+    """The answering process's own connection (pid: one series per gateway process)."""
+    family = CounterMetricFamily("switchyard_nats", "The gateway's NATS connection.", labels=["stat", "pid"])
     for stat in ("in_msgs", "out_msgs", "in_bytes", "out_bytes", "reconnects", "errors_received"):
-        family.add_metric([stat], nc.stats.get(stat, 0))
+        family.add_metric([stat, str(os.getpid())], nc.stats.get(stat, 0))
     return family

@@ -75,7 +75,7 @@ async def detokenize(request: Request) -> JSONResponse:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     ctx: ApiContext = request.app.state.ctx
-    lines = generate_latest(ctx.metrics.registry)
+    lines = ctx.metrics.exposition()
     engine = await ctx.metrics.collect_engine(ctx.nc, list(ctx.models))
     lines += generate_latest(_Families(engine))
     return Response(lines, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,107 @@
+"""--api-processes: several gateway processes on one port, against the session stack's scheduler.
+
+Each process has its own connections and reply subject; /metrics on any of them reports the sum;
+a child that dies is replaced; SIGTERM drains them all and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from switchyard.nats_server import free_port
+
+pytestmark = pytest.mark.stack
+NUM_REQUESTS = 8
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(base_url + "/health", timeout=2).status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{base_url} was not healthy after {timeout}s")
+
+
+def num_successes(base_url: str) -> float:
+    """One scrape on a new connection (so on whichever process the kernel picks)."""
+    text = urllib.request.urlopen(base_url + "/metrics", timeout=10).read().decode()
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def complete(base_url: str, model_name: str) -> str:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    try:  # a client of its own: a new connection, which the kernel may give to either process
+        return client.completions.create(model=model_name, prompt="The capital of France is", max_tokens=2,
+                                         temperature=0).choices[0].text
+    finally:
+        client.close()
+
+
+@pytest.fixture()
+def gateway(stack, tmp_path):
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    log = open(tmp_path / "api.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "services.api", "--nats-url", stack.nats_url, "--port", str(port),
+                             "--api-processes", "2", *stack.service_args], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base_url)
+        yield proc, base_url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        print((tmp_path / "api.log").read_text()[-3000:])
+
+
+def test_processes_share_the_port_and_sum_their_metrics(gateway, model_name):
+    proc, base_url = gateway
+    children = children_of(proc.pid)
+    assert len(children) == 2
+    texts = [complete(base_url, model_name) for _ in range(NUM_REQUESTS)]
+    assert len(set(texts)) == 1  # greedy: the same answer from either process
+    # each scrape lands on either process; each must see every request (8 scrapes: both, but for 2^-7)
+    assert [num_successes(base_url) for _ in range(8)] == [NUM_REQUESTS] * 8
+
+    os.kill(children[0], signal.SIGKILL)  # a child that dies is replaced; what it counted stays
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(set(children_of(proc.pid)) - {children[0]}) < 2:
+        time.sleep(0.2)
+    replaced = children_of(proc.pid)
+    assert len(replaced) == 2 and children[0] not in replaced
+    wait_healthy(base_url)
+    time.sleep(1.0)  # the new child's socket is bound by the time it answers /health on either
+    complete(base_url, model_name)
+    assert num_successes(base_url) == NUM_REQUESTS + 1
+
+
+def test_sigterm_stops_every_process_and_cleans_up(gateway):
+    proc, _ = gateway
+    children = children_of(proc.pid)
+    metrics_dirs = [line.split("=", 1)[1] for line in
+                    open(f"/proc/{children[0]}/environ", "rb").read().decode().split("\0")
+                    if line.startswith("PROMETHEUS_MULTIPROC_DIR=")]
+    assert len(metrics_dirs) == 1 and os.path.isdir(metrics_dirs[0])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in children)
+    assert not os.path.exists(metrics_dirs[0])
