@@ -27,6 +27,7 @@ class RequestResult:
     ok: bool
     ttft: float = 0.0
     started_at: float = 0.0  # Unix time when the request was started (the breakdown's way in)
+    sent_at: float = 0.0  # Unix time when its headers were written to the socket (run_load's trace)
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
     num_output_tokens: int = 0
@@ -67,7 +68,7 @@ async def send(session: aiohttp.ClientSession, spec: LoadSpec, prompt: Prompt) -
     last = started
     num_chunks = 0
     try:
-        async with session.post(spec.base_url + path, json=body) as response:
+        async with session.post(spec.base_url + path, json=body, trace_request_ctx=result) as response:
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.read())[:200]!r}"
                 return result
@@ -98,6 +99,11 @@ async def send(session: aiohttp.ClientSession, spec: LoadSpec, prompt: Prompt) -
     return result
 
 
+async def _mark_sent(_session, trace_ctx, _params) -> None:
+    if isinstance(trace_ctx.trace_request_ctx, RequestResult):
+        trace_ctx.trace_request_ctx.sent_at = time.time()
+
+
 async def run_load(spec: LoadSpec, prompts: list[Prompt], *, concurrency: int, request_rate: float = float("inf"),
                    seed: int = 0, progress: bool = True) -> tuple[list[RequestResult], float]:
     """All prompts at most `concurrency` at a time, arriving as a Poisson process of `request_rate`
@@ -109,8 +115,11 @@ async def run_load(spec: LoadSpec, prompts: list[Prompt], *, concurrency: int, r
     headers = {"Authorization": f"Bearer {spec.api_key}"}
     timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
     gate = asyncio.Semaphore(concurrency)
+    trace = aiohttp.TraceConfig()  # when each request's headers left: the client's own share of the way in
+    trace.on_request_headers_sent.append(_mark_sent)
     bar = tqdm(total=len(prompts), desc=f"c={concurrency}", unit="req", disable=not progress, leave=False)
-    async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout,
+                                     trace_configs=[trace]) as session:
         async def one(prompt: Prompt) -> RequestResult:
             async with gate:
                 result = await send(session, spec, prompt)

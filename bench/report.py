@@ -12,7 +12,8 @@ for _metric in ("ttft", "tpot", "itl", "e2e"):
     for _p in ("p50", "p90", "p99"):
         COLUMNS.append((f"{_metric.upper()} {_p}", lambda p, m=_metric, q=_p: f"{p[m + '_ms'][q]:.1f}"))
 for _name, _key in (("gw+bus", "gateway_bus_ms"), ("to engine", "to_engine_ms"), ("to api", "to_api_ms"),
-                   ("http in", "http_in_ms"), ("http out", "http_out_ms")):
+                   ("http in", "http_in_ms"), ("client send", "client_send_ms"), ("to gateway", "to_gateway_ms"),
+                   ("http out", "http_out_ms")):
     COLUMNS.append((f"{_name} p50", lambda p, k=_key: f"{p[k]['p50']:.2f}" if k in p else "-"))
 
 

@@ -52,4 +52,10 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int, req
         if way_in:
             point["http_in_ms"] = percentiles([t for _, t in way_in])
             point["http_out_ms"] = percentiles([r.ttft - r.server["first_byte"] - t for r, t in way_in])
+            # the way in, split where the client wrote the request's headers: the client's own time
+            # (its event loop, connecting, writing) and the rest (the kernel, the gateway's accept and parse)
+            sent = [r for r, _ in way_in if r.sent_at]
+            if sent:
+                point["client_send_ms"] = percentiles([r.sent_at - r.started_at for r in sent])
+                point["to_gateway_ms"] = percentiles([r.server["arrived_at"] - r.sent_at for r in sent])
     return point

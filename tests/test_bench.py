@@ -24,11 +24,13 @@ def test_tiny_sweep_reports_every_metric_and_compares(stack, model_name, tmp_pat
         assert point["output_tok_s"] > 0 and point["req_s"] > 0
         assert 4 <= point["mean_output_tokens"] <= 6 and 20 <= point["mean_input_tokens"] <= 28
         for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "engine_ttft_ms", "gateway_bus_ms", "to_engine_ms",
-                       "to_api_ms", "http_ms", "http_in_ms", "http_out_ms"):
+                       "to_api_ms", "http_ms", "http_in_ms", "http_out_ms", "client_send_ms", "to_gateway_ms"):
             assert set(point[metric]) == {"p50", "p90", "p99"}, metric
         assert 0 < point["ttft_ms"]["p50"] <= point["e2e_ms"]["p50"]
         assert 0 < point["engine_ttft_ms"]["p50"] < point["ttft_ms"]["p50"]  # the engine's share of TTFT
-        assert all(point[leg]["p50"] > 0 for leg in ("to_engine_ms", "to_api_ms", "http_ms", "http_in_ms", "http_out_ms"))
+        assert all(point[leg]["p50"] > 0 for leg in ("to_engine_ms", "to_api_ms", "http_ms", "http_in_ms", "http_out_ms",
+                                                      "client_send_ms", "to_gateway_ms"))
+        assert point["client_send_ms"]["p50"] < point["http_in_ms"]["p90"]  # a part of the way in
     assert "| c | rate |" in (tmp_path / "a.md").read_text()
     capsys.readouterr()
     serve.main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
