@@ -17,14 +17,10 @@ import urllib.request
 import pytest
 
 from switchyard.nats_server import free_port
+from tests.test_launcher import children_of
 
 pytestmark = pytest.mark.stack
 NUM_REQUESTS = 8
-
-
-def children_of(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
