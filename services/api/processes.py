@@ -1,4 +1,5 @@
-"""Several gateway processes on one port, so that a wave of arrivals is admitted in parallel.
+"""Several gateway processes on one port, so that admission is not capped by one Python process
+(on two cores: 1.6x the /tokenize requests a second; docs/benchmarks.md, ninth VM).
 
 With `--api-processes N` (N > 1), `python -m services.api` supervises N gateway processes:
 - Each binds the port with SO_REUSEPORT, and the kernel spreads new connections over them.
