@@ -34,6 +34,33 @@ def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{base_url} was not healthy after {timeout}s")
 
 
+def listening(pids: list[int], port: int) -> set[int]:
+    """Which of pids hold a socket listening on port (from /proc: the kernel's own word)."""
+    inodes = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    return {pid for pid in pids if inodes & _open_files(pid)}
+
+
+def _open_files(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed since the listing
+            pass
+    return found
+
+
+def wait_listening(pids: list[int], port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and listening(pids, port) != set(pids):
+        time.sleep(0.2)
+    assert listening(pids, port) == set(pids)
+
+
 def num_successes(base_url: str) -> float:
     """One scrape on a new connection (so on whichever process the kernel picks)."""
     text = urllib.request.urlopen(base_url + "/metrics", timeout=10).read().decode()
@@ -61,7 +88,7 @@ def gateway(stack, tmp_path):
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base_url)
-        yield proc, base_url
+        yield proc, base_url, port
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -70,9 +97,10 @@ def gateway(stack, tmp_path):
 
 
 def test_processes_share_the_port_and_sum_their_metrics(gateway, model_name):
-    proc, base_url = gateway
+    proc, base_url, port = gateway
     children = children_of(proc.pid)
     assert len(children) == 2
+    wait_listening(children, port)  # both on the one port, each with its own socket
     texts = [complete(base_url, model_name) for _ in range(NUM_REQUESTS)]
     assert len(set(texts)) == 1  # greedy: the same answer from either process
     # each scrape lands on either process; each must see every request (8 scrapes: both, but for 2^-7)
@@ -84,14 +112,13 @@ def test_processes_share_the_port_and_sum_their_metrics(gateway, model_name):
         time.sleep(0.2)
     replaced = children_of(proc.pid)
     assert len(replaced) == 2 and children[0] not in replaced
-    wait_healthy(base_url)
-    time.sleep(1.0)  # the new child's socket is bound by the time it answers /health on either
+    wait_listening(replaced, port)  # the new child serves the port too
     complete(base_url, model_name)
     assert num_successes(base_url) == NUM_REQUESTS + 1
 
 
 def test_sigterm_stops_every_process_and_cleans_up(gateway):
-    proc, _ = gateway
+    proc, _, _ = gateway
     children = children_of(proc.pid)
     metrics_dirs = [line.split("=", 1)[1] for line in
                     open(f"/proc/{children[0]}/environ", "rb").read().decode().split("\0")
