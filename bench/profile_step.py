@@ -13,12 +13,13 @@ import time
 
 import torch
 
-from services.worker.compiled import compile_decode_layers, warm_up
-from services.worker.dense import pack_linears
-from services.worker.kv_cache import allocate_kv_cache
+from services.worker.backends.kv_pool import KVSpec
+from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
+from services.worker.backends.torch_cpu.dense import pack_linears
+from services.worker.backends.torch_cpu.quantization import quantize
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
-from services.worker.quantization import quantize
 from shared.config import QUANTIZATIONS
 from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 from shared.model_files import default_model_path
@@ -30,9 +31,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def decode_runner(loaded, batch: int, context: int, num_steps: int, pool_blocks: int = 0) -> ModelRunner:
     blocks_per_seq = -(-(context + num_steps + 8) // BLOCK_SIZE)
     dtype = loaded.model.tok_embeddings.weight.dtype
-    caches = allocate_kv_cache(loaded.config, max(batch * blocks_per_seq, pool_blocks), BLOCK_SIZE, dtype)
-    runner = ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=8192,
-                         eos_token_ids=loaded.config.eos_token_ids)
+    backend = TorchCpuBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, dtype),
+                              max(batch * blocks_per_seq, pool_blocks))
+    runner = ModelRunner(backend, max_model_len=8192, eos_token_ids=loaded.config.eos_token_ids)
     sampling = SamplingParams(max_tokens=10**6, temperature=0.0, ignore_eos=True)
     for i in range(batch):  # prefill one at a time: the step under test is the decode step
         ids = [(7 * i + j) % 1000 + 100 for j in range(context)]
@@ -43,12 +44,18 @@ def decode_runner(loaded, batch: int, context: int, num_steps: int, pool_blocks:
     return runner
 
 
+def decode_step(runner: ModelRunner, batch: int) -> Step:
+    return Step(step_id=1, scheduled=[ScheduledSeq(f"s{i}", 1, runner.seqs[f"s{i}"].num_computed_tokens)
+                                      for i in range(batch)])
+
+
 def time_decode(runner: ModelRunner, batch: int, num_steps: int) -> float:
-    step = Step(step_id=1, scheduled=[ScheduledSeq(request_id=f"s{i}", num_new_tokens=1) for i in range(batch)])
-    runner.execute(step)  # warm-up
+    runner.execute(decode_step(runner, batch))  # warm-up
+    steps = []
     started = time.perf_counter()
     for _ in range(num_steps):
-        runner.execute(step)
+        steps.append(decode_step(runner, batch))
+        runner.execute(steps[-1])
     return (time.perf_counter() - started) / num_steps
 
 
@@ -76,15 +83,14 @@ def main() -> None:
             pack_linears(loaded.model)
         if args.compile:
             compile_decode_layers(loaded.model, max(batches))
-            warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1, pool_blocks).kv_caches, BLOCK_SIZE)
+            warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1, pool_blocks).backend.kv_caches, BLOCK_SIZE)
         for batch in batches:
             runner = decode_runner(loaded, batch, args.context, args.steps + 1, pool_blocks)
             seconds = time_decode(runner, batch, args.steps)
             print(f"{dtype:8s} batch {batch:3d} context {args.context}: {seconds * 1e3:7.1f} ms/step, "
                   f"{batch / seconds:7.1f} tok/s", flush=True)
             if args.profile:
-                step = Step(step_id=2, scheduled=[ScheduledSeq(request_id=f"s{i}", num_new_tokens=1)
-                                                  for i in range(batch)])
+                step = decode_step(runner, batch)
                 with torch.profiler.profile() as prof:
                     runner.execute(step)
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))

@@ -119,11 +119,20 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 WORKER_DTYPES = ("float32", "bfloat16", "float16")
+WORKER_DEVICES = ("cpu", "cuda")
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
+    parser.add_argument("--device", default=os.environ.get("SY_DEVICE", "cpu"), choices=WORKER_DEVICES,
+                        help="the worker's backend: cpu (torch, the reference) or cuda (Triton kernels, CUDA graphs)")
     parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=WORKER_DTYPES)
+    parser.add_argument("--gpu-memory-utilization", type=float,
+                        default=float(os.environ.get("SY_GPU_MEMORY_UTILIZATION", "0.9")),
+                        help="cuda: the share of the GPU's memory the worker takes (weights, activations, KV pool)")
+    parser.add_argument("--max-seq-len-to-capture", type=int,
+                        default=int(os.environ.get("SY_MAX_SEQ_LEN_TO_CAPTURE", "8192")),
+                        help="cuda: decode steps whose longest context exceeds this run without CUDA graphs")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
                         help="torch intra-op threads (0 = torch's default)")
     parser.add_argument("--pipeline", default=None,

@@ -1,6 +1,8 @@
 """Wire schemas: msgspec Structs, MessagePack-encoded. Fields are only appended, with defaults.
 
-One decoder per subject lives next to the types (`*_DECODER`); never pickle.
+One decoder per subject lives next to the types (`*_DECODER`); never pickle. The hot path's
+structs (a step and its result, token entries) are arrays without field names, their defaults
+omitted: a mid-stream token entry is ~50 bytes, not ~250.
 """
 
 from __future__ import annotations
@@ -31,6 +33,29 @@ class RejectCode(enum.IntEnum):
     INVALID = 0  # -> HTTP 400
     QUEUE_FULL = 1  # -> HTTP 429
     UNAVAILABLE = 2  # no worker for the model -> HTTP 503
+
+
+class BackendName(enum.IntEnum):
+    """What runs a worker's model (services/worker/backends/<name>/)."""
+
+    TORCH_CPU = 0
+    CUDA = 1
+    QAIC = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class WorkerKind(enum.IntEnum):
+    """How the scheduler gives a worker KV memory."""
+
+    PAGED = 0  # blocks from the scheduler's block manager
+    SLOTS = 1  # fixed per-sequence slots (static-shape programs: QAIC)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 class GuidedKind(enum.IntEnum):
@@ -116,21 +141,24 @@ class Logprobs(msgspec.Struct, array_like=True):
     top_logprobs: list[float] = []
 
 
-class TokenEntry(msgspec.Struct):
+class TokenEntry(msgspec.Struct, array_like=True):
+    """New tokens of one request. Fields after `finish_reason` that are per-request constants
+    (prompt size, cache hits, queue time, prompt logprobs) ride only in the request's first entry."""
+
     request_id: RequestId
     offset: int  # index of token_ids[0] among the request's output tokens; a reader detects gaps
     token_ids: list[int]
-    finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    error: str | None = None
     produced_at: float = 0.0  # wall clock on the producer when the step finished
-    first_scheduled_at: float = 0.0  # when the scheduler first ran the request (queue time)
+    finish_reason: FinishReason | None = None
     logprobs: list[Logprobs] | None = None  # one per token_ids entry, when the request asked
+    error: str | None = None
+    num_prompt_tokens: int = 0  # first entry only
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache; first entry only
+    first_scheduled_at: float = 0.0  # when the scheduler first ran the request (queue time); first entry only
     prompt_logprobs: list[Logprobs | None] | None = None  # first entry only; the first prompt token's is None
 
 
-class TokenBatch(msgspec.Struct, tag="tokens"):
+class TokenBatch(msgspec.Struct, tag="tokens", array_like=True):
     """All of one step's new tokens for one reply subject."""
 
     entries: list[TokenEntry]
@@ -140,7 +168,7 @@ class TokenBatch(msgspec.Struct, tag="tokens"):
 # ---- scheduler <-> worker ------------------------------------------------------------------
 
 
-class NewSeq(msgspec.Struct):
+class NewSeq(msgspec.Struct, array_like=True):
     """A sequence the worker has no state for (first admission or recompute after preemption)."""
 
     request_id: RequestId
@@ -155,15 +183,16 @@ class NewSeq(msgspec.Struct):
     first_scheduled_at: float = 0.0
 
 
-class ScheduledSeq(msgspec.Struct):
+class ScheduledSeq(msgspec.Struct, array_like=True):
     """A sequence the worker already holds: only the delta crosses the wire."""
 
     request_id: RequestId
     num_new_tokens: int
+    num_computed_tokens: int  # the scheduler's count before this step: a worker whose own differs has drifted
     new_block_ids: list[int] = []
 
 
-class Step(msgspec.Struct, tag="step"):
+class Step(msgspec.Struct, tag="step", array_like=True):
     step_id: int
     new_seqs: list[NewSeq] = []
     scheduled: list[ScheduledSeq] = []
@@ -175,13 +204,13 @@ class Step(msgspec.Struct, tag="step"):
     num_steps: int = 1
 
 
-class Sampled(msgspec.Struct):
+class Sampled(msgspec.Struct, array_like=True):
     request_id: RequestId
     token_id: int
     finish_reason: FinishReason | None = None
 
 
-class StepResult(msgspec.Struct, tag="step_result"):
+class StepResult(msgspec.Struct, tag="step_result", array_like=True):
     step_id: int
     sampled: list[Sampled] = []
     error: str | None = None
@@ -192,16 +221,20 @@ class StepResult(msgspec.Struct, tag="step_result"):
 
 
 class WorkerHello(msgspec.Struct, tag="hello"):
+    """A worker's capabilities. Its KV geometry and max_model_len are the truth the scheduler
+    allocates by and publishes onward (SchedulerStats.max_model_len is what the API checks)."""
+
     worker_id: WorkerId
     model: str
-    backend: str
-    kind: str  # "paged" | "slots"
-    num_blocks: int
+    backend: BackendName
+    kind: WorkerKind
+    num_blocks: int  # usable KV blocks (the null block not counted)
     block_size: int
     max_batch: int
     dtype: str
     max_model_len: int
     kv_cache_dtype: str = "auto"
+    device: str = "cpu"  # e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
@@ -212,6 +245,14 @@ class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
 
 class Discover(msgspec.Struct, tag="discover"):
     model: str
+
+
+class ModelLimits(msgspec.Struct, tag="limits"):
+    """A model's context limit as its workers announce it, published by its scheduler when its set
+    of workers changes; 0 while no worker serves the model. The API checks requests against it."""
+
+    model: str
+    max_model_len: int
 
 
 # ---- KV events and the cluster index -------------------------------------------------------
@@ -285,10 +326,38 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
 # ---- encoding ------------------------------------------------------------------------------
 
 _ENCODER = msgspec.msgpack.Encoder()
+# the hot path's array-like structs: encode() drops their trailing fields that hold defaults
+# (msgspec fills them back in when decoding a shorter array; its own omit_defaults skips arrays)
+_COMPACT = (TokenEntry, TokenBatch, NewSeq, ScheduledSeq, Step, Sampled, StepResult)
+
+
+def _trailing_defaults(cls) -> tuple[str | None, list]:
+    defaults = [f.default if f.default is not msgspec.NODEFAULT
+                else (f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT)
+                for f in msgspec.structs.fields(cls)]
+    return cls.__struct_config__.tag, defaults
+
+
+_TRIM = {cls: _trailing_defaults(cls) for cls in _COMPACT}
+
+
+def _compact(value):
+    trim = _TRIM.get(type(value))
+    if trim is not None:
+        tag, defaults = trim
+        values = msgspec.structs.astuple(value)
+        n = len(values)
+        while n and defaults[n - 1] is not msgspec.NODEFAULT and values[n - 1] == defaults[n - 1]:
+            n -= 1
+        fields = [_compact(v) for v in values[:n]]
+        return [tag, *fields] if tag is not None else fields
+    if type(value) is list:
+        return [_compact(v) for v in value]
+    return value
 
 
 def encode(message: msgspec.Struct) -> bytes:
-    return _ENCODER.encode(message)
+    return _ENCODER.encode(_compact(message))
 
 
 SUBMIT_DECODER = msgspec.msgpack.Decoder(Submit)
@@ -299,6 +368,7 @@ STEP_DECODER = msgspec.msgpack.Decoder(Step)
 STEP_RESULT_DECODER = msgspec.msgpack.Decoder(StepResult)
 WORKER_ANNOUNCE_DECODER = msgspec.msgpack.Decoder(Union[WorkerHello, WorkerHeartbeat])
 DISCOVER_DECODER = msgspec.msgpack.Decoder(Discover)
+MODEL_LIMITS_DECODER = msgspec.msgpack.Decoder(ModelLimits)
 KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)
 KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
 KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)

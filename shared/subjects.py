@@ -30,6 +30,7 @@ def worker_step(worker_id: str) -> str:
 WORKERS_HELLO = f"{PREFIX}.workers.hello"
 WORKERS_HEARTBEAT = f"{PREFIX}.workers.heartbeat"
 WORKERS_DISCOVER = f"{PREFIX}.workers.discover"  # schedulers ask workers to say hello again
+MODEL_LIMITS = f"{PREFIX}.models.limits"  # schedulers publish each model's max_model_len
 
 
 def kv_events(pool: str) -> str:

@@ -8,10 +8,9 @@ from __future__ import annotations
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
-from services.worker.kv_cache import allocate_kv_cache
-from services.worker.model_runner import ModelRunner
 from shared.hashing import root_hash
 from shared.messages import SamplingParams, StepResult
+from tests.model_helpers import make_runner
 
 BLOCK_SIZE = 16
 
@@ -19,9 +18,8 @@ BLOCK_SIZE = 16
 class InProcessEngine:
     def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256,
                  num_scheduler_steps: int = 1):
-        caches = allocate_kv_cache(loaded.config, num_blocks, BLOCK_SIZE, loaded.model.output.weight.dtype)
-        self.runner = ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=8192,
-                                  eos_token_ids=loaded.config.eos_token_ids)
+        self.runner = make_runner(loaded, num_blocks, kv_dtype=loaded.model.output.weight.dtype, max_model_len=8192,
+                                  block_size=BLOCK_SIZE)
         kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, num_scheduler_steps=num_scheduler_steps)
         self.outputs: dict[str, list[int]] = {}
@@ -34,11 +32,9 @@ class InProcessEngine:
 
     def step(self) -> None:
         plan = self.scheduler.schedule()
-        sampled, num_done, iteration = [], 0, plan.step
-        while iteration is not None:  # as the worker service runs a (multi-step) Step
+        sampled = []
+        for iteration in self.runner.iterations(plan.step):  # as the worker service runs a (multi-step) Step
             sampled.extend(self.runner.execute(iteration).sampled)
-            num_done += 1
-            iteration = self.runner.next_iteration(plan.step, num_done)
         finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=sampled))
         for f in finished:
             self.outputs[f.request.request_id] = f.request.output_token_ids

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.kv_cache import allocate_kv_cache
+from services.worker.backends.kv_pool import KVSpec
+from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.model_runner import ModelRunner
 from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
 BLOCK_SIZE = 16
 
 
-def make_runner(loaded, num_blocks: int = 256) -> ModelRunner:
-    caches = allocate_kv_cache(loaded.config, num_blocks, BLOCK_SIZE, torch.float32)
-    return ModelRunner(loaded.model, caches, BLOCK_SIZE, max_model_len=num_blocks * BLOCK_SIZE,
+def make_runner(loaded, num_blocks: int = 256, kv_dtype: torch.dtype = torch.float32,
+                max_model_len: int | None = None, block_size: int = BLOCK_SIZE) -> ModelRunner:
+    """A ModelRunner on the torch backend over `loaded` (whose model is used as it is)."""
+    backend = TorchCpuBackend(loaded, KVSpec.of(loaded.config, block_size, kv_dtype), num_blocks)
+    return ModelRunner(backend, max_model_len=max_model_len or num_blocks * block_size,
                        eos_token_ids=loaded.config.eos_token_ids)
 
 
@@ -24,10 +27,8 @@ def prefill_logits(runner: ModelRunner, prompt_ids: list[int]) -> torch.Tensor:
                  num_computed_tokens=0, num_new_tokens=len(prompt_ids), block_ids=list(range(num_blocks)),
                  sampling=SamplingParams(max_tokens=1, temperature=0.0), reply_to="")
     batch = runner.apply_deltas(Step(step_id=0, new_seqs=[new]))
-    input_ids, positions, meta = runner.build_inputs(batch)
     with torch.inference_mode():
-        hidden = runner.model(input_ids, positions, runner.kv_caches, meta)
-        logits = runner.model.compute_logits(hidden)
+        logits = runner.backend.compute_logits(runner.backend.forward(runner.backend.prepare(batch)))
     runner.seqs.clear()
     return logits
 
@@ -44,6 +45,8 @@ def greedy_generate(runner: ModelRunner, prompt_ids: list[int], max_tokens: int)
     out = runner.execute(Step(step_id=0, new_seqs=[new]))
     tokens = [out.sampled[0].token_id]
     while out.sampled[0].finish_reason is None:
-        out = runner.execute(Step(step_id=len(tokens), scheduled=[ScheduledSeq(request_id="gen", num_new_tokens=1)]))
+        step = Step(step_id=len(tokens), scheduled=[
+            ScheduledSeq(request_id="gen", num_new_tokens=1, num_computed_tokens=len(prompt_ids) + len(tokens) - 1)])
+        out = runner.execute(step)
         tokens.append(out.sampled[0].token_id)
     return tokens

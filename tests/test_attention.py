@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker import attention
-from services.worker.attention import _prefill
+from services.worker.backends.torch_cpu import attention
+from services.worker.backends.torch_cpu.attention import _prefill
 
 BLOCK_SIZE, NUM_KV_HEADS, GROUP, HEAD_DIM = 16, 3, 3, 64
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.compiled import MAX_BATCH, compile_decode_layers, warm_up
-from services.worker.kv_cache import allocate_kv_cache
+from services.worker.backends.torch_cpu.compiled import MAX_BATCH, compile_decode_layers, warm_up
+from services.worker.backends.torch_cpu.quantization import quantize
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
-from services.worker.quantization import quantize
+from services.worker.models.llama import run_layers
 from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
-from tests.model_helpers import BLOCK_SIZE
+from tests.model_helpers import BLOCK_SIZE, make_runner
 from tests.test_llama_vs_hf import PROMPTS
 
 DECODE_STEPS = 3
@@ -34,10 +34,10 @@ def _decode_logits(runner: ModelRunner, num_seqs: int, next_tokens: list[int] | 
     if next_tokens is not None:
         for i, token in enumerate(next_tokens):
             runner.seqs[f"s{i}"].token_ids[-1] = token
-    step = Step(step_id=1, scheduled=[ScheduledSeq(request_id=f"s{i}", num_new_tokens=1) for i in range(num_seqs)])
+    step = Step(step_id=1, scheduled=[ScheduledSeq(f"s{i}", 1, runner.seqs[f"s{i}"].num_computed_tokens)
+                                      for i in range(num_seqs)])
     batch = runner.apply_deltas(step)
-    input_ids, positions, meta = runner.build_inputs(batch)
-    logits = runner.model.compute_logits(runner.model(input_ids, positions, runner.kv_caches, meta))
+    logits = runner.backend.compute_logits(runner.backend.forward(runner.backend.prepare(batch)))
     for i, (seq, _) in enumerate(batch):
         seq.num_computed_tokens += 1
         seq.token_ids.append(int(logits[i].argmax()))
@@ -57,24 +57,22 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
     loaded = load_model(default_model_path, dtype=dtype)
     quantize(loaded.model, quantization)
     model = loaded.model
-    caches = [allocate_kv_cache(loaded.config, 256, BLOCK_SIZE, dtype) for _ in range(2)]
-    compiled_runner, eager_runner = (ModelRunner(model, c, BLOCK_SIZE, 4096, loaded.config.eos_token_ids)
-                                     for c in caches)
-    compile_decode_layers(model, max_num_seqs=16)
-    compiled_max_batch = model.compiled_max_batch  # MAX_BATCH; every batch up to 16 for w8a8
+    compiled_runner, eager_runner = (make_runner(loaded, 256, kv_dtype=dtype, max_model_len=4096) for _ in range(2))
+    compiled_layers = compile_decode_layers(model, max_num_seqs=16)
+    compiled_max_batch = compiled_layers.max_batch  # MAX_BATCH; every batch up to 16 for w8a8
     assert compiled_max_batch == (16 if quantization == "w8a8" else MAX_BATCH)
-    warm_up(model, compiled_runner.kv_caches, BLOCK_SIZE)
+    warm_up(model, compiled_runner.backend.kv_caches, BLOCK_SIZE)
     compiled_calls = []
-    compiled_fn = model.compiled_run_layers
+    compiled_fn = compiled_layers.compiled
 
     def counted(*args):  # proves the compiled layers ran, so the comparison below is not eager vs eager
         compiled_calls.append(args[1].shape[0])
         return compiled_fn(*args)
 
-    model.compiled_run_layers = counted
+    compiled_layers.compiled = counted
 
     def decode(runner: ModelRunner, num_seqs: int, tokens) -> torch.Tensor:
-        model.compiled_max_batch = compiled_max_batch if runner is compiled_runner else 0  # 0: the eager layers
+        model.layer_runner = compiled_layers if runner is compiled_runner else run_layers
         return _decode_logits(runner, num_seqs, tokens)
 
     # every graph's batch sizes, a batch above MAX_BATCH (eager, but compiled for w8a8), contexts shorter than one block:
@@ -95,7 +93,7 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
                 total += num_seqs
                 tokens = expected.argmax(-1).tolist()
     assert agree >= min_agreement * total, f"{agree}/{total}"
-    calls_per_step = len(model.layers) // model.layers_per_call
+    calls_per_step = len(model.layers) // compiled_layers.layers_per_call
     expected = [b for b in (1, 2, 5, MAX_BATCH, MAX_BATCH + 3) if b <= compiled_max_batch]
     assert sorted(set(compiled_calls)) == expected  # every batch up to the compiled max, none above
     assert len(compiled_calls) == len(expected) * DECODE_STEPS * calls_per_step

@@ -70,11 +70,14 @@ def test_api_keys_compare_every_key():
 def test_worker_refuses_a_kv_pool_smaller_than_one_full_context():
     import torch
 
-    from services.worker.kv_cache import check_capacity
+    from services.worker.backends.kv_pool import KVSpec
     from services.worker.model_config import ModelConfig
 
     cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=64, intermediate_size=128,
                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
-    check_capacity(cfg, num_blocks=128, block_size=16, dtype=torch.float32, max_model_len=2048)
+    kv = KVSpec.of(cfg, block_size=16, dtype=torch.float32)
+    kv.check_capacity(num_blocks=128, max_model_len=2048)
     with pytest.raises(ConfigError, match="holds 2032 tokens .* fewer than max_model_len 2048: give it at least"):
-        check_capacity(cfg, num_blocks=127, block_size=16, dtype=torch.float32, max_model_len=2048)
+        kv.check_capacity(num_blocks=127, max_model_len=2048)
+    # the budget pays for the null block too: 129 blocks' bytes give 128 the scheduler can hand out
+    assert kv.num_blocks_for_budget(129 * kv.bytes_per_block) == 128

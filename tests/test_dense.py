@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from services.worker import dense
+from services.worker.backends.torch_cpu import dense
 
 pytestmark = pytest.mark.skipif(not dense.available(torch.float32), reason="torch built without oneDNN")
 

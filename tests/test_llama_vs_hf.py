@@ -48,7 +48,8 @@ def test_prompt_logprobs_match_transformers(loaded_model, hf_model, hf_tokenizer
     new = NewSeq(request_id="p", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0,
                  num_new_tokens=half, block_ids=list(range(4)), sampling=sampling, reply_to="")
     assert runner.execute(Step(step_id=0, new_seqs=[new])).sampled == []  # first chunk: nothing to sample yet
-    out = runner.execute(Step(step_id=1, scheduled=[ScheduledSeq(request_id="p", num_new_tokens=len(ids) - half)]))
+    out = runner.execute(Step(step_id=1, scheduled=[
+        ScheduledSeq(request_id="p", num_new_tokens=len(ids) - half, num_computed_tokens=half)]))
     ours = out.prompt_logprobs["p"]
     with torch.inference_mode():
         theirs = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
@@ -61,13 +62,10 @@ def test_prompt_logprobs_match_transformers(loaded_model, hf_model, hf_tokenizer
 def test_bfloat16_path_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer):
     """The faster bf16 path (--dtype bfloat16) against our float32 path: same next token everywhere
     on the oracle prompts, logits within bf16's precision. (bf16 is not batch-invariant; float32 is.)"""
-    from services.worker.kv_cache import allocate_kv_cache
     from services.worker.loader import load_model
-    from services.worker.model_runner import ModelRunner
 
     bf16 = load_model(default_model_path, dtype=torch.bfloat16)
-    caches = allocate_kv_cache(bf16.config, 64, 16, torch.bfloat16)
-    fast = ModelRunner(bf16.model, caches, 16, 1024, bf16.config.eos_token_ids)
+    fast = make_runner(bf16, num_blocks=64, kv_dtype=torch.bfloat16, max_model_len=1024)
     reference = make_runner(loaded_model)
     agree = total = 0
     for prompt in PROMPTS:

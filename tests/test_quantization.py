@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from services.worker.quantization import (
+from services.worker.backends.torch_cpu.quantization import (
     INT4_GROUP,
     SMALL_BATCH,
     Int4Linear,
@@ -57,17 +57,14 @@ def test_int4_linear_kernel_and_dense_path_compute_the_same_weights(dtype):
 @pytest.mark.parametrize(("method", "dtype"), [("int8", torch.bfloat16), ("int4", torch.bfloat16),
                                                ("int4", torch.float32), ("w8a8", torch.float32)])
 def test_quantized_model_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer, method, dtype):
-    from services.worker.kv_cache import allocate_kv_cache
     from services.worker.loader import load_model
-    from services.worker.model_runner import ModelRunner
     from tests.model_helpers import make_runner, prefill_logits
     from tests.test_llama_vs_hf import PROMPTS
 
     quant = load_model(default_model_path, dtype=dtype)
     quantize(quant.model, method)
     assert not any(isinstance(m, nn.Linear) for m in quant.model.modules())
-    fast = ModelRunner(quant.model, allocate_kv_cache(quant.config, 64, 16, dtype), 16, 1024,
-                       quant.config.eos_token_ids)
+    fast = make_runner(quant, num_blocks=64, kv_dtype=dtype, max_model_len=1024)
     reference = make_runner(loaded_model)
     agree = total = 0
     for prompt in PROMPTS:

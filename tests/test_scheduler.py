@@ -95,7 +95,7 @@ def test_worker_forgets_everything_on_a_reset_step():
     from services.worker.model_runner import ModelRunner
     from shared.messages import Step
 
-    runner = ModelRunner(model=None, kv_caches=[], block_size=4, max_model_len=64, eos_token_ids=[])
+    runner = ModelRunner(backend=None, max_model_len=64, eos_token_ids=[])
     runner.seqs["stale"] = object()
     assert runner.apply_deltas(Step(step_id=1, reset=True)) == [] and runner.seqs == {}
 
@@ -112,17 +112,25 @@ def test_prefix_cache_stats_count_each_request_once():
     assert s.kv.num_hit_tokens == 0  # big evicted a's cached blocks before b got in
 
 
-def test_scheduler_refuses_a_worker_with_other_kv_geometry():
+def test_scheduler_refuses_a_worker_whose_kv_geometry_differs_from_the_models_other_workers():
     from services.scheduler.service import worker_mismatch
-    from shared.config import EngineConfig
-    from shared.messages import WorkerHello
+    from shared.messages import BackendName, WorkerHello, WorkerKind
 
-    hello = WorkerHello(worker_id="w", model="m", backend="torch", kind="paged", num_blocks=10, block_size=16,
-                        max_batch=8, dtype="float32", max_model_len=2048, kv_cache_dtype="auto")
-    assert worker_mismatch(EngineConfig(), hello) is None
-    assert worker_mismatch(EngineConfig(block_size=32), hello) == "block_size 16 != scheduler's 32"
-    assert "kv_cache_dtype" in worker_mismatch(EngineConfig(kv_cache_dtype="bfloat16"), hello)
-    assert worker_mismatch(EngineConfig(max_model_len=1024), hello) == "max_model_len 2048 != scheduler's 1024"
+    def hello(worker_id="w", **fields):
+        base = dict(worker_id=worker_id, model="m", backend=BackendName.TORCH_CPU, kind=WorkerKind.PAGED,
+                    num_blocks=10, block_size=16, max_batch=8, dtype="float32", max_model_len=2048,
+                    kv_cache_dtype="auto")
+        return WorkerHello(**(base | fields))
+
+    first = hello("w0")
+    assert worker_mismatch([], hello(block_size=32)) is None  # the first worker's geometry is the model's
+    assert worker_mismatch([first], hello(num_blocks=99)) is None  # pools may differ in size
+    assert worker_mismatch([first], hello(block_size=32)) == \
+        "block_size 32 != 16 of worker w0, which already serves 'm'"
+    assert "kv_cache_dtype 'bfloat16' != 'auto'" in worker_mismatch([first], hello(kv_cache_dtype="bfloat16"))
+    assert "max_model_len 1024 != 2048" in worker_mismatch([first], hello(max_model_len=1024))
+    assert worker_mismatch([], hello(kind=WorkerKind.SLOTS)) == \
+        "a slots worker needs a slot allocator, which this scheduler does not have"
 
 
 def test_prompt_logprobs_requests_skip_the_prefix_cache():

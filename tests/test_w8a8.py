@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from services.worker import w8a8
-from services.worker.w8a8 import ROW_SCALE, ROW_ZERO_POINT, WEIGHT_LEVELS, W8A8Linear
+from services.worker.backends.torch_cpu import w8a8
+from services.worker.backends.torch_cpu.w8a8 import ROW_SCALE, ROW_ZERO_POINT, WEIGHT_LEVELS, W8A8Linear
 
 pytestmark = pytest.mark.skipif(not w8a8.available(), reason="fbgemm is not in this torch build")
 
@@ -82,7 +82,7 @@ def test_two_linears_of_one_shape_in_one_compiled_graph_each_use_their_own_weigh
 
 
 def test_the_packed_weights_count_toward_the_models_memory():
-    from services.worker.deployment import weight_bytes
+    from services.worker.backends.spec import weight_bytes
 
     model = nn.Sequential(W8A8Linear(nn.Linear(64, 32, bias=True)))
     assert weight_bytes(model) >= 64 * 32 + 32 * 4  # int8 weights held by fbgemm, float32 bias

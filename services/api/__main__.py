@@ -11,6 +11,7 @@ import uvicorn
 from services.api.app import create_app
 from services.api.context import ApiContext, ServedModel
 from services.api.deployments import DeploymentWatcher
+from services.api.limits import LimitsWatcher
 from services.api.openai_defaults import load_openai_config
 from services.api.processes import Supervisor, reuse_port_socket
 from services.api.server import DrainingServer
@@ -23,7 +24,6 @@ from shared.config import (
     add_engine_args,
     add_nats_arg,
     engine_config_from_args,
-    resolve_max_model_len,
 )
 from shared.model_files import resolve_model_path
 from shared.registry import Registry
@@ -44,7 +44,6 @@ def main() -> None:
         sys.exit(Supervisor(sys.argv[1:], args.api_processes).run())
     tokenizer = load_tokenizer(resolve_model_path(config.model_path))
     served = ServedModel(name=config.model, tokenizer=tokenizer, created=int(time.time()),
-                         max_model_len=resolve_max_model_len(config.max_model_len, tokenizer.context_length),
                          openai=load_openai_config(args.openai_config), max_logprobs=args.max_logprobs)
     api_keys = tuple(k for k in (args.api_key or "").split(",") if k)
 
@@ -55,12 +54,16 @@ def main() -> None:
         ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s,
                          request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
                          api_keys=api_keys, registry=await Registry(nc).open())
+        ctx.limits = LimitsWatcher(ctx)
+        await ctx.limits.start()
+        await ctx.limits.refresh(served.name)
         ctx.deployments = DeploymentWatcher(ctx)
         ctx.deployments.start()
         return ctx
 
     async def close_context(ctx: ApiContext) -> None:
         await ctx.deployments.stop()
+        await ctx.limits.stop()
         await ctx.bus.stop()
         await bus.close(ctx.nc)
 

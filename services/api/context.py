@@ -18,8 +18,8 @@ from shared.tokenizer import ModelTokenizer
 class ServedModel:
     name: str
     tokenizer: ModelTokenizer
-    max_model_len: int
     created: int
+    max_model_len: int = 0  # as the model's scheduler publishes it (limits.py); 0: no worker serves it yet
     openai: OpenaiDefaults = field(default_factory=OpenaiDefaults)  # per-model OpenAI config
     max_logprobs: int = 20
     pipeline: str | None = None  # set for a deployed pipeline (served by the registry, not by flags)
@@ -46,6 +46,8 @@ class ApiContext:
     aliases: dict[str, str] = field(default_factory=dict)  # pipeline or model name -> deployment
     pending: dict[str, str] = field(default_factory=dict)  # deployment -> pipeline, while it loads
     deployments: object = None  # the DeploymentWatcher that fills models, aliases and pending
+    limits: object = None  # the LimitsWatcher that sets each served model's max_model_len
+    max_model_lens: dict[str, int] = field(default_factory=dict)  # model -> as last published
 
     def resolve(self, name: str) -> ServedModel | None:
         """A served model by its name, or by its pipeline's or model's name."""

@@ -15,7 +15,6 @@ import msgspec
 
 from services.api.context import ApiContext, ServedModel
 from services.api.openai_defaults import OpenaiDefaults, openai_defaults_from
-from shared.config import resolve_max_model_len
 from shared.deployment import load_deployed
 from shared.log import get_logger
 from shared.registry import Pipeline
@@ -72,8 +71,7 @@ class DeploymentWatcher:
             openai = openai_defaults_from(msgspec.to_builtins(oc)) if oc else OpenaiDefaults()
             served = ServedModel(
                 name=pipeline.deployment, tokenizer=tokenizer, created=int(time.time()), openai=openai,
-                max_model_len=resolve_max_model_len(deployed.version.framework_config.max_model_len,
-                                                    tokenizer.context_length),
+                max_model_len=self.ctx.max_model_lens.get(pipeline.deployment, 0),
                 pipeline=pipeline.name, deployed=deployed)
         except Exception as exc:  # noqa: BLE001 - logged; the deployment stays 503 until redeployed
             log.error("deployment_load_failed", pipeline=pipeline.name, error=f"{type(exc).__name__}: {exc}")
@@ -82,4 +80,6 @@ class DeploymentWatcher:
             return  # undeployed or redeployed while loading
         self.ctx.pending.pop(pipeline.deployment, None)
         self.ctx.models[served.name] = served
+        if not served.max_model_len:
+            await self.ctx.limits.refresh(served.name)
         log.info("deployment_served", model=served.name, pipeline=pipeline.name)

@@ -71,6 +71,8 @@ def check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
 
 def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max_tokens: int | None,
                     logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+    if not model.max_model_len:  # its limit comes from its workers; none has joined (the scheduler says 503 too)
+        raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
     if max_tokens is None:
         max_tokens = model.max_model_len - num_prompt  # chat without max_tokens: the room left
     too_long = context_length_error(model.max_model_len, num_prompt, max_tokens)

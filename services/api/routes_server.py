@@ -42,7 +42,7 @@ async def health(request: Request) -> JSONResponse:
 async def list_models(request: Request) -> JSONResponse:
     ctx: ApiContext = request.app.state.ctx
     data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "switchyard",
-             "root": m.name, "parent": None, "max_model_len": m.max_model_len} for m in ctx.models.values()]
+             "root": m.name, "parent": None, "max_model_len": m.max_model_len or None} for m in ctx.models.values()]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -13,6 +13,8 @@ from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
 async def publish_error(nc: Client, request: Request, error: str,
                         reason: FinishReason = FinishReason.ERROR) -> None:
     entry = TokenEntry(request_id=request.request_id, offset=len(request.output_token_ids), token_ids=[],
-                       finish_reason=reason, num_prompt_tokens=request.num_prompt_tokens,
-                       num_cached_tokens=request.num_cached_tokens, error=error, produced_at=time.time())
+                       produced_at=time.time(), finish_reason=reason, error=error)
+    if entry.offset == 0:  # the stream's first entry: it carries the per-request constants
+        entry.num_prompt_tokens = request.num_prompt_tokens
+        entry.num_cached_tokens = request.num_cached_tokens
     await nc.publish(request.reply_to, encode(TokenBatch(entries=[entry])))

@@ -184,7 +184,8 @@ class Scheduler:
     def _emit(self, out: SchedulerOutput, request: Request, num_new: int, new_block_ids: list[int]) -> None:
         out.num_new_tokens[request.request_id] = num_new
         if request.is_on_worker:
-            out.step.scheduled.append(ScheduledSeq(request.request_id, num_new, new_block_ids))
+            out.step.scheduled.append(ScheduledSeq(request.request_id, num_new, request.num_computed_tokens,
+                                                   new_block_ids))
             return
         request.is_on_worker = True
         out.step.new_seqs.append(NewSeq(

@@ -24,12 +24,14 @@ from shared.messages import (
     Accepted,
     Discover,
     FinishReason,
+    ModelLimits,
     RejectCode,
     Rejected,
     SchedulerStats,
     Submit,
     WorkerHeartbeat,
     WorkerHello,
+    WorkerKind,
     encode,
 )
 
@@ -38,14 +40,18 @@ WORKER_SILENCE_S = 5.0  # no heartbeat for this long: the worker is gone
 WATCH_INTERVAL_S = 0.25  # how often silent workers and passed deadlines are looked for
 
 
-def worker_mismatch(config: EngineConfig, hello: WorkerHello) -> str | None:
-    """The worker owns the KV geometry; a scheduler configured differently refuses it, not ignores."""
-    if hello.block_size != config.block_size:
-        return f"block_size {hello.block_size} != scheduler's {config.block_size}"
-    if hello.kv_cache_dtype != config.kv_cache_dtype:
-        return f"kv_cache_dtype {hello.kv_cache_dtype!r} != scheduler's {config.kv_cache_dtype!r}"
-    if config.max_model_len is not None and hello.max_model_len != config.max_model_len:
-        return f"max_model_len {hello.max_model_len} != scheduler's {config.max_model_len}"
+def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
+    """Each worker owns its KV geometry and max_model_len, and the scheduler takes them as they are
+    announced; but a model's workers share prefix hashes and one context limit, so a worker that
+    disagrees with those already serving the model is refused. Only paged workers have a block
+    manager here."""
+    if hello.kind != WorkerKind.PAGED:
+        return f"a {hello.kind.label} worker needs a slot allocator, which this scheduler does not have"
+    for peer in peers:
+        for name in ("block_size", "kv_cache_dtype", "max_model_len"):
+            if getattr(hello, name) != getattr(peer, name):
+                return (f"{name} {getattr(hello, name)!r} != {getattr(peer, name)!r} of worker {peer.worker_id}, "
+                        f"which already serves {hello.model!r}")
     return None
 
 
@@ -165,6 +171,7 @@ class SchedulerService:
 
     @property
     def max_model_len(self) -> int:
+        """The workers' own (worker_mismatch keeps a model's workers agreeing on it)."""
         return min(p.hello.max_model_len for p in self.pools.values())
 
     @property
@@ -191,7 +198,8 @@ class SchedulerService:
         announce = WORKER_ANNOUNCE_DECODER.decode(msg.data)
         if announce.model != self.model or announce.worker_id in self._refused_workers:
             return
-        if isinstance(announce, WorkerHello) and (mismatch := worker_mismatch(self.config, announce)):
+        peers = [p.hello for p in self.pools.values() if p.is_alive and p.worker_id != announce.worker_id]
+        if isinstance(announce, WorkerHello) and (mismatch := worker_mismatch(peers, announce)):
             self._refused_workers.add(announce.worker_id)
             log.error("worker_refused", worker_id=announce.worker_id, reason=mismatch)
             return
@@ -207,10 +215,19 @@ class SchedulerService:
         pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more)
         self.pools[hello.worker_id] = pool
         pool.start()
-        log.info("worker_joined", worker_id=hello.worker_id, num_blocks=hello.num_blocks)
+        log.info("worker_joined", worker_id=hello.worker_id, backend=hello.backend.label, device=hello.device,
+                 num_blocks=hello.num_blocks)
+        asyncio.get_running_loop().create_task(self.publish_limits())
+
+    async def publish_limits(self) -> None:
+        """The model's max_model_len as its workers announced it (the API reads it from here)."""
+        alive = any(p.is_alive for p in self.pools.values())
+        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0)
+        await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
         self.pools.pop(pool.worker_id, None)
+        await self.publish_limits()
         alive = [p for p in self.pools.values() if p.is_alive]
         for request in requeue:
             if alive:

@@ -1,4 +1,4 @@
-"""python -m services.worker: load the model, allocate the paged KV pool, serve Steps over NATS."""
+"""python -m services.worker: load the model on its backend (--device), serve Steps over NATS."""
 
 from __future__ import annotations
 
@@ -10,15 +10,12 @@ import uuid
 
 import torch
 
-from services.worker.compiled import compile_decode_layers, warm_up
-from services.worker.dense import pack_linears
-from services.worker.deployment import drain_when_orphaned, fetch_deployment, weight_bytes
+from services.worker.backends import create_backend
+from services.worker.backends.spec import WorkerSpec
+from services.worker.deployment import drain_when_orphaned, fetch_deployment
 from services.worker.guided import GrammarCompiler
-from services.worker.kv_cache import allocate_kv_cache, check_capacity, kv_dtype_for, num_blocks_for_budget
-from services.worker.loader import load_model
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
 from services.worker.model_runner import ModelRunner
-from services.worker.quantization import quantize
 from services.worker.service import WorkerService
 from shared import log as sylog
 from shared.bus import connect
@@ -34,11 +31,9 @@ from shared.messages import WorkerHello
 from shared.model_files import resolve_model_path
 from shared.tokenizer import load_tokenizer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard worker (torch backend)")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard worker")
     add_engine_args(parser)
     add_nats_arg(parser)
     add_worker_args(parser)
@@ -62,28 +57,16 @@ def main() -> None:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     if args.nice:
         os.nice(args.nice)
-    dtype = DTYPES[args.dtype]
-    loaded = load_model(model_path, config.load_format, dtype)
-    quantize(loaded.model, config.quantization)
-    if not args.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
-        pack_linears(loaded.model)
-    max_model_len = resolve_max_model_len(config.max_model_len, loaded.config.max_position_embeddings)
-    kv_dtype = kv_dtype_for(config.kv_cache_dtype, dtype)
-    kv_bytes = (deployed.kv_cache_bytes(weight_bytes(loaded.model)) if deployed
-                else int(config.kv_cache_memory_gib * 2**30))
-    num_blocks = config.num_kv_blocks or num_blocks_for_budget(loaded.config, config.block_size, kv_dtype, kv_bytes)
-    check_capacity(loaded.config, num_blocks, config.block_size, kv_dtype, max_model_len)
-    caches = allocate_kv_cache(loaded.config, num_blocks, config.block_size, kv_dtype)
-    grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), loaded.config.vocab_size,
-                              loaded.config.eos_token_ids) if config.load_format != "dummy" else None
-    if args.compile:
-        compile_decode_layers(loaded.model, config.max_num_seqs)
-        warm_up(loaded.model, caches, config.block_size)
-    runner = ModelRunner(loaded.model, caches, config.block_size, max_model_len, loaded.config.eos_token_ids,
-                         grammar=grammar)
-    hello = WorkerHello(worker_id=worker_id, model=config.model, backend="torch", kind="paged",
-                        num_blocks=num_blocks, block_size=config.block_size, max_batch=config.max_num_seqs,
-                        dtype=args.dtype, max_model_len=max_model_len, kv_cache_dtype=config.kv_cache_dtype)
+    device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
+    backend = create_backend(device, worker_spec(args, config, model_path, deployed))
+    max_model_len = resolve_max_model_len(config.max_model_len, backend.config.max_position_embeddings)
+    backend.kv.check_capacity(backend.num_blocks, max_model_len)
+    grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
+                              backend.config.eos_token_ids) if config.load_format != "dummy" else None
+    backend.warm_up()
+    runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar)
+    hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
+                        max_model_len=max_model_len, kv_cache_dtype=config.kv_cache_dtype, **backend.hello_fields())
     executor = MainThreadExecutor()
 
     async def serve_bus(signalled: asyncio.Event) -> None:
@@ -93,6 +76,20 @@ def main() -> None:
         await serve(nc, WorkerService(nc, runner, hello, executor), signalled, config.drain_grace_s)
 
     run_with_bus_thread(serve_bus, executor)
+
+
+def worker_spec(args: argparse.Namespace, config, model_path: str, deployed) -> WorkerSpec:
+    """The backend's settings: from the flags, or from a deployment's framework config."""
+    fixed_kv_bytes = int(config.kv_cache_memory_gib * 2**30)
+    framework = deployed.version.framework_config if deployed else None
+    return WorkerSpec(
+        model_path=model_path, load_format=config.load_format, dtype=args.dtype,
+        quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, block_size=config.block_size,
+        num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs, compile=args.compile,
+        kv_cache_bytes=deployed.kv_cache_bytes if deployed else (lambda _weights: fixed_kv_bytes),
+        gpu_memory_utilization=framework.gpu_memory_utilization if framework else args.gpu_memory_utilization,
+        max_seq_len_to_capture=framework.max_seq_len_to_capture if framework else args.max_seq_len_to_capture,
+    )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,6 @@ def fetch_deployment(nats_url: str, pipeline_name: str, generation: int) -> tupl
     return asyncio.run(_fetch(nats_url, pipeline_name, generation))
 
 
-def weight_bytes(model) -> int:
-    """Parameters and buffers, and what a module holds outside them (w8a8's weights, packed by fbgemm)."""
-    held = sum(getattr(m, "packed_bytes", 0) for m in model.modules())
-    return held + sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-
-
 async def drain_when_orphaned(signalled: asyncio.Event, interval_s: float = 1.0) -> None:
     """If the agent that started this worker dies, drain and exit: a new agent starts its own
     replicas, and an orphan would be a replica nobody counts or stops."""

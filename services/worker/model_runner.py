@@ -1,17 +1,25 @@
-"""Runs one Step: apply its deltas to the sequence table, one ragged forward, sample."""
+"""Runs one Step on a backend: apply its deltas to the sequence table, one ragged forward, sample.
+
+What is the same on every accelerator lives here (the sequence table, which rows sample, prompt
+logprobs, the multi-step loop); the backend (services/worker/backends/) does the rest.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from services.worker.attention import AttentionMetadata
-from services.worker.compiled import MIN_DECODE_BLOCKS
+from services.worker.backends.base import Backend, BatchRow
 from services.worker.guided import GrammarCompiler
-from services.worker.sampler import logprobs_of, sample
+from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
 from shared.messages import FinishReason, Logprobs, Sampled, ScheduledSeq, Step
+
+
+class SequenceDrift(RuntimeError):
+    """The worker's count of a sequence's computed tokens differs from the scheduler's."""
 
 
 @dataclass
@@ -23,11 +31,9 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_caches, block_size: int, max_model_len: int,
-                 eos_token_ids: list[int], grammar: GrammarCompiler | None = None):
-        self.model = model
-        self.kv_caches = kv_caches
-        self.block_size = block_size
+    def __init__(self, backend: Backend, max_model_len: int, eos_token_ids: list[int],
+                 grammar: GrammarCompiler | None = None):
+        self.backend = backend
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.grammar = grammar
@@ -35,7 +41,7 @@ class ModelRunner:
 
     # ---- deltas ------------------------------------------------------------------------------
 
-    def apply_deltas(self, step: Step) -> list[tuple[SeqState, int]]:
+    def apply_deltas(self, step: Step) -> list[BatchRow]:
         """Returns (sequence, num_new_tokens) in batch order."""
         if step.reset:
             self.seqs.clear()
@@ -51,51 +57,21 @@ class ModelRunner:
             batch.append((state, new.num_new_tokens))
         for sched in step.scheduled:
             state = self.seqs[sched.request_id]
+            if state.num_computed_tokens != sched.num_computed_tokens:
+                raise SequenceDrift(f"{sched.request_id}: the worker has computed {state.num_computed_tokens} "
+                                    f"tokens, the scheduler counts {sched.num_computed_tokens}")
             state.block_table.extend(sched.new_block_ids)
             batch.append((state, sched.num_new_tokens))
         return batch
 
-    # ---- one forward ---------------------------------------------------------------------------
-
-    def build_inputs(self, batch: list[tuple[SeqState, int]]):
-        bs = self.block_size
-        input_ids, positions, slots = [], [], []
-        decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
-        for seq, num_new in batch:
-            start = seq.num_computed_tokens
-            row = len(input_ids)
-            input_ids.extend(seq.token_ids[start : start + num_new])
-            for pos in range(start, start + num_new):
-                positions.append(pos)
-                slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            num_blocks = (start + num_new + bs - 1) // bs
-            if num_new == 1:
-                decode_rows.append(row)
-                decode_tables.append(seq.block_table[:num_blocks])
-                decode_lens.append(start + 1)
-            else:
-                prefills.append((row, num_new, start, torch.tensor(seq.block_table[:num_blocks])))
-        # at least MIN_DECODE_BLOCKS wide (masked padding), so compiled layers never see a 1-block table
-        max_blocks = max((len(t) for t in decode_tables), default=0)
-        max_blocks = max(max_blocks, MIN_DECODE_BLOCKS) if decode_tables else 0
-        tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in decode_tables], dtype=torch.long)
-        context_mask = (torch.arange(max_blocks * bs).unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1))
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
-            decode_token_idx=torch.tensor(decode_rows, dtype=torch.long),
-            decode_block_tables=tables.reshape(len(decode_tables), max_blocks),
-            decode_context_mask=context_mask.reshape(len(decode_tables), 1, 1, max_blocks * bs),
-            prefills=prefills,
-        )
-        return torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta
+    # ---- one iteration -----------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, step: Step) -> StepOutput:
         batch = self.apply_deltas(step)
         if not batch:
             return StepOutput(sampled=[], finished={})
-        input_ids, positions, meta = self.build_inputs(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        hidden = self.backend.forward(self.backend.prepare(batch))
         # only sequences whose every known token is now computed produce a token
         rows, to_sample, end = [], [], 0
         for seq, num_new in batch:
@@ -108,16 +84,20 @@ class ModelRunner:
                 to_sample.append(seq)
         if not to_sample:
             return StepOutput(sampled=[], finished={})
-        logits = self.model.compute_logits(hidden[rows])
-        token_ids, logprobs = sample(logits, [s.sample_row(self.eos_token_ids) for s in to_sample])
+        logits = self.backend.compute_logits(hidden[rows])
+        token_ids, logprobs = self.backend.sample(logits, [s.sample_row(self.eos_token_ids) for s in to_sample])
         return self._record(to_sample, token_ids, logprobs)
 
-    def next_iteration(self, step: Step, num_done: int) -> Step | None:
-        """Multi-step: the Step's next decode iteration, over its rows still running; None when done."""
-        if num_done >= step.num_steps:
-            return None
-        rows = [ScheduledSeq(row.request_id, 1) for row in step.scheduled if row.request_id in self.seqs]
-        return Step(step_id=step.step_id, scheduled=rows) if rows else None
+    def iterations(self, step: Step) -> Iterator[Step]:
+        """The Step, then (multi-step) its next decode iterations over the rows still running.
+        Each is yielded for `execute`; the next is formed once the previous has run."""
+        yield step
+        for _ in range(step.num_steps - 1):
+            rows = [ScheduledSeq(row.request_id, 1, self.seqs[row.request_id].num_computed_tokens)
+                    for row in step.scheduled if row.request_id in self.seqs]
+            if not rows:
+                return
+            yield Step(step_id=step.step_id, scheduled=rows)
 
     def _score_prompt(self, seq: SeqState, hidden: torch.Tensor) -> None:
         """Logprobs of prompt tokens: the row at position p scores the prompt token at p + 1."""
@@ -125,7 +105,7 @@ class ModelRunner:
         num_rows = min(hidden.shape[0], seq.num_prompt_tokens - 1 - first)
         if num_rows <= 0:
             return
-        logprobs = self.model.compute_logits(hidden[:num_rows]).log_softmax(-1)
+        logprobs = self.backend.compute_logits(hidden[:num_rows]).log_softmax(-1).cpu()
         targets = seq.token_ids[first + 1 : first + 1 + num_rows]
         seq.prompt_logprobs.extend(logprobs_of(logprobs, targets, seq.sampling.prompt_logprobs))
 

@@ -16,7 +16,6 @@ from shared.log import get_logger
 from shared.messages import (
     DISCOVER_DECODER,
     STEP_DECODER,
-    Step,
     StepResult,
     TokenBatch,
     TokenEntry,
@@ -79,9 +78,8 @@ class WorkerService:
     async def _on_step(self, msg: Msg) -> None:
         step = STEP_DECODER.decode(msg.data)
         self.last_step_at = time.monotonic()
-        sampled, forward_seconds, num_done = [], 0.0, 0
-        iteration: Step | None = step
-        while iteration is not None:  # one iteration, or step.num_steps of them (multi-step)
+        sampled, forward_seconds = [], 0.0
+        for iteration in self.runner.iterations(step):  # one, or step.num_steps of them (multi-step)
             started = time.perf_counter()
             try:
                 # the forward runs off the event loop so heartbeats keep flowing; torch frees the GIL
@@ -95,8 +93,6 @@ class WorkerService:
             forward_seconds += time.perf_counter() - started  # the step itself, not the publishing after it
             await self._publish_tokens(out)
             sampled.extend(out.sampled)
-            num_done += 1
-            iteration = self.runner.next_iteration(step, num_done)
         await msg.respond(encode(StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds)))
         self.last_step_at = time.monotonic()
 
@@ -108,14 +104,16 @@ class WorkerService:
         by_reply: dict[str, list[TokenEntry]] = defaultdict(list)
         for sampled in out.sampled:
             seq = self.runner.seqs.get(sampled.request_id) or out.finished[sampled.request_id]
-            by_reply[seq.reply_to].append(TokenEntry(
-                request_id=seq.request_id, offset=seq.num_output_tokens - 1, token_ids=[sampled.token_id],
-                finish_reason=sampled.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
-                num_cached_tokens=seq.num_cached_tokens, produced_at=now,
-                first_scheduled_at=seq.first_scheduled_at,
-                logprobs=[out.logprobs[seq.request_id]] if seq.request_id in out.logprobs else None,
-                prompt_logprobs=out.prompt_logprobs.get(seq.request_id),
-            ))
+            offset = seq.num_output_tokens - 1
+            entry = TokenEntry(request_id=seq.request_id, offset=offset, token_ids=[sampled.token_id],
+                               produced_at=now, finish_reason=sampled.finish_reason,
+                               logprobs=[out.logprobs[seq.request_id]] if seq.request_id in out.logprobs else None)
+            if offset == 0:  # per-request constants ride in the stream's first entry only
+                entry.num_prompt_tokens = seq.num_prompt_tokens
+                entry.num_cached_tokens = seq.num_cached_tokens
+                entry.first_scheduled_at = seq.first_scheduled_at
+                entry.prompt_logprobs = out.prompt_logprobs.get(seq.request_id)
+            by_reply[seq.reply_to].append(entry)
         all_entries = []
         for reply_to, entries in by_reply.items():
             all_entries.extend(entries)

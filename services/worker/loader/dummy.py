@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
 
@@ -15,7 +16,7 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     config_path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     config = ModelConfig.from_hf_config(config_path)
     with torch.device("meta"):
-        shapes = model_class_for(config.architecture)(config).state_dict()
+        shapes = model_class_for(config.architecture)(config, TORCH_OPS).state_dict()
     generator = torch.Generator().manual_seed(0)
     state_dict = {}
     for name, meta in tqdm(shapes.items(), desc="random weights", unit="tensor"):

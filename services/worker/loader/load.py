@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from services.worker.backends.base import LayerOps
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import dummy, gguf_file, hf_dir
 from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
@@ -32,7 +34,9 @@ def detect_format(path: str, load_format: str) -> str:
     raise ValueError(f"{path}: neither a GGUF file nor a directory with config.json")
 
 
-def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32,
+               ops: LayerOps = TORCH_OPS, device: torch.device | str = "cpu") -> LoadedModel:
+    """The model with its weights in `dtype` on `device`, its layers calling `ops` (the backend's)."""
     fmt = detect_format(path, load_format)
     if fmt == "gguf":
         config, state_dict = gguf_file.load(path)
@@ -42,7 +46,7 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
         config, state_dict = dummy.load(path)
     cls = model_class_for(config.architecture)
     with torch.device("meta"):
-        model = cls(config)
+        model = cls(config, ops)
     if config.tie_word_embeddings:
         state_dict.pop("output.weight", None)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
@@ -53,5 +57,5 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     model.rotary = Rotary(config.head_dim, config.rope_theta)  # its buffer is not in the state dict
     model.tie_weights()
     model.fuse_projections()
-    model = model.to(dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
     return LoadedModel(model=model, config=config, source=f"{fmt}:{path}")

@@ -1,25 +1,29 @@
-"""Llama (and the families that share its shape: Mistral, Qwen2) as the paper writes it."""
+"""Llama (and the families that share its shape: Mistral, Qwen2) as the paper writes it.
+
+The layers call the ops their backend hands them (`LayerOps`: attention over the paged KV cache,
+norms, rotary, SwiGLU), so the same model runs on the torch CPU path and on the Triton kernels.
+The residual stream is carried beside the hidden state, so a backend can fuse the add into the norm.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from services.worker.attention import AttentionMetadata, paged_attention, write_kv
+from services.worker.backends.base import LayerOps
 from services.worker.model_config import ModelConfig
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, ops: LayerOps):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -35,13 +39,6 @@ class Rotary(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, d]; cos/sin: [T, d]."""
-        x1, x2 = x.chunk(2, dim=-1)
-        rotated = torch.cat([-x2, x1], dim=-1)
-        return (x.float() * cos.unsqueeze(1) + rotated.float() * sin.unsqueeze(1)).to(x.dtype)
-
 
 def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
     """Linears over the same input, stacked into one whose output is their outputs side by side."""
@@ -54,8 +51,9 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
@@ -69,21 +67,19 @@ class Attention(nn.Module):
         self.wqkv = fuse_linears([self.wq, self.wk, self.wv])
         del self.wq, self.wk, self.wv
 
-    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
+    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta):
         n = x.shape[0]
         q, k, v = self.wqkv(x).split(self.sizes, dim=-1)
-        q = Rotary.apply(q.view(n, self.num_heads, self.head_dim), cos, sin)
-        k = Rotary.apply(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        o = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        q, k = self.ops.rotary(q.view(n, self.num_heads, self.head_dim), k.view(n, self.num_kv_heads, self.head_dim),
+                               cos, sin)
+        o = self.ops.attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), kv_cache, meta, self.scale)
         return self.wo(o.reshape(n, -1))
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
+        self.ops = ops
         self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # gate
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)  # down
         self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # up
@@ -94,43 +90,41 @@ class FeedForward(nn.Module):
         del self.w1, self.w3
 
     def forward(self, x):
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(self.ops.silu_and_mul(self.w13(x)))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
-        self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention = Attention(cfg, ops)
+        self.feed_forward = FeedForward(cfg, ops)
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
-    def forward(self, x, cos, sin, kv_cache, meta):
-        h = x + self.attention(self.attention_norm(x), cos, sin, kv_cache, meta)
-        return h + self.feed_forward(self.ffn_norm(h))
+    def forward(self, x, residual, cos, sin, kv_cache, meta):
+        """x: the previous layer's output, residual: the stream before it; returns the same pair."""
+        h, residual = self.attention_norm(x, residual)
+        h, residual = self.ffn_norm(self.attention(h, cos, sin, kv_cache, meta), residual)
+        return self.feed_forward(h), residual
 
 
-def run_layers(layers, x, cos, sin, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+def run_layers(layers, x, residual, cos, sin, kv_caches, meta) -> tuple[torch.Tensor, torch.Tensor]:
     for layer, kv_cache in zip(layers, kv_caches, strict=True):
-        x = layer(x, cos, sin, kv_cache, meta)
-    return x
+        x, residual = layer(x, residual, cos, sin, kv_cache, meta)
+    return x, residual
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
         self.config = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(TransformerBlock(cfg, ops) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
-        # run_layers compiled for decode-only steps of up to compiled_max_batch rows, and how many
-        # layers each call runs (set by compiled.py; max batch 0: never)
-        self.compiled_run_layers = None
-        self.compiled_max_batch = 0
-        self.layers_per_call = cfg.num_layers
+        # how the layers run: run_layers, or a backend's own (torch_cpu/compiled.py: compiled decode steps)
+        self.layer_runner = run_layers
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -143,17 +137,13 @@ class Llama(nn.Module):
             layer.feed_forward.fuse()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta) -> torch.Tensor:
         """Ragged batch of new tokens [num_tokens] -> hidden states [num_tokens, hidden]."""
         cos, sin = self.rotary.cos_sin(positions)
         x = self.tok_embeddings(input_ids)
-        if meta.prefills or input_ids.shape[0] > self.compiled_max_batch:
-            x = run_layers(self.layers, x, cos, sin, kv_caches, meta)
-        else:
-            for i in range(0, len(self.layers), self.layers_per_call):
-                j = i + self.layers_per_call
-                x = self.compiled_run_layers(list(self.layers[i:j]), x, cos, sin, kv_caches[i:j], meta)
-        return self.norm(x)
+        residual = torch.zeros_like(x)  # the stream starts empty: the first norm adds the embeddings to it
+        x, residual = self.layer_runner(self.layers, x, residual, cos, sin, kv_caches, meta)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden).float()

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.worker import dense
-from services.worker.w8a8 import W8A8Linear
+from services.worker.backends.torch_cpu import dense
+from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 
 # rows up to which the kernels beat the dense GEMM (bench/profile_step.py): a float32 GEMM reads twice
 # the bytes of a bfloat16 one, so against it the kernels win for more rows

@@ -27,7 +27,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] flat cache slot for each new token
     # decode rows: one query token each, batched
     decode_token_idx: torch.Tensor  # [num_decode] row in the flattened batch
-    decode_block_tables: torch.Tensor  # [num_decode, max_blocks], padded with block 0
+    decode_block_tables: torch.Tensor  # [num_decode, max_blocks], padded with the null block
     decode_context_mask: torch.Tensor  # [num_decode, 1, 1, max_blocks * block_size]
     # prefill chunks: (first row, num query tokens, num cached tokens before them, block ids)
     prefills: list[tuple[int, int, int, torch.Tensor]]

@@ -35,13 +35,14 @@ import time
 
 import torch
 
-from services.worker.attention import AttentionMetadata
+from services.worker.backends.kv_pool import null_block
+from services.worker.backends.torch_cpu.attention import AttentionMetadata
+from services.worker.backends.torch_cpu.inputs import MIN_DECODE_BLOCKS
+from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.models.llama import run_layers
-from services.worker.w8a8 import W8A8Linear
 from shared.log import get_logger
 
 log = get_logger("worker.compiled")
-MIN_DECODE_BLOCKS = 2
 MAX_LAYERS_PER_CALL = 8
 MAX_BATCH = 8
 # batch sizes that reach each graph: 1 (specialized), 3 (the small-batch kernel path of the
@@ -51,41 +52,59 @@ MAX_BATCH = 8
 WARM_UP_BATCHES = (1, 3, MAX_BATCH)
 
 
-def compile_decode_layers(model: torch.nn.Module, max_num_seqs: int) -> None:
-    """Give `model` (a Llama) a compiled run_layers for its decode-only steps."""
+class CompiledLayers:
+    """The model's layer runner under --compile: decode-only steps of up to `max_batch` rows go
+    through the compiled runs of `layers_per_call` layers; anything else runs eagerly."""
+
+    def __init__(self, num_layers: int, max_batch: int):
+        self.max_batch = max_batch
+        self.layers_per_call = max(n for n in range(1, MAX_LAYERS_PER_CALL + 1) if num_layers % n == 0)
+        self.compiled = torch.compile(
+            run_layers, dynamic=True,
+            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
+        )
+
+    def __call__(self, layers, x, residual, cos, sin, kv_caches, meta: AttentionMetadata):
+        if meta.prefills or x.shape[0] > self.max_batch:
+            return run_layers(layers, x, residual, cos, sin, kv_caches, meta)
+        for i in range(0, len(layers), self.layers_per_call):
+            j = i + self.layers_per_call
+            x, residual = self.compiled(list(layers[i:j]), x, residual, cos, sin, kv_caches[i:j], meta)
+        return x, residual
+
+
+def compile_decode_layers(model: torch.nn.Module, max_num_seqs: int) -> CompiledLayers:
+    """Give `model` (a Llama) a compiled layer runner for its decode-only steps."""
     # dynamo's code cache is keyed by run_layers' code and its module guards are skipped, so a
     # model compiled earlier in this process (tests compile several) would lend this one its graphs
     torch._dynamo.reset()
-    num_layers = len(model.layers)
     w8a8 = any(isinstance(m, W8A8Linear) for m in model.modules())
-    model.compiled_max_batch = max(max_num_seqs, MAX_BATCH) if w8a8 else MAX_BATCH
-    model.layers_per_call = max(n for n in range(1, MAX_LAYERS_PER_CALL + 1) if num_layers % n == 0)
-    model.compiled_run_layers = torch.compile(
-        run_layers, dynamic=True,
-        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
-    )
+    model.layer_runner = CompiledLayers(len(model.layers), max(max_num_seqs, MAX_BATCH) if w8a8 else MAX_BATCH)
+    return model.layer_runner
 
 
 @torch.inference_mode()
 def warm_up(model: torch.nn.Module, kv_caches, block_size: int) -> float:
     """Run one decode step at each WARM_UP_BATCHES size so every graph compiles now, not under load.
-    `kv_caches` must be the pool the worker serves from. The step writes K/V into the pool's first
-    blocks, which nothing owns yet. Returns the seconds it took."""
+    `kv_caches` must be the pool the worker serves from. The step reads and writes only the null
+    block. Returns the seconds it took."""
     started = time.perf_counter()
+    runner: CompiledLayers = model.layer_runner
+    null = null_block(kv_caches)
     for k_cache, v_cache in kv_caches:
         torch._dynamo.mark_static(k_cache)
         torch._dynamo.mark_static(v_cache)
-    for batch in sorted({*WARM_UP_BATCHES, model.compiled_max_batch}):
-        positions = torch.full((batch,), block_size, dtype=torch.long)  # one token into the second block
+    for batch in sorted({*WARM_UP_BATCHES, runner.max_batch}):
+        positions = torch.full((batch,), block_size, dtype=torch.long)  # a token in the table's second block
         meta = AttentionMetadata(
-            slot_mapping=torch.full((batch,), block_size, dtype=torch.long),
+            slot_mapping=torch.full((batch,), null * block_size, dtype=torch.long),
             decode_token_idx=torch.arange(batch),
-            decode_block_tables=torch.arange(MIN_DECODE_BLOCKS).repeat(batch, 1),
+            decode_block_tables=torch.full((batch, MIN_DECODE_BLOCKS), null, dtype=torch.long),
             decode_context_mask=torch.ones(batch, 1, 1, MIN_DECODE_BLOCKS * block_size, dtype=torch.bool),
             prefills=[],
         )
         model(torch.zeros(batch, dtype=torch.long), positions, kv_caches, meta)
     seconds = time.perf_counter() - started
-    log.info("compiled_decode_ready", layers_per_call=model.layers_per_call, max_batch=model.compiled_max_batch,
+    log.info("compiled_decode_ready", layers_per_call=runner.layers_per_call, max_batch=runner.max_batch,
              seconds=round(seconds, 1))
     return seconds

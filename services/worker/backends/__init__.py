@@ -1,0 +1,25 @@
+"""Accelerator backends, a folder each behind the protocol in base.py; `create_backend` picks one.
+
+A backend's module is imported only when it is asked for, so the CPU worker never imports triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from services.worker.backends.base import Backend
+from services.worker.backends.spec import WorkerSpec
+from shared.config import ConfigError
+
+# --device -> the module whose `create(spec)` builds the backend
+BACKENDS = {
+    "cpu": "services.worker.backends.torch_cpu.backend:TorchCpuBackend",
+    "cuda": "services.worker.backends.cuda.backend:CudaBackend",
+}
+
+
+def create_backend(device: str, spec: WorkerSpec) -> Backend:
+    if device not in BACKENDS:
+        raise ConfigError(f"--device must be one of {', '.join(BACKENDS)}, got {device!r}")
+    module, cls = BACKENDS[device].split(":")
+    return getattr(importlib.import_module(module), cls).create(spec)

@@ -1,0 +1,79 @@
+"""The protocol every accelerator backend implements, and the ops a model takes from its backend.
+
+A backend owns everything that depends on the device: the model's weights in its format, the KV
+pool (layout, dtype, sizing from a memory budget), turning a batch into inputs and attention
+metadata, the forward, warm-up or graph capture, and sampling. `ModelRunner` keeps the rest
+(the sequence table, deltas, which rows sample, the multi-step loop), the same for every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from services.worker.backends.kv_pool import KVSpec
+from services.worker.logits_processors import SampleRow
+from services.worker.model_config import ModelConfig
+from services.worker.sequence import SeqState
+from shared.messages import BackendName, Logprobs, WorkerKind
+
+# one scheduled row: the sequence and how many of its tokens this iteration computes
+BatchRow = tuple[SeqState, int]
+
+
+class LayerOps(Protocol):
+    """What a transformer layer calls; each backend hands the model its own (torch, Triton, ...)."""
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  kv_cache: tuple[torch.Tensor, torch.Tensor], meta: Any, scale: float) -> torch.Tensor:
+        """Write this step's K/V through the slot mapping, then attend over each row's context.
+        q: [T, heads, d], k/v: [T, kv_heads, d] -> [T, heads, d]."""
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual) * weight, x + residual)."""
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Half-split rotary embedding; cos/sin: [T, d]."""
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2 * n] (gate, up side by side) -> silu(gate) * up, [T, n]."""
+
+
+class ForwardInputs(Protocol):
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: Any  # the backend's own attention metadata
+
+
+class Backend(Protocol):
+    name: BackendName
+    kind: WorkerKind
+    device: torch.device
+    model: torch.nn.Module
+    config: ModelConfig  # the model's architecture
+    kv: KVSpec  # the pool's geometry and dtype
+    block_size: int
+    num_blocks: int  # usable KV blocks (announced); the pool holds one more, the null block
+
+    def prepare(self, batch: list[BatchRow]) -> ForwardInputs:
+        """The iteration's ragged batch as device tensors and attention metadata."""
+
+    def forward(self, inputs: ForwardInputs) -> torch.Tensor:
+        """-> hidden states [num_tokens, hidden] after the final norm."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> float32 logits [n, vocab]."""
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[Logprobs | None]]:
+        """One token per row (and its logprobs when asked); the sampled ids are the only host sync."""
+
+    def warm_up(self) -> float:
+        """Compile or capture what serving needs before the worker says hello; returns seconds."""
+
+    def hello_fields(self) -> dict:
+        """What the worker announces about its backend (WorkerHello's backend, kind, KV geometry, dtype)."""

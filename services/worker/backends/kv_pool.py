@@ -1,0 +1,69 @@
+"""The paged KV pool every paged backend uses: per layer, K and V as
+`[num_blocks + 1, num_kv_heads, block_size, head_dim]`, head-major within a block.
+
+The last block is the null block: it is never announced to the scheduler, so never handed out;
+padded rows of a batch (block-table padding, padded decode slots under CUDA graphs) point there,
+and their writes land where nothing reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.worker.model_config import ModelConfig
+from shared.config import ConfigError
+
+KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_dtype_for(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    return model_dtype if kv_cache_dtype == "auto" else KV_DTYPES[kv_cache_dtype]
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """The pool's geometry: what the worker owns and announces, and the scheduler takes as given."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> KVSpec:
+        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype)
+
+    @property
+    def bytes_per_block(self) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+
+    def num_blocks_for_budget(self, budget_bytes: int) -> int:
+        """Blocks the scheduler may hand out; the null block comes on top of the budget's."""
+        return max(budget_bytes // self.bytes_per_block - 1, 0)
+
+    def check_capacity(self, num_blocks: int, max_model_len: int) -> None:
+        """One sequence of max_model_len must fit in the pool, or a long request could never finish."""
+        if num_blocks * self.block_size >= max_model_len:
+            return
+        need_gib = (-(-max_model_len // self.block_size) + 1) * self.bytes_per_block / 2**30
+        raise ConfigError(
+            f"the KV cache holds {num_blocks * self.block_size} tokens ({num_blocks} blocks of {self.block_size}), "
+            f"fewer than max_model_len {max_model_len}: give it at least {need_gib:.2f} GiB "
+            f"(--kv-cache-memory-gib) or lower --max-model-len")
+
+    def allocate(self, num_blocks: int, device: torch.device | str = "cpu",
+                 storage_dtype: torch.dtype | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """num_blocks usable blocks plus the null block (index `num_blocks`), zeroed."""
+        shape = (num_blocks + 1, self.num_kv_heads, self.block_size, self.head_dim)
+        dtype = storage_dtype or self.dtype
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in range(self.num_layers)]
+
+
+def null_block(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    """The reserved block's id: the pool's last."""
+    return kv_caches[0][0].shape[0] - 1

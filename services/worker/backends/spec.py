@@ -1,0 +1,45 @@
+"""What a worker asks of its backend: the model, the dtypes and the KV budget (from flags or a deployment)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from services.worker.backends.kv_pool import kv_dtype_for
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Parameters and buffers, and what a module holds outside them (w8a8's weights, packed by fbgemm)."""
+    held = sum(getattr(m, "packed_bytes", 0) for m in model.modules())
+    return held + sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+@dataclass
+class WorkerSpec:
+    model_path: str
+    kv_cache_bytes: Callable[[int], int]  # the weights' bytes -> the KV pool's budget (CPU backends)
+    load_format: str = "auto"
+    dtype: str = "float32"
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # overrides every budget
+    max_num_seqs: int = 64
+    compile: bool = False
+    gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory the worker may take
+    max_seq_len_to_capture: int = 8192  # CUDA: decode steps with longer contexts run without graphs
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        return kv_dtype_for(self.kv_cache_dtype, self.torch_dtype)
+
+    def kv_budget(self, model: torch.nn.Module) -> int:
+        return self.kv_cache_bytes(weight_bytes(model))

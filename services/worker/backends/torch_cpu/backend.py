@@ -1,0 +1,69 @@
+"""The torch CPU backend: the reference path (float32 exact against transformers), and fast paths
+on CPU kernels (oneDNN-packed float32, weight-only int8/int4, w8a8, compiled decode layers)."""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.backends.kv_pool import KVSpec, null_block
+from services.worker.backends.spec import WorkerSpec
+from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
+from services.worker.backends.torch_cpu.dense import pack_linears
+from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
+from services.worker.backends.torch_cpu.quantization import quantize
+from services.worker.loader import LoadedModel, load_model
+from services.worker.logits_processors import SampleRow
+from services.worker.sampler import sample
+from shared.messages import BackendName, Logprobs, WorkerKind
+
+
+class TorchCpuBackend:
+    name = BackendName.TORCH_CPU
+    kind = WorkerKind.PAGED
+    device = torch.device("cpu")
+
+    def __init__(self, loaded: LoadedModel, kv: KVSpec, num_blocks: int, is_compiled: bool = False):
+        """`loaded`'s model already in its final form (quantized, packed or compiled)."""
+        self.model = loaded.model
+        self.config = loaded.config
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.num_blocks = num_blocks
+        self.kv_caches = kv.allocate(num_blocks)
+        self.null_block = null_block(self.kv_caches)
+        self.is_compiled = is_compiled
+
+    @classmethod
+    def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, TORCH_OPS)
+        quantize(loaded.model, spec.quantization)
+        if spec.compile:
+            compile_decode_layers(loaded.model, spec.max_num_seqs)
+        else:  # compiled layers cannot take oneDNN's packed weights (dense.py)
+            pack_linears(loaded.model)
+        kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
+        num_blocks = spec.num_kv_blocks or kv.num_blocks_for_budget(spec.kv_budget(loaded.model))
+        return cls(loaded, kv, num_blocks, is_compiled=spec.compile)
+
+    def prepare(self, batch) -> TorchInputs:
+        return build_inputs(batch, self.block_size, self.null_block)
+
+    def forward(self, inputs: TorchInputs) -> torch.Tensor:
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[Logprobs | None]]:
+        return sample(logits, rows)
+
+    def warm_up(self) -> float:
+        if self.is_compiled:
+            return warm_up(self.model, self.kv_caches, self.block_size)
+        return 0.0
+
+    def hello_fields(self) -> dict:
+        return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks,
+                "block_size": self.block_size, "dtype": str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
+                "device": "cpu"}
