@@ -59,7 +59,9 @@ def main() -> None:
         os.nice(args.nice)
     device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
     backend = create_backend(device, worker_spec(args, config, model_path, deployed))
-    max_model_len = resolve_max_model_len(config.max_model_len, backend.config.max_position_embeddings)
+    max_model_len = backend.config.limit_context(
+        resolve_max_model_len(config.max_model_len, backend.config.max_position_embeddings),
+        configured=config.max_model_len is not None)
     backend.kv.check_capacity(backend.num_blocks, max_model_len)
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if config.load_format != "dummy" else None

@@ -1,4 +1,8 @@
-"""Architecture hyper-parameters, read from GGUF metadata or a Hugging Face config.json."""
+"""Architecture hyper-parameters, read from GGUF metadata or a Hugging Face config.json.
+
+A config.json field that changes what the model computes and is not implemented here is refused
+with its name, never ignored; fields that only describe training or the file are listed as such.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,42 @@ import json
 from pathlib import Path
 
 import msgspec
+
+from services.worker.rope import RopeScaling, parse_hf_rope
+from shared.config import ConfigError
+
+# read below (or fixed by the architecture: `architectures`)
+_READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling", "rope_parameters",
+         "rms_norm_eps", "tie_word_embeddings", "attention_bias", "max_position_embeddings", "sliding_window",
+         "use_sliding_window", "bos_token_id", "eos_token_id", "hidden_act", "mlp_bias", "layer_types",
+         "max_window_layers"}
+# no effect on inference: training settings, the file's own metadata
+_INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
+          "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
+          "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "is_encoder_decoder",
+          "chunk_size_feed_forward", "tokenizer_class", "embd_pdrop", "resid_pdrop"}
+
+
+def _check_implemented(raw: dict, where: str) -> None:
+    unknown = sorted(k for k, v in raw.items() if k not in _READ | _INERT and v not in (None, False, [], {}))
+    if unknown:
+        raise ConfigError(f"{where}: config field(s) {unknown} are not implemented by this engine; refusing to "
+                          "serve a model whose computation they would change")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{where}: hidden_act {raw['hidden_act']!r} is not implemented (silu only)")
+    if raw.get("mlp_bias"):
+        raise ConfigError(f"{where}: mlp_bias is not implemented")
+
+
+def _sliding_window(raw: dict) -> int | None:
+    """Mistral's window (on unless use_sliding_window says otherwise); Qwen2 turns it off by default."""
+    if not raw.get("use_sliding_window", True) or not raw.get("sliding_window"):
+        return None
+    layer_types = raw.get("layer_types")
+    if layer_types and all(t == "full_attention" for t in layer_types):
+        return None
+    return int(raw["sliding_window"])
 
 
 class ModelConfig(msgspec.Struct, kw_only=True):
@@ -18,6 +58,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     num_kv_heads: int
     head_dim: int
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling()
+    rope_freq_factors: list[float] | None = None  # a GGUF's rope_freqs tensor: each frequency is divided by its
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -32,8 +74,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         archs = raw.get("architectures") or []
         if not archs:
             raise ValueError(f"{path}: config.json names no architecture")
-        if raw.get("rope_scaling"):
-            raise ValueError(f"{path}: rope_scaling {raw['rope_scaling']} is not supported yet")
+        _check_implemented(raw, str(path))
+        rope_theta, rope_scaling = parse_hf_rope(raw, str(path))
         eos = raw.get("eos_token_id")
         num_heads = raw["num_attention_heads"]
         return cls(
@@ -45,15 +87,27 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads", num_heads),
             head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
+            sliding_window=_sliding_window(raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=[] if eos is None else (eos if isinstance(eos, list) else [eos]),
         )
+
+    def limit_context(self, max_model_len: int, configured: bool) -> int:
+        """Sliding-window attention is not implemented: a context up to the window is exact (every
+        key is inside it), so the context is capped there, and a longer one asked for is refused."""
+        if self.sliding_window is None or max_model_len <= self.sliding_window:
+            return max_model_len
+        if configured:
+            raise ConfigError(f"max_model_len {max_model_len} exceeds the model's sliding window of "
+                              f"{self.sliding_window} tokens; sliding-window attention is not implemented, so "
+                              f"contexts are limited to the window: set max_model_len <= {self.sliding_window}")
+        return self.sliding_window
 
     @classmethod
     def from_gguf_fields(cls, fields: dict, has_output_weight: bool) -> ModelConfig:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import msgspec
 import numpy as np
 import torch
 from gguf import GGUFReader
@@ -23,7 +24,7 @@ _LAYER_NAMES = {
     "attn_output": "attention.wo", "ffn_gate": "feed_forward.w1", "ffn_down": "feed_forward.w2",
     "ffn_up": "feed_forward.w3", "attn_norm": "attention_norm", "ffn_norm": "ffn_norm",
 }
-_TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output"}
+_TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output", "rope_freqs": "rope_freqs"}
 
 
 def our_name(gguf_name: str) -> str:
@@ -45,7 +46,7 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     config = ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in fields["__tensor_names__"])
     cached = cache_dir_for(path, "weights-v1") / "model.safetensors"
     if cached.exists():
-        return config, load_file(str(cached))
+        return _with_rope_freqs(config, load_file(str(cached)))
     state_dict = {}
     reader = GGUFReader(path)
     for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor"):
@@ -59,4 +60,12 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # several workers may build it at once
     save_file(state_dict, str(tmp))
     tmp.rename(cached)  # atomic: a concurrent loader never reads half a file
+    return _with_rope_freqs(config, state_dict)
+
+
+def _with_rope_freqs(config: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
+    """Llama 3.1+ GGUFs carry their rope scaling as a tensor of per-frequency divisors (rope_freqs)."""
+    factors = state_dict.pop("rope_freqs.weight", None)
+    if factors is not None:
+        config = msgspec.structs.replace(config, rope_freq_factors=factors.float().tolist())
     return config, state_dict

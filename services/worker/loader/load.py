@@ -54,7 +54,7 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match {config.architecture}: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.rotary = Rotary(config.head_dim, config.rope_theta)  # its buffer is not in the state dict
+    model.rotary = Rotary(config)  # its buffer is not in the state dict
     model.tie_weights()
     model.fuse_projections()
     model = model.to(device=device, dtype=dtype).eval()

@@ -12,6 +12,7 @@ from torch import nn
 
 from services.worker.backends.base import LayerOps
 from services.worker.model_config import ModelConfig
+from services.worker.rope import inv_freq
 
 
 class RMSNorm(nn.Module):
@@ -27,12 +28,15 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding in the Hugging Face (half-split) layout."""
+    """Rotary position embedding in the Hugging Face (half-split) layout, its frequencies scaled as
+    the config says (models/rope.py), or divided by a GGUF's rope_freqs factors."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        freqs = inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        if cfg.rope_freq_factors is not None:
+            freqs = freqs / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
+        self.register_buffer("inv_freq", freqs, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, d/2]
@@ -122,7 +126,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg)
         # how the layers run: run_layers, or a backend's own (torch_cpu/compiled.py: compiled decode steps)
         self.layer_runner = run_layers
 

@@ -1,0 +1,126 @@
+"""Llama 3.x configs (rope scaling 'llama3', theta 500000, GQA) against transformers, in the
+spelling transformers 5 writes (`rope_parameters`) and the older one (`rope_scaling` beside
+`rope_theta`); and the config fields we do not implement, refused by name.
+
+Random weights saved by transformers for each real config's rope and attention geometry (head
+size, query/KV head ratio, theta, scaling, norm eps, tied embeddings), shrunk in width, depth and
+vocabulary so a CPU runs it in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from services.worker.loader import load_model
+from services.worker.model_config import ModelConfig
+from services.worker.rope import RopeScaling, inv_freq
+from shared.config import ConfigError
+from tests.model_helpers import make_runner, prefill_logits
+
+LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+# name: (head_dim, query heads per KV head, rope factor, tied embeddings) of the real config
+REAL = {
+    "Llama-3.1-8B": (128, 4, 8.0, False),
+    "Llama-3.2-1B": (64, 4, 32.0, True),
+    "Llama-3.3-70B": (128, 8, 8.0, False),
+}
+
+
+def _save(tmp_path, name: str, spelling: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    head_dim, group, factor, tied = REAL[name]
+    config = LlamaConfig(vocab_size=512, hidden_size=2 * group * head_dim, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=2 * group, num_key_value_heads=2, head_dim=head_dim,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=tied,
+                         rope_theta=500000.0, rope_scaling={**LLAMA3_ROPE, "factor": factor},
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    path = tmp_path / f"{name}-{spelling}"
+    model.save_pretrained(path)
+    raw = json.loads((path / "config.json").read_text())
+    assert "rope_parameters" in raw  # what transformers 5 writes
+    if spelling == "transformers4":
+        params = raw.pop("rope_parameters")
+        raw["rope_theta"] = params.pop("rope_theta")
+        raw["rope_scaling"] = params
+        (path / "config.json").write_text(json.dumps(raw))
+    return model, path
+
+
+@pytest.mark.parametrize("spelling", ["transformers5", "transformers4"])
+@pytest.mark.parametrize("name", list(REAL))
+def test_llama3_matches_transformers_past_the_scaled_wavelengths(tmp_path, name, spelling):
+    hf, path = _save(tmp_path, name, spelling)
+    loaded = load_model(str(path))
+    assert loaded.config.rope_theta == 500000.0 and loaded.config.rope_scaling.rope_type == "llama3"
+    ids = torch.randint(3, 512, (1500,), generator=torch.Generator().manual_seed(1)).tolist()
+    ours = prefill_logits(make_runner(loaded, num_blocks=128), ids)
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
+    # the test can fail: unscaled frequencies (what such a config served as before) move the logits
+    plain = load_model(str(path))
+    plain.model.rotary.inv_freq = inv_freq(plain.config.head_dim, 500000.0, RopeScaling())
+    wrong = prefill_logits(make_runner(plain, num_blocks=128), ids)
+    assert (wrong - theirs).abs().max() > 100 * (ours - theirs).abs().max()
+
+
+def test_inverse_frequencies_equal_transformers_own():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, head_dim=128, rope_theta=500000.0,
+                         max_position_embeddings=131072, rope_scaling={**LLAMA3_ROPE, "factor": 8.0})
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    ours = inv_freq(128, 500000.0, RopeScaling(factor=8.0, **{k: v for k, v in LLAMA3_ROPE.items()
+                                                                if k != "rope_type"}, rope_type="llama3"))
+    assert torch.equal(ours, theirs.float())
+
+
+def _config_with(tmp_path, **fields) -> str:
+    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, **fields}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}, "rope type 'yarn' is not implemented"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type 'dynamic' is not implemented"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope type 'llama3' needs"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 32}}, r"\['beta_fast'\] are not implemented"),
+    ({"mlp_bias": True}, "mlp_bias is not implemented"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
+    ({"partial_rotary_factor": 0.5, "attn_logit_softcapping": 50.0},
+     r"\['attn_logit_softcapping', 'partial_rotary_factor'\] are not implemented"),
+])
+def test_config_fields_we_do_not_implement_are_refused_by_name(tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig.from_hf_config(_config_with(tmp_path, **fields))
+
+
+def test_both_spellings_of_theta_and_linear_scaling_are_read(tmp_path):
+    new = ModelConfig.from_hf_config(_config_with(tmp_path, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    assert new.rope_theta == 1e6 and new.rope_scaling == RopeScaling()
+    old = ModelConfig.from_hf_config(_config_with(tmp_path, rope_theta=2e5, rope_scaling={"type": "linear", "factor": 2.0}))
+    assert old.rope_theta == 2e5 and old.rope_scaling == RopeScaling(rope_type="linear", factor=2.0)
+    assert torch.equal(inv_freq(16, 2e5, old.rope_scaling), inv_freq(16, 2e5, RopeScaling()) / 2)
+
+
+def test_mistral_contexts_stop_at_its_sliding_window(tmp_path):
+    cfg = ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["MistralForCausalLM"],
+                                                  sliding_window=4096, max_position_embeddings=32768))
+    assert cfg.limit_context(32768, configured=False) == 4096  # capped: within the window, attention is exact
+    assert cfg.limit_context(2048, configured=True) == 2048
+    with pytest.raises(ConfigError, match="max_model_len 8192 exceeds the model's sliding window of 4096 tokens"):
+        cfg.limit_context(8192, configured=True)
+    qwen = ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["Qwen2ForCausalLM"], sliding_window=4096,
+                                                   use_sliding_window=False))
+    assert qwen.sliding_window is None
