@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter on the CPU (before triton loads)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from shared.model_files import default_model_path as _default_model_path
 

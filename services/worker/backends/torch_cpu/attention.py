@@ -99,8 +99,8 @@ def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scal
     if num_heads * num_query * context_len <= MATMUL_ATTENTION_MAX_SCORES:
         return _matmul_attention(qb, k, v, num_cached, scale)
     # query i sits at position num_cached + i and sees keys 0..num_cached + i
-    rows = torch.arange(num_query).unsqueeze(1) + num_cached
-    mask = torch.arange(context_len).unsqueeze(0) <= rows
+    rows = torch.arange(num_query, device=q.device).unsqueeze(1) + num_cached
+    mask = torch.arange(context_len, device=q.device).unsqueeze(0) <= rows
     o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)
 
@@ -115,7 +115,7 @@ def _matmul_attention(qb, k, v, num_cached: int, scale: float) -> torch.Tensor:
     qg = qb.reshape(1, num_kv_heads, group * num_query, head_dim)  # query heads by their KV head
     scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [1, h_kv, group * nq, ctx]
     scores = scores.view(1, num_kv_heads, group, num_query, -1)
-    future = torch.ones(num_query, num_query, dtype=torch.bool).triu_(1)  # query i, chunk key j > i
+    future = torch.ones(num_query, num_query, dtype=torch.bool, device=qb.device).triu_(1)  # query i, chunk key j > i
     scores[..., num_cached:].masked_fill_(future, float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(1, num_kv_heads, group * num_query, -1)
     out = torch.matmul(probs, v).view(num_heads, num_query, head_dim)

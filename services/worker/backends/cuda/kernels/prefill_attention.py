@@ -1,0 +1,84 @@
+"""Paged attention for prefill chunks over a ragged batch: each chunk's queries sit after its
+cached prefix (a prefix-cache hit or an earlier chunk) and see that prefix and, causally, the
+chunk itself; K/V are read through the chunk's block table, one block at a time.
+
+One program per (chunk, tile of BLOCK_M queries, query head); tiles past a chunk's end do nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _prefill(q_ptr, k_ptr, v_ptr, out_ptr, starts_ptr, lens_ptr, cached_ptr, tables_ptr, scale, k_scale, v_scale,
+             stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, stride_cb, stride_ch, stride_ct,
+             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr, IS_FP8: tl.constexpr):
+    chunk = tl.program_id(0)
+    tile = tl.program_id(1)
+    head = tl.program_id(2)
+    kv_head = head // GROUP
+    num_query = tl.load(lens_ptr + chunk)
+    start = tl.load(starts_ptr + chunk)
+    num_cached = tl.load(cached_ptr + chunk)
+    m_idx = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    t = tl.arange(0, BLOCK_SIZE)
+    row_mask = m_idx < num_query
+    q = tl.load(q_ptr + (start + m_idx)[:, None] * stride_qt + head * stride_qh + d[None, :],
+                mask=row_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+    positions = num_cached + m_idx
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    last = num_cached + tl.minimum(num_query, (tile + 1) * BLOCK_M)  # keys past the tile's last query: none
+    num_blocks = tl.where(tile * BLOCK_M < num_query, tl.cdiv(last, BLOCK_SIZE), 0)
+    for i in range(0, num_blocks):
+        block = tl.load(tables_ptr + chunk * stride_tb + i).to(tl.int64)
+        offsets = block * stride_cb + kv_head * stride_ch + t[:, None] * stride_ct + d[None, :]
+        k = tl.load(k_ptr + offsets, mask=d[None, :] < HEAD_DIM, other=0.0)
+        v = tl.load(v_ptr + offsets, mask=d[None, :] < HEAD_DIM, other=0.0)
+        if IS_FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        visible = (i * BLOCK_SIZE + t)[None, :] <= positions[:, None]
+        scores = tl.where(visible, scores * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    out = acc / denom[:, None]
+    tl.store(out_ptr + (start + m_idx)[:, None] * stride_ot + head * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (d[None, :] < HEAD_DIM))
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                      starts: torch.Tensor, lens: torch.Tensor, num_cached: torch.Tensor, block_tables: torch.Tensor,
+                      max_query_len: int, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """q, out: [T, heads, d]; per chunk: first row `starts`, `lens` queries, `num_cached` tokens before
+    them, block table row. Writes the chunks' rows of out."""
+    num_chunks = starts.shape[0]
+    if num_chunks == 0:
+        return
+    _, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    block_m = 16 if max_query_len <= 16 else 64
+    _prefill[(num_chunks, triton.cdiv(max_query_len, block_m), num_heads)](
+        q, k_cache, v_cache, out, starts, lens, num_cached, block_tables, scale, k_scale, v_scale,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=block_m, BLOCK_SIZE=block_size, IEEE=q.dtype == torch.float32,
+        IS_FP8=k_cache.dtype == torch.float8_e4m3fn)
