@@ -1,0 +1,97 @@
+"""The CUDA backend: bf16/fp16 (or float32) weights on the GPU, GEMMs through torch, our Triton
+kernels for everything else (kernels/), CUDA graphs for decode steps, sampling on the device.
+
+It also runs on the CPU under TRITON_INTERPRET=1 (no graphs, no memory profiling): that is how CI,
+which has no GPU, checks its forward token for token against the torch backend.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from services.worker.backends.cuda.graphs import DecodeGraphs
+from services.worker.backends.cuda.inputs import CudaInputs, build_inputs
+from services.worker.backends.cuda.memory import kv_budget, profile_peak
+from services.worker.backends.cuda.ops import TritonOps
+from services.worker.backends.cuda.sampler import sample
+from services.worker.backends.kv_pool import KVSpec, null_block
+from services.worker.backends.spec import WorkerSpec
+from services.worker.loader import LoadedModel, load_model
+from services.worker.logits_processors import SampleRow
+from shared.config import ConfigError
+from shared.log import get_logger
+from shared.messages import BackendName, Logprobs, WorkerKind
+
+log = get_logger("worker.cuda")
+FP8_KV = ("fp8", "fp8_e4m3")
+
+
+class CudaBackend:
+    name = BackendName.CUDA
+    kind = WorkerKind.PAGED
+
+    def __init__(self, loaded: LoadedModel, kv: KVSpec, num_blocks: int, device: torch.device,
+                 max_num_seqs: int = 64, max_seq_len_to_capture: int = 8192, use_graphs: bool = True):
+        self.model = loaded.model
+        self.config = loaded.config
+        self.kv = kv
+        self.device = device
+        self.block_size = kv.block_size
+        self.num_blocks = num_blocks
+        self.kv_caches = kv.allocate(num_blocks, device)
+        self.null_block = null_block(self.kv_caches)
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.null_block, max_num_seqs,
+                                   max_seq_len_to_capture, self.config.num_kv_heads, self.num_sms) \
+            if use_graphs and device.type == "cuda" else None
+
+    @classmethod
+    def create(cls, spec: WorkerSpec) -> CudaBackend:
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: this machine has no CUDA GPU that torch can use")
+        if spec.quantization != "none":
+            raise ConfigError(f"quantization {spec.quantization!r} runs on the torch CPU backend only")
+        if spec.block_size < 16:
+            raise ConfigError(f"the cuda backend needs block_size >= 16 (its kernels' tiles), got {spec.block_size}")
+        device = torch.device("cuda", torch.cuda.current_device())
+        dtype = spec.torch_dtype
+        kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV else spec.kv_torch_dtype  # e4m3, scale 1
+        loaded = load_model(spec.model_path, spec.load_format, dtype, TritonOps(), device=device)
+        kv = KVSpec.of(loaded.config, spec.block_size, kv_dtype)
+        if spec.num_kv_blocks:
+            num_blocks = spec.num_kv_blocks
+        else:
+            peak = profile_peak(loaded.model, kv, spec.max_num_batched_tokens, device)
+            num_blocks = kv.num_blocks_for_budget(kv_budget(spec.gpu_memory_utilization, peak, device))
+        log.info("cuda_backend", device=torch.cuda.get_device_name(device), dtype=spec.dtype,
+                 kv_cache_dtype=str(kv_dtype), num_blocks=num_blocks)
+        return cls(loaded, kv, num_blocks, device, spec.max_num_seqs, spec.max_seq_len_to_capture)
+
+    def prepare(self, batch) -> CudaInputs:
+        return build_inputs(batch, self.block_size, self.null_block, self.device, self.config.num_kv_heads,
+                            self.num_sms)
+
+    def forward(self, inputs: CudaInputs) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[Logprobs | None]]:
+        return sample(logits, rows)
+
+    def warm_up(self) -> float:
+        started = time.perf_counter()
+        if self.graphs is not None:
+            self.graphs.capture()
+        return time.perf_counter() - started
+
+    def hello_fields(self) -> dict:
+        device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu, Triton interpreted"
+        return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks, "block_size": self.block_size,
+                "dtype": str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
+                "device": f"{self.device} ({device})"}

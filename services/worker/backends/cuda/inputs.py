@@ -1,0 +1,91 @@
+"""A batch of rows -> the CUDA backend's inputs: built on the host, copied to the device at once.
+
+Decode rows and prefill chunks keep their places in the ragged batch; each attention kernel reads
+its rows through an index (decode) or a start (prefill), so nothing is gathered or reordered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.worker.backends.base import BatchRow
+from services.worker.backends.cuda.kernels.decode_attention import num_splits_for
+
+
+@dataclass
+class CudaMeta:
+    slot_mapping: torch.Tensor  # [T] int64, -1: a padding row (nothing written)
+    decode_rows: torch.Tensor  # [B] int32 rows of the batch that decode
+    decode_tables: torch.Tensor  # [B, width] int32, padded with the null block
+    decode_lens: torch.Tensor  # [B] int32 context length (the new token included)
+    num_splits: int
+    prefill_starts: torch.Tensor  # [C] int32 first row of each prefill chunk
+    prefill_lens: torch.Tensor  # [C] int32 its number of queries
+    prefill_cached: torch.Tensor  # [C] int32 tokens before them in the cache
+    prefill_tables: torch.Tensor  # [C, width] int32
+    max_query_len: int
+    max_decode_len: int  # the longest decode context (graphs capture up to max_seq_len_to_capture)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.prefill_starts.shape[0] == 0
+
+
+@dataclass
+class CudaInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: CudaMeta
+
+
+def _table(rows: list[list[int]], width: int, null_block: int) -> torch.Tensor:
+    return torch.tensor([r + [null_block] * (width - len(r)) for r in rows], dtype=torch.int32).view(len(rows), width)
+
+
+def build_inputs(batch: list[BatchRow], block_size: int, null_block: int, device: torch.device,
+                 num_kv_heads: int, num_sms: int) -> CudaInputs:
+    bs = block_size
+    input_ids, positions, slots = [], [], []
+    decode_rows, decode_tables, decode_lens = [], [], []
+    starts, lens, cached, prefill_tables = [], [], [], []
+    for seq, num_new in batch:
+        start = seq.num_computed_tokens
+        row = len(input_ids)
+        input_ids.extend(seq.token_ids[start : start + num_new])
+        positions.extend(range(start, start + num_new))
+        slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, start + num_new))
+        table = seq.block_table[: (start + num_new + bs - 1) // bs]
+        if num_new == 1:
+            decode_rows.append(row)
+            decode_tables.append(table)
+            decode_lens.append(start + 1)
+        else:
+            starts.append(row)
+            lens.append(num_new)
+            cached.append(start)
+            prefill_tables.append(table)
+    max_decode_len = max(decode_lens, default=0)
+    host = dict(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        decode_rows=torch.tensor(decode_rows, dtype=torch.int32),
+        decode_tables=_table(decode_tables, max((len(t) for t in decode_tables), default=0), null_block),
+        decode_lens=torch.tensor(decode_lens, dtype=torch.int32),
+        prefill_starts=torch.tensor(starts, dtype=torch.int32),
+        prefill_lens=torch.tensor(lens, dtype=torch.int32),
+        prefill_cached=torch.tensor(cached, dtype=torch.int32),
+        prefill_tables=_table(prefill_tables, max((len(t) for t in prefill_tables), default=0), null_block),
+    )
+    moved = {name: to_device(t, device) for name, t in host.items()}
+    meta = CudaMeta(**moved, num_splits=num_splits_for(max_decode_len, bs, len(decode_rows), num_kv_heads, num_sms),
+                    max_query_len=max(lens, default=0), max_decode_len=max_decode_len)
+    return CudaInputs(to_device(torch.tensor(input_ids, dtype=torch.int64), device),
+                      to_device(torch.tensor(positions, dtype=torch.int64), device), meta)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without waiting: from pinned memory the copy is asynchronous to the host."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,60 @@
+"""The backend seam: the CPU worker never imports triton, a backend is picked by --device and
+refuses what it cannot run, and the CUDA backend's graphs are chosen by max_seq_len_to_capture."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from services.worker.backends import create_backend
+from services.worker.backends.spec import WorkerSpec
+from shared.config import ConfigError
+
+
+def test_the_cpu_worker_never_imports_triton():
+    code = ("import sys, services.worker.__main__, services.worker.backends.torch_cpu.backend; "
+            "assert 'triton' not in sys.modules, 'triton imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_backends_refuse_what_they_cannot_run(default_model_path):
+    spec = WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26)
+    with pytest.raises(ConfigError, match="--device must be one of cpu, cuda, got 'tpu'"):
+        create_backend("tpu", spec)
+    with pytest.raises(ConfigError, match="kv_cache_dtype 'fp8' needs the cuda backend"):
+        create_backend("cpu", WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26,
+                                         kv_cache_dtype="fp8"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="this machine has no CUDA GPU"):
+            create_backend("cuda", spec)
+    assert spec.with_dtype_for("cpu").dtype == "float32" and spec.with_dtype_for("cuda").dtype == "float32"
+    auto = WorkerSpec(model_path="m", kv_cache_bytes=lambda _: 0, dtype="auto")
+    assert (auto.with_dtype_for("cpu").dtype, auto.with_dtype_for("cuda").dtype) == ("float32", "bfloat16")
+
+
+def test_decode_graphs_take_decode_steps_up_to_max_seq_len_to_capture():
+    from services.worker.backends.cuda.graphs import DecodeGraphs, capture_sizes
+    from services.worker.backends.cuda.inputs import build_inputs
+    from services.worker.sequence import SeqState
+    from shared.messages import SamplingParams
+
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert capture_sizes(12) == [1, 2, 4, 8, 12]
+    caches = [(torch.zeros(9, 2, 16, 8), torch.zeros(9, 2, 16, 8))]
+    graphs = DecodeGraphs(None, caches, block_size=16, null_block=8, max_num_seqs=4, max_seq_len_to_capture=64,
+                          num_kv_heads=2, num_sms=4)
+    graphs.graphs = dict.fromkeys(graphs.sizes)  # as if captured
+
+    def inputs(contexts: list[int], num_new: int = 1):
+        seqs = [SeqState(request_id=str(i), token_ids=[1] * (n + num_new), num_prompt_tokens=n + num_new,
+                         num_computed_tokens=n, block_table=[0, 1, 2, 3, 4, 5], sampling=SamplingParams(),
+                         reply_to="", num_cached_tokens=0, first_scheduled_at=0.0) for i, n in enumerate(contexts)]
+        return build_inputs([(s, num_new) for s in seqs], 16, 8, torch.device("cpu"), 2, 4)
+
+    assert graphs.can_run(inputs([10, 63]))  # contexts 11 and 64
+    assert not graphs.can_run(inputs([10, 64]))  # a context of 65: past max_seq_len_to_capture, eager
+    assert not graphs.can_run(inputs([1, 2, 3, 4, 5]))  # more rows than the largest graph
+    assert not graphs.can_run(inputs([10], num_new=5))  # a prefill chunk
