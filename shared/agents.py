@@ -11,10 +11,20 @@ replica.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from shared.deployment import DeployedModel
 from shared.registry import AgentRecord
 
 ENGINE_HOST = "engine"  # the `accel` of the scheduler process's record
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
+
+
+def host_accel(wanted: str) -> str:
+    """The accelerator an agent offers: as asked, or (auto) cuda when an NVIDIA GPU is present."""
+    if wanted != "auto":
+        return wanted
+    return "cuda" if NVIDIA_GPUS.is_dir() and any(NVIDIA_GPUS.iterdir()) else "cpu"
 
 
 def host_accepts(agent: AgentRecord, deployed: DeployedModel) -> str | None:

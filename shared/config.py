@@ -12,7 +12,7 @@ import os
 import msgspec
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3")  # fp8: the cuda backend only
 QUANTIZATIONS = ("none", "int8", "int4", "w8a8")  # on the CPU: weight-only int8 / int4, or int8 activations too
 
 
@@ -118,7 +118,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return typed.validate()
 
 
-WORKER_DTYPES = ("float32", "bfloat16", "float16")
+WORKER_DTYPES = ("auto", "float32", "bfloat16", "float16")
 WORKER_DEVICES = ("cpu", "cuda")
 
 
@@ -126,7 +126,8 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
     parser.add_argument("--device", default=os.environ.get("SY_DEVICE", "cpu"), choices=WORKER_DEVICES,
                         help="the worker's backend: cpu (torch, the reference) or cuda (Triton kernels, CUDA graphs)")
-    parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "float32"), choices=WORKER_DTYPES)
+    parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "auto"), choices=WORKER_DTYPES,
+                        help="the weights' dtype; auto: float32 on the cpu backend (exact), bfloat16 on cuda")
     parser.add_argument("--gpu-memory-utilization", type=float,
                         default=float(os.environ.get("SY_GPU_MEMORY_UTILIZATION", "0.9")),
                         help="cuda: the share of the GPU's memory the worker takes (weights, activations, KV pool)")
@@ -175,6 +176,8 @@ def _physical_memory_mib() -> int:
 
 def add_agent_args(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
+    parser.add_argument("--accel", default=env("SY_ACCEL", "auto"), choices=("auto", "cpu", "cuda"),
+                        help="the accelerator this host's workers run on; auto: cuda when an NVIDIA GPU is present")
     parser.add_argument("--agent-id", default=env("SY_AGENT_ID"))
     parser.add_argument("--device-group", default=env("SY_DEVICE_GROUP"),
                         help="only deployments whose framework_config.device_group names it run here")

@@ -16,7 +16,8 @@ from shared.config import KV_CACHE_DTYPES, QUANTIZATIONS, ConfigError
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: also a NATS subject token
 ACCELS = ("cpu", "cuda", "qaic")
-KV_CACHE_DTYPES_REFUSED = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # known, but no backend here has them
+KV_CACHE_DTYPES_REFUSED = ("fp8_e5m2", "int8")  # known, but no backend here has them
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")  # the cuda backend's
 QUANTIZATIONS_REFUSED = ("awq", "gptq", "fp8", "bitsandbytes", "gguf")
 MAX_CONTEXT = 1 << 20
 
@@ -70,7 +71,10 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs not in (8, 16, 32, 64, 128)):
             raise ConfigError(f"{p}block_size = {bs!r} is not allowed: allowed 8, 16, 32, 64 or 128")
         _one_of(p + "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES, KV_CACHE_DTYPES_REFUSED,
-                "by the torch backend (quantized KV cache with scales is not built)")
+                "by any backend here")
+        if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES and accel != "cuda":
+            raise ConfigError(f"{p}kv_cache_dtype = {self.kv_cache_dtype!r} is not supported by the torch backend: "
+                              f"fp8 KV caches run on accel 'cuda' only")
         quant = self.quantization or "none"
         _one_of(p + "quantization", quant, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend")
         if quant != "none" and accel != "cpu":

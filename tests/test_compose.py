@@ -11,7 +11,10 @@ import yaml
 def test_compose_runs_every_service_module():
     compose = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"nats", "kvcache", "worker", "agent", "scheduler", "api"}
+    assert set(services) == {"nats", "kvcache", "worker", "worker-gpu", "agent", "scheduler", "api"}
+    gpu = services["worker-gpu"]  # only under `--profile gpu`, on an NVIDIA device
+    assert gpu["profiles"] == ["gpu"] and gpu["command"][-2:] == ["--device", "cuda"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     assert services["agent"]["command"][:3] == ["python", "-m", "services.worker.agent"]
     assert importlib.util.find_spec("services.worker.agent") is not None
     assert "-js" in services["nats"]["command"]

@@ -88,6 +88,7 @@ def worker_spec(args: argparse.Namespace, config, model_path: str, deployed) -> 
         model_path=model_path, load_format=config.load_format, dtype=args.dtype,
         quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, block_size=config.block_size,
         num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs, compile=args.compile,
+        max_num_batched_tokens=config.max_num_batched_tokens,
         kv_cache_bytes=deployed.kv_cache_bytes if deployed else (lambda _weights: fixed_kv_bytes),
         gpu_memory_utilization=framework.gpu_memory_utilization if framework else args.gpu_memory_utilization,
         max_seq_len_to_capture=framework.max_seq_len_to_capture if framework else args.max_seq_len_to_capture,

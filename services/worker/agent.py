@@ -24,7 +24,7 @@ from nats.aio.client import Client
 from services.worker.replicas import Replicas
 from shared import log as sylog
 from shared import subjects
-from shared.agents import fits, free_resources, host_accepts, needs
+from shared.agents import fits, free_resources, host_accel, host_accepts, needs
 from shared.bus import connect
 from shared.config import ConfigError, add_agent_args, add_nats_arg, add_worker_args
 from shared.deploy_config import parse_memory
@@ -174,7 +174,7 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     sylog.configure("agent")
     record = AgentRecord(agent_id=args.agent_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
-                         accel="cpu", device_group=args.device_group, cpus=args.agent_cpus,
+                         accel=host_accel(args.accel), device_group=args.device_group, cpus=args.agent_cpus,
                          memory=parse_memory("--agent-memory", args.agent_memory))
     log_dir = Path(args.agent_log_dir or tempfile.mkdtemp(prefix="switchyard-agent-"))
     log_dir.mkdir(parents=True, exist_ok=True)

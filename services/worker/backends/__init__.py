@@ -22,4 +22,4 @@ def create_backend(device: str, spec: WorkerSpec) -> Backend:
     if device not in BACKENDS:
         raise ConfigError(f"--device must be one of {', '.join(BACKENDS)}, got {device!r}")
     module, cls = BACKENDS[device].split(":")
-    return getattr(importlib.import_module(module), cls).create(spec)
+    return getattr(importlib.import_module(module), cls).create(spec.with_dtype_for(device))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,12 +24,13 @@ class WorkerSpec:
     model_path: str
     kv_cache_bytes: Callable[[int], int]  # the weights' bytes -> the KV pool's budget (CPU backends)
     load_format: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "float32"  # or bfloat16, float16; "auto" until with_dtype_for()
     quantization: str = "none"
     kv_cache_dtype: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None  # overrides every budget
     max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # the largest step (the CUDA backend profiles its activations)
     compile: bool = False
     gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory the worker may take
     max_seq_len_to_capture: int = 8192  # CUDA: decode steps with longer contexts run without graphs
@@ -36,6 +38,12 @@ class WorkerSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def with_dtype_for(self, device: str) -> WorkerSpec:
+        """`auto` made concrete: float32 on the CPU (exact, batch-invariant), bfloat16 on a GPU."""
+        if self.dtype != "auto":
+            return self
+        return dataclasses.replace(self, dtype="float32" if device == "cpu" else "bfloat16")
 
     @property
     def kv_torch_dtype(self) -> torch.dtype:

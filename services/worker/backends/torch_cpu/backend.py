@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.backends.kv_pool import KVSpec, null_block
+from services.worker.backends.kv_pool import KV_DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
@@ -15,6 +15,7 @@ from services.worker.backends.torch_cpu.quantization import quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
+from shared.config import ConfigError
 from shared.messages import BackendName, Logprobs, WorkerKind
 
 
@@ -36,6 +37,9 @@ class TorchCpuBackend:
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
+        if spec.kv_cache_dtype not in KV_DTYPES and spec.kv_cache_dtype != "auto":
+            raise ConfigError(f"kv_cache_dtype {spec.kv_cache_dtype!r} needs the cuda backend (--device cuda); "
+                              f"the cpu backend stores {', '.join(KV_DTYPES)}")
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, TORCH_OPS)
         quantize(loaded.model, spec.quantization)
         if spec.compile:
