@@ -124,3 +124,11 @@ def test_mistral_contexts_stop_at_its_sliding_window(tmp_path):
     qwen = ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["Qwen2ForCausalLM"], sliding_window=4096,
                                                    use_sliding_window=False))
     assert qwen.sliding_window is None
+
+
+def test_rotary_frequencies_stay_float32_in_a_bfloat16_model(tmp_path):
+    _, path = _save(tmp_path, "Llama-3.2-1B", "transformers5")
+    loaded = load_model(str(path), dtype=torch.bfloat16)
+    assert loaded.model.tok_embeddings.weight.dtype == torch.bfloat16
+    assert loaded.model.rotary.inv_freq.dtype == torch.float32
+    assert torch.equal(loaded.model.rotary.inv_freq, inv_freq(64, 500000.0, loaded.config.rope_scaling))

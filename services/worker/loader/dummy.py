@@ -12,7 +12,10 @@ from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
 
 
-def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load(path: str, dtype: torch.dtype = torch.float32,
+         device: torch.device | str = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Each tensor drawn on the host from one seeded generator (the same weights on every device),
+    then moved in `dtype`, one at a time (an 8B model never sits on the host in float32 whole)."""
     config_path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     config = ModelConfig.from_hf_config(config_path)
     with torch.device("meta"):
@@ -21,9 +24,10 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     state_dict = {}
     for name, meta in tqdm(shapes.items(), desc="random weights", unit="tensor"):
         if name.endswith("norm.weight"):
-            state_dict[name] = torch.ones(meta.shape)
+            weight = torch.ones(meta.shape)
         elif name.endswith(".bias"):
-            state_dict[name] = torch.zeros(meta.shape)
+            weight = torch.zeros(meta.shape)
         else:
-            state_dict[name] = torch.randn(meta.shape, generator=generator) * 0.02
+            weight = torch.randn(meta.shape, generator=generator) * 0.02
+        state_dict[name] = weight.to(device=device, dtype=dtype)
     return config, state_dict

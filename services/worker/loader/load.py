@@ -43,7 +43,7 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     elif fmt == "hf":
         config, state_dict = hf_dir.load(path)
     else:
-        config, state_dict = dummy.load(path)
+        config, state_dict = dummy.load(path, dtype, device)
     cls = model_class_for(config.architecture)
     with torch.device("meta"):
         model = cls(config, ops)
@@ -54,8 +54,11 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match {config.architecture}: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.rotary = Rotary(config)  # its buffer is not in the state dict
+    del model.rotary  # still on meta: its buffer is not in the state dict
     model.tie_weights()
     model.fuse_projections()
     model = model.to(device=device, dtype=dtype).eval()
+    # made after the cast, so its frequencies stay float32 (in bfloat16 they keep 3 significant
+    # digits, and the angles drift by radians at long positions)
+    model.rotary = Rotary(config).to(device)
     return LoadedModel(model=model, config=config, source=f"{fmt}:{path}")
