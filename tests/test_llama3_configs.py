@@ -132,3 +132,80 @@ def test_rotary_frequencies_stay_float32_in_a_bfloat16_model(tmp_path):
     assert loaded.model.tok_embeddings.weight.dtype == torch.bfloat16
     assert loaded.model.rotary.inv_freq.dtype == torch.float32
     assert torch.equal(loaded.model.rotary.inv_freq, inv_freq(64, 500000.0, loaded.config.rope_scaling))
+
+
+def _write_gguf(hf_model, path, rope_freqs: torch.Tensor | None, scaling_type: str | None = None) -> str:
+    """The model's weights as llama.cpp lays them out (Q/K rows permuted for its rotary), F32."""
+    import gguf
+    import numpy as np
+
+    cfg = hf_model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    if scaling_type is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType(scaling_type))
+        writer.add_rope_scaling_factor(2.0)
+
+    def permute(w: np.ndarray, heads: int) -> np.ndarray:
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.down_proj": "ffn_down",
+             "mlp.up_proj": "ffn_up", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, tensor in hf_model.state_dict().items():
+        w = tensor.float().numpy()
+        if name.startswith("model.layers."):
+            _, _, i, rest = name.rsplit(".", 1)[0].split(".", 3)
+            if rest == "self_attn.q_proj":
+                w = permute(w, cfg.num_attention_heads)
+            elif rest == "self_attn.k_proj":
+                w = permute(w, cfg.num_key_value_heads)
+            out = f"blk.{i}.{names[rest]}.weight"
+        else:
+            out = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                   "lm_head.weight": "output.weight"}[name]
+        writer.add_tensor(out, np.ascontiguousarray(w))
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_a_gguf_with_rope_freqs_matches_transformers(tmp_path, monkeypatch):
+    """llama.cpp writes Llama 3.1+'s scaling as a rope_freqs tensor: each frequency's divisor."""
+    monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
+    hf, _ = _save(tmp_path, "Llama-3.1-8B", "transformers5")
+    scaling = RopeScaling(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192)
+    divisors = inv_freq(128, 500000.0, RopeScaling()) / inv_freq(128, 500000.0, scaling)
+    loaded = load_model(_write_gguf(hf, tmp_path / "llama31.gguf", divisors))
+    assert loaded.config.rope_freq_factors is not None
+    ids = torch.randint(3, 512, (1500,), generator=torch.Generator().manual_seed(1)).tolist()
+    ours = prefill_logits(make_runner(loaded, num_blocks=128), ids)
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
+    loaded.model.rotary.inv_freq = inv_freq(128, 500000.0, RopeScaling())  # the tensor ignored
+    assert (prefill_logits(make_runner(loaded, num_blocks=128), ids) - theirs).abs().max() > 100 * 2e-4
+
+
+def test_gguf_rope_scaling_types(tmp_path):
+    fields = {"general.architecture": "llama", "llama.attention.head_count": 4, "llama.embedding_length": 64,
+              "llama.feed_forward_length": 128, "llama.block_count": 1, "llama.vocab_size": 32}
+    assert ModelConfig.from_gguf_fields({**fields, "llama.rope.scaling.type": "linear",
+                                         "llama.rope.scaling.factor": 4.0}, True).rope_scaling == \
+        RopeScaling(rope_type="linear", factor=4.0)
+    with pytest.raises(ConfigError, match="GGUF rope scaling 'yarn' is not implemented"):
+        ModelConfig.from_gguf_fields({**fields, "llama.rope.scaling.type": "yarn"}, True)

@@ -38,6 +38,16 @@ def _check_implemented(raw: dict, where: str) -> None:
         raise ConfigError(f"{where}: mlp_bias is not implemented")
 
 
+def _gguf_rope_scaling(fields: dict, prefix: str) -> RopeScaling:
+    """llama.cpp's rope scaling keys; Llama 3.1+ files say theirs with a rope_freqs tensor instead."""
+    kind = fields.get(prefix + "rope.scaling.type", "none")
+    if kind == "none":
+        return RopeScaling()
+    if kind == "linear":
+        return RopeScaling(rope_type="linear", factor=float(fields[prefix + "rope.scaling.factor"]))
+    raise ConfigError(f"GGUF rope scaling {kind!r} is not implemented (none, linear, or a rope_freqs tensor)")
+
+
 def _sliding_window(raw: dict) -> int | None:
     """Mistral's window (on unless use_sliding_window says otherwise); Qwen2 turns it off by default."""
     if not raw.get("use_sliding_window", True) or not raw.get("sliding_window"):
@@ -129,6 +139,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             num_kv_heads=fields.get(p + "attention.head_count_kv", num_heads),
             head_dim=fields.get(p + "rope.dimension_count", hidden // num_heads),
             rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
+            rope_scaling=_gguf_rope_scaling(fields, p),
             rms_norm_eps=float(fields.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             tie_word_embeddings=not has_output_weight,
             max_position_embeddings=fields.get(p + "context_length", 2048),
