@@ -137,3 +137,21 @@ def test_the_stack_serves_through_the_openai_client_on_the_gpu(tmp_path_factory,
         assert reply.choices[0].text == streamed and reply.usage.completion_tokens == 8
     finally:
         stack.stop()
+
+
+def test_the_gpu_benchmark_reports_every_figure(tmp_path):
+    import json
+
+    from bench import gpu_decode
+
+    config = json.loads(open("bench/configs/llama-3.1-8b.json").read())
+    config.update(num_hidden_layers=2, hidden_size=512, intermediate_size=1024, num_attention_heads=4,
+                  num_key_value_heads=1, vocab_size=1000)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    report = gpu_decode.main(["--config", str(path), "--context", "64", "--big-batch", "8", "--prefill-len", "256",
+                              "--repeat", "3"])
+    assert report["bandwidth_gb_s"] > 100
+    for key in ("decode_b1", "decode_b8"):
+        assert report[key]["tok_s"] > 0 and 0 < report[key]["of_roofline"] < 1.5
+    assert report["prefill"]["tflop_s"] > 0
