@@ -107,8 +107,6 @@ def hf_generate(config_path: str, batch: int, context: int, new_tokens: int, sta
         model.generate(ids, **kwargs)  # compile, warm up
         short = timed(lambda: model.generate(ids, **{**kwargs, "min_new_tokens": 1, "max_new_tokens": 1}), 3)
         full = timed(lambda: model.generate(ids, **kwargs), 3)
-    del model
-    torch.cuda.empty_cache()
     return batch * (new_tokens - 1) / (full - short)  # the prefill subtracted
 
 
@@ -164,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
         del backend, prefill, loaded
         torch.cuda.empty_cache()
         report["hf_generate_b1_tok_s"] = hf_generate(args.config, 1, args.context, 64, static=False)
+        torch.cuda.empty_cache()
         report["hf_static_compiled_b1_tok_s"] = hf_generate(args.config, 1, args.context, 64, static=True)
     text = json.dumps(report, indent=2)
     print(text, flush=True)
