@@ -36,7 +36,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
     num_scheduler_steps: int = 1  # decode iterations per Step when nothing waits (multi-step scheduling)
-    quantization: str = "none"  # or "int8" / "int4" (weight-only) / "w8a8" (services/worker/quantization.py)
+    quantization: str = "none"  # or "int8" / "int4" (weight-only) / "w8a8" (services/worker/backends/torch_cpu/quantization.py)
     step_timeout_s: float = 60.0
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
 
