@@ -84,3 +84,18 @@ def test_device_sampling_is_seeded_per_request_and_batch_invariant():
         int(logits[0].argmax())
     assert not is_plain(SampleRow(SamplingParams(logit_bias={3: 5.0}), seed=0, output_index=0))
     assert not is_plain(SampleRow(SamplingParams(logprobs=1), seed=0, output_index=0))
+
+
+def test_llama31_rope_scaling_matches_transformers_on_the_cuda_path(tmp_path):
+    """Llama 3.1's scaled frequencies through the Triton rotary and attention (the torch path's
+    test is in tests/test_llama3_configs.py): 700 positions reach the blended wavelengths."""
+    from tests.model_helpers import prefill_logits
+    from tests.test_llama3_configs import _save
+
+    hf, path = _save(tmp_path, "Llama-3.1-8B", "transformers5")
+    loaded = load_model(str(path), ops=TritonOps())
+    ids = torch.randint(3, 512, (700,), generator=torch.Generator().manual_seed(1)).tolist()
+    ours = prefill_logits(cuda_runner(loaded, 48), ids)
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
