@@ -12,6 +12,7 @@ import torch
 
 from services.worker.backends.base import BatchRow
 from services.worker.backends.cuda.kernels.decode_attention import num_splits_for
+from services.worker.backends.ragged import flatten
 
 
 @dataclass
@@ -46,42 +47,27 @@ def _table(rows: list[list[int]], width: int, null_block: int) -> torch.Tensor:
 
 def build_inputs(batch: list[BatchRow], block_size: int, null_block: int, device: torch.device,
                  num_kv_heads: int, num_sms: int) -> CudaInputs:
-    bs = block_size
-    input_ids, positions, slots = [], [], []
-    decode_rows, decode_tables, decode_lens = [], [], []
-    starts, lens, cached, prefill_tables = [], [], [], []
-    for seq, num_new in batch:
-        start = seq.num_computed_tokens
-        row = len(input_ids)
-        input_ids.extend(seq.token_ids[start : start + num_new])
-        positions.extend(range(start, start + num_new))
-        slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, start + num_new))
-        table = seq.block_table[: (start + num_new + bs - 1) // bs]
-        if num_new == 1:
-            decode_rows.append(row)
-            decode_tables.append(table)
-            decode_lens.append(start + 1)
-        else:
-            starts.append(row)
-            lens.append(num_new)
-            cached.append(start)
-            prefill_tables.append(table)
-    max_decode_len = max(decode_lens, default=0)
+    ragged = flatten(batch, block_size)
+    decode_tables = [table for _, table, _ in ragged.decodes]
+    prefill_tables = [table for *_, table in ragged.prefills]
+    decode_lens = [length for _, _, length in ragged.decodes]
     host = dict(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        decode_rows=torch.tensor(decode_rows, dtype=torch.int32),
+        slot_mapping=torch.tensor(ragged.slots, dtype=torch.int64),
+        decode_rows=torch.tensor([row for row, _, _ in ragged.decodes], dtype=torch.int32),
         decode_tables=_table(decode_tables, max((len(t) for t in decode_tables), default=0), null_block),
         decode_lens=torch.tensor(decode_lens, dtype=torch.int32),
-        prefill_starts=torch.tensor(starts, dtype=torch.int32),
-        prefill_lens=torch.tensor(lens, dtype=torch.int32),
-        prefill_cached=torch.tensor(cached, dtype=torch.int32),
+        prefill_starts=torch.tensor([row for row, *_ in ragged.prefills], dtype=torch.int32),
+        prefill_lens=torch.tensor([n for _, n, _, _ in ragged.prefills], dtype=torch.int32),
+        prefill_cached=torch.tensor([cached for _, _, cached, _ in ragged.prefills], dtype=torch.int32),
         prefill_tables=_table(prefill_tables, max((len(t) for t in prefill_tables), default=0), null_block),
     )
     moved = {name: to_device(t, device) for name, t in host.items()}
-    meta = CudaMeta(**moved, num_splits=num_splits_for(max_decode_len, bs, len(decode_rows), num_kv_heads, num_sms),
-                    max_query_len=max(lens, default=0), max_decode_len=max_decode_len)
-    return CudaInputs(to_device(torch.tensor(input_ids, dtype=torch.int64), device),
-                      to_device(torch.tensor(positions, dtype=torch.int64), device), meta)
+    max_decode_len = max(decode_lens, default=0)
+    meta = CudaMeta(**moved, num_splits=num_splits_for(max_decode_len, block_size, len(decode_lens), num_kv_heads,
+                                                       num_sms),
+                    max_query_len=max((n for _, n, _, _ in ragged.prefills), default=0), max_decode_len=max_decode_len)
+    return CudaInputs(to_device(torch.tensor(ragged.input_ids, dtype=torch.int64), device),
+                      to_device(torch.tensor(ragged.positions, dtype=torch.int64), device), meta)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

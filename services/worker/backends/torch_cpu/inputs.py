@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.backends.base import BatchRow
+from services.worker.backends.ragged import flatten
 from services.worker.backends.torch_cpu.attention import AttentionMetadata
 
 MIN_DECODE_BLOCKS = 2  # compiled layers never see a one-block table (compiled.py)
@@ -20,33 +21,20 @@ class TorchInputs:
 
 
 def build_inputs(batch: list[BatchRow], block_size: int, null_block: int) -> TorchInputs:
-    bs = block_size
-    input_ids, positions, slots = [], [], []
-    decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
-    for seq, num_new in batch:
-        start = seq.num_computed_tokens
-        row = len(input_ids)
-        input_ids.extend(seq.token_ids[start : start + num_new])
-        for pos in range(start, start + num_new):
-            positions.append(pos)
-            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-        num_blocks = (start + num_new + bs - 1) // bs
-        if num_new == 1:
-            decode_rows.append(row)
-            decode_tables.append(seq.block_table[:num_blocks])
-            decode_lens.append(start + 1)
-        else:
-            prefills.append((row, num_new, start, torch.tensor(seq.block_table[:num_blocks])))
+    ragged = flatten(batch, block_size)
+    decode_tables = [table for _, table, _ in ragged.decodes]
     # at least MIN_DECODE_BLOCKS wide; the padding points at the null block and is masked
     max_blocks = max((len(t) for t in decode_tables), default=0)
     max_blocks = max(max_blocks, MIN_DECODE_BLOCKS) if decode_tables else 0
     tables = torch.tensor([t + [null_block] * (max_blocks - len(t)) for t in decode_tables], dtype=torch.long)
-    context_mask = (torch.arange(max_blocks * bs).unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1))
+    decode_lens = torch.tensor([length for _, _, length in ragged.decodes])
+    context_mask = torch.arange(max_blocks * block_size).unsqueeze(0) < decode_lens.unsqueeze(1)
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long),
-        decode_token_idx=torch.tensor(decode_rows, dtype=torch.long),
+        slot_mapping=torch.tensor(ragged.slots, dtype=torch.long),
+        decode_token_idx=torch.tensor([row for row, _, _ in ragged.decodes], dtype=torch.long),
         decode_block_tables=tables.reshape(len(decode_tables), max_blocks),
-        decode_context_mask=context_mask.reshape(len(decode_tables), 1, 1, max_blocks * bs),
-        prefills=prefills,
+        decode_context_mask=context_mask.reshape(len(decode_tables), 1, 1, max_blocks * block_size),
+        prefills=[(row, n, cached, torch.tensor(table)) for row, n, cached, table in ragged.prefills],
     )
-    return TorchInputs(torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), meta)
+    return TorchInputs(torch.tensor(ragged.input_ids, dtype=torch.long),
+                       torch.tensor(ragged.positions, dtype=torch.long), meta)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.backends.cuda.kernels.online_softmax import attend_block
+
 
 @triton.jit
 def _decode_split(q_ptr, k_ptr, v_ptr, rows_ptr, tables_ptr, lens_ptr, acc_ptr, ml_ptr, scale, k_scale, v_scale,
@@ -39,25 +41,9 @@ def _decode_split(q_ptr, k_ptr, v_ptr, rows_ptr, tables_ptr, lens_ptr, acc_ptr, 
     for i in range(first, last):
         block = tl.load(tables_ptr + seq * stride_tb + i).to(tl.int64)
         offsets = block * stride_cb + kv_head * stride_ch + t[:, None] * stride_ct + d[None, :]
-        k = tl.load(k_ptr + offsets, mask=d[None, :] < HEAD_DIM, other=0.0)
-        v = tl.load(v_ptr + offsets, mask=d[None, :] < HEAD_DIM, other=0.0)
-        if IS_FP8:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
-        scores = tl.where((i * BLOCK_SIZE + t)[None, :] < context, scores * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+        visible = (i * BLOCK_SIZE + t)[None, :] < context
+        m, denom, acc = attend_block(q, k_ptr, v_ptr, offsets, d[None, :] < HEAD_DIM, visible, scale, k_scale, v_scale,
+                                     m, denom, acc, IEEE, IS_FP8)
     # partial results, unnormalized: acc [seq, head, split, d], (m, denom) [seq, head, split, 2]
     base = (seq * num_heads + heads) * NUM_SPLITS + split
     tl.store(acc_ptr + base[:, None] * BLOCK_D + d[None, :], acc, mask=g[:, None] < GROUP)

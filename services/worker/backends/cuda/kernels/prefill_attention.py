@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.backends.cuda.kernels.online_softmax import attend_block
+
 
 @triton.jit
 def _prefill(q_ptr, k_ptr, v_ptr, out_ptr, starts_ptr, lens_ptr, cached_ptr, tables_ptr, scale, k_scale, v_scale,
@@ -39,26 +41,9 @@ def _prefill(q_ptr, k_ptr, v_ptr, out_ptr, starts_ptr, lens_ptr, cached_ptr, tab
     for i in range(0, num_blocks):
         block = tl.load(tables_ptr + chunk * stride_tb + i).to(tl.int64)
         offsets = block * stride_cb + kv_head * stride_ch + t[:, None] * stride_ct + d[None, :]
-        k = tl.load(k_ptr + offsets, mask=d[None, :] < HEAD_DIM, other=0.0)
-        v = tl.load(v_ptr + offsets, mask=d[None, :] < HEAD_DIM, other=0.0)
-        if IS_FP8:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
         visible = (i * BLOCK_SIZE + t)[None, :] <= positions[:, None]
-        scores = tl.where(visible, scores * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+        m, denom, acc = attend_block(q, k_ptr, v_ptr, offsets, d[None, :] < HEAD_DIM, visible, scale, k_scale, v_scale,
+                                     m, denom, acc, IEEE, IS_FP8)
     out = acc / denom[:, None]
     tl.store(out_ptr + (start + m_idx)[:, None] * stride_ot + head * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (d[None, :] < HEAD_DIM))
