@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from services.worker.backends.cuda.inputs import to_device
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample as cpu_sample
 from shared.messages import Logprobs
@@ -55,25 +56,29 @@ def device_sample(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         return greedy_ids
     dev = logits.device
     params = [r.params for r in rows]
-    temperature = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params], device=dev)
+
+    def per_row(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return to_device(torch.tensor(values, dtype=dtype), dev)  # pinned, so no wait for the forward
+
+    temperature = per_row([p.temperature if not p.is_greedy else 1.0 for p in params])
     scaled = logits / temperature[:, None]
     sorted_logits, order = scaled.sort(-1, descending=True)
     vocab = logits.shape[1]
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=dev)
+    top_k = per_row([p.top_k if 0 < p.top_k < vocab else vocab for p in params], torch.int64)
     ranks = torch.arange(vocab, device=dev)[None, :]
     cut = ranks >= top_k[:, None]
     probs = sorted_logits.masked_fill(cut, float("-inf")).softmax(-1)
-    min_p = torch.tensor([p.min_p for p in params], device=dev)
+    min_p = per_row([p.min_p for p in params])
     cut |= probs < min_p[:, None] * probs[:, :1]
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    top_p = per_row([p.top_p for p in params])
     cut |= (probs.cumsum(-1) - probs) >= top_p[:, None]  # the top token always stays
     kept = sorted_logits.masked_fill(cut, float("-inf")).softmax(-1)
     probs = torch.zeros_like(kept).scatter_(1, order, kept)
-    seeds = torch.tensor([r.seed for r in rows], device=dev, dtype=torch.int64)
-    indices = torch.tensor([r.output_index for r in rows], device=dev, dtype=torch.int64)
+    seeds = per_row([r.seed for r in rows], torch.int64)
+    indices = per_row([r.output_index for r in rows], torch.int64)
     exponential = -uniform_noise(seeds, indices, vocab).log()
     drawn = (probs / exponential).argmax(-1)  # exponential race: argmax(p / E) draws from p
-    is_greedy = torch.tensor([p.is_greedy for p in params], device=dev)
+    is_greedy = per_row([p.is_greedy for p in params], torch.bool)
     return torch.where(is_greedy, greedy_ids, drawn)
 
 
