@@ -165,6 +165,10 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated keys; when set, every route but /health needs one")
     parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", 16 * 2**20)))
     parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", "20")))
+    parser.add_argument("--tool-call-parser", default=os.environ.get("SY_TOOL_CALL_PARSER", "hermes"),
+                        choices=("hermes", "json"),
+                        help="how a model's text becomes tool calls: hermes (<tool_call>{json}</tool_call>, "
+                             "SmolLM2/Qwen/Hermes) or json (the whole answer is a call or a list of calls)")
     parser.add_argument("--openai-config", default=os.environ.get("SY_OPENAI_CONFIG"),
                         help="per-model OpenAI defaults: JSON (or a JSON file) with completion_config "
                              "and chat_completion_config (which may carry chat_template)")

@@ -21,12 +21,21 @@ class GuidedError(ValueError):
 
 @lru_cache(maxsize=64)
 def grammar_for(guided: Guided) -> str:
-    schema: str | dict = {"type": "object"} if guided.kind == GuidedKind.JSON_OBJECT else guided.schema
+    what = "grammar" if guided.kind == GuidedKind.LARK else "JSON schema"
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_LAYOUT)
+        if guided.kind == GuidedKind.LARK:
+            grammar = llguidance.LLMatcher.grammar_from_lark(guided.schema)
+        else:
+            schema = {"type": "object"} if guided.kind == GuidedKind.JSON_OBJECT else guided.schema
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_LAYOUT)
     except ValueError as exc:
-        raise GuidedError(f"invalid JSON schema: {exc}") from None
+        raise GuidedError(f"invalid {what}: {exc}") from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise GuidedError(f"invalid JSON schema: {messages[0]}")
+        raise GuidedError(f"invalid {what}: {messages[0]}")
     return grammar
+
+
+def json_layout() -> dict:
+    """The layout above, as a schema's x-guidance options (for schemas embedded in a Lark grammar)."""
+    return dict(_JSON_LAYOUT)

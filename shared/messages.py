@@ -61,13 +61,14 @@ class WorkerKind(enum.IntEnum):
 class GuidedKind(enum.IntEnum):
     JSON_OBJECT = 0  # any JSON object
     JSON_SCHEMA = 1  # JSON valid against `schema`
+    LARK = 2  # llguidance's Lark dialect (JSON schemas embedded with %json): forced tool calls
 
 
 class Guided(msgspec.Struct, frozen=True):
     """Constrained decoding: the worker masks every token the grammar does not allow."""
 
     kind: GuidedKind
-    schema: str = ""  # JSON text of the schema (JSON_SCHEMA only)
+    schema: str = ""  # JSON text of the schema (JSON_SCHEMA), or the grammar's text (LARK)
 
 
 class SamplingParams(msgspec.Struct, frozen=True):

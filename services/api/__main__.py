@@ -53,7 +53,8 @@ def main() -> None:
         await client.start()
         ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s,
                          request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
-                         api_keys=api_keys, registry=await Registry(nc).open())
+                         api_keys=api_keys, registry=await Registry(nc).open(),
+                         tool_call_parser=args.tool_call_parser)
         ctx.limits = LimitsWatcher(ctx)
         await ctx.limits.start()
         await ctx.limits.refresh(served.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 from jinja2.exceptions import TemplateError
@@ -16,10 +17,16 @@ def _raise_exception(message: str):
     raise TemplateError(message)
 
 
+def _tojson(value, indent=None, separators=None, sort_keys=False) -> str:
+    """As transformers' chat templates have it: plain JSON (jinja2's own escapes <, > and &)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = _tojson
     return env.from_string(template)
 
 

@@ -48,6 +48,7 @@ class ApiContext:
     deployments: object = None  # the DeploymentWatcher that fills models, aliases and pending
     limits: object = None  # the LimitsWatcher that sets each served model's max_model_len
     max_model_lens: dict[str, int] = field(default_factory=dict)  # model -> as last published
+    tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (tool_parsers.py)
 
     def resolve(self, name: str) -> ServedModel | None:
         """A served model by its name, or by its pipeline's or model's name."""

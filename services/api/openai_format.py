@@ -30,8 +30,13 @@ def completion_choice(index: int, text: str, finish_reason: str | None, logprobs
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: list[dict] | None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text},
+def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: list[dict] | None,
+                tool_calls: list[dict] | None = None) -> dict:
+    message = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = tool_calls
+    return {"index": index, "message": message,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             "finish_reason": finish_reason}
 

@@ -11,7 +11,15 @@ import json
 from services.api.chat_template import ChatTemplateError, render_chat
 from services.api.context import ServedModel
 from services.api.errors import APIError
-from services.api.protocol import MAX_N, ChatCompletionRequest, ChatMessage, CompletionRequest, _Sampling
+from services.api.protocol import (
+    MAX_N,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    Tool,
+    _Sampling,
+)
+from services.api.tool_prompt import template_messages, template_tools, tool_template, uses_tools
 from shared.config import context_length_error
 from shared.guided import GuidedError, grammar_for
 from shared.messages import Guided, GuidedKind, SamplingParams
@@ -34,14 +42,18 @@ def encode_text(model: ServedModel, text: str, param: str) -> list[int]:
         raise APIError(400, f"{param} cannot be tokenized: {exc}", param=param) from None
 
 
-def render_messages(model: ServedModel, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-    """Chat messages through the model's chat template (its own, or the OpenAI config's override)."""
+def render_messages(model: ServedModel, messages: list[ChatMessage], add_generation_prompt: bool,
+                    tools: list[Tool] | None = None) -> str:
+    """Chat messages through the model's chat template (its own, or the OpenAI config's override);
+    with tools, or tool calls and results in the history, a template that can render them."""
     if not model.chat_template:
         raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
+    template, extra = model.chat_template, {}
+    if uses_tools(messages, tools):
+        template, extra = tool_template(model.chat_template), {"tools": template_tools(tools)}
     try:
-        return render_chat(model.chat_template, [{"role": m.role, "content": m.text()} for m in messages],
-                           bos_token=model.tokenizer.bos_token, eos_token=model.tokenizer.eos_token,
-                           add_generation_prompt=add_generation_prompt)
+        return render_chat(template, template_messages(messages), bos_token=model.tokenizer.bos_token,
+                           eos_token=model.tokenizer.eos_token, add_generation_prompt=add_generation_prompt, **extra)
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
 

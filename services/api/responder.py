@@ -14,6 +14,8 @@ from services.api.generation import Delta
 from services.api.logprobs_format import CompletionLogprobs, chat_logprobs
 from services.api.openai_format import Usage
 from services.api.protocol import ChatCompletionRequest, CompletionRequest
+from services.api.tool_choice import ToolPlan
+from services.api.tool_parsers import parser_for
 
 
 @dataclass
@@ -22,6 +24,7 @@ class _Choice:
     finish_reason: str | None = None
     logprobs: CompletionLogprobs | list[dict] | None = None
     has_started: bool = False
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 class Responder:
@@ -97,41 +100,65 @@ class CompletionResponder(Responder):
 
 
 class ChatResponder(Responder):
+    """With tools, each choice's text goes through the tool-call parser: calls leave the content and
+    become `tool_calls` (streamed as OpenAI streams them: id and name first, then the arguments),
+    and an answer that called a tool finishes with "tool_calls"."""
+
     is_chat = True
 
-    def __init__(self, model: ServedModel, body: ChatCompletionRequest, num_choices: int):
+    def __init__(self, model: ServedModel, body: ChatCompletionRequest, num_choices: int,
+                 tools: ToolPlan | None = None):
         super().__init__(model, num_choices)
         self.wants_logprobs = body.logprobs
         if body.logprobs:
             for choice in self.choices:
                 choice.logprobs = []
+        self.parsers = [parser_for(tools.parser) for _ in range(num_choices)] if tools else None
 
     def first_chunks(self, request_id: str, created: int) -> list[dict]:
         return [fmt.chunk(request_id, created, self.model.name, True,
                           [fmt.chat_delta_choice(i, {"role": "assistant", "content": ""}, None, None)])
                 for i in range(len(self.choices))]
 
-    def add(self, index: int, delta: Delta) -> list[dict] | None:
+    def add(self, index: int, delta: Delta) -> tuple[list[dict] | None, str, list[dict]]:
+        """-> (logprobs, content, tool calls) this delta adds to its choice."""
         choice = self.choices[index]
         logprobs = None
         if self.wants_logprobs and delta.logprobs:
             logprobs = chat_logprobs(self.model.tokenizer, delta.token_ids, delta.logprobs)
             choice.logprobs.extend(logprobs)
-        choice.text.append(delta.text)
-        choice.finish_reason = delta.finish_reason or choice.finish_reason
-        return logprobs
+        content, calls = delta.text, []
+        if self.parsers is not None:
+            content, calls = self.parsers[index].feed(delta.text)
+            if delta.finish_reason:
+                rest, more = self.parsers[index].finish()
+                content, calls = content + rest, calls + more
+        choice.text.append(content)
+        choice.tool_calls.extend(calls)
+        if delta.finish_reason:
+            choice.finish_reason = "tool_calls" if delta.finish_reason == "stop" and choice.tool_calls \
+                else delta.finish_reason
+        return logprobs, content, calls
 
     def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
-        logprobs = self.add(index, delta)
-        out = []
-        if delta.text or logprobs:
-            out.append(fmt.chunk(request_id, created, self.model.name, True,
-                                 [fmt.chat_delta_choice(index, {"content": delta.text}, None, logprobs)]))
+        logprobs, content, calls = self.add(index, delta)
+
+        def chunk(body: dict, finish_reason: str | None = None, logprobs_=None) -> dict:
+            return fmt.chunk(request_id, created, self.model.name, True,
+                             [fmt.chat_delta_choice(index, body, finish_reason, logprobs_)])
+
+        out = [chunk({"content": content}, None, logprobs)] if content or logprobs else []
+        first = len(self.choices[index].tool_calls) - len(calls)
+        for k, call in enumerate(calls, start=first):
+            fn = call["function"]
+            out.append(chunk({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                              "function": {"name": fn["name"], "arguments": ""}}]}))
+            out.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]}))
         if delta.finish_reason:
-            out.append(fmt.chunk(request_id, created, self.model.name, True,
-                                 [fmt.chat_delta_choice(index, {}, delta.finish_reason, None)]))
+            out.append(chunk({}, self.choices[index].finish_reason))
         return out
 
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
-        choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs) for i, c in enumerate(self.choices)]
+        choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls)
+                   for i, c in enumerate(self.choices)]
         return fmt.response(request_id, created, self.model.name, True, choices, usage)

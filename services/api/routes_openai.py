@@ -27,6 +27,7 @@ from services.api.params import (
 )
 from services.api.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.api.responder import ChatResponder, CompletionResponder, Responder
+from services.api.tool_choice import forced_grammar, plan_tools
 from shared.messages import SamplingParams
 
 router = APIRouter()
@@ -58,12 +59,18 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
 
 async def chat(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
     ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat, model_name)
-    text = render_messages(model, body.messages, body.add_generation_prompt)
+    tools = plan_tools(body, ctx.tool_call_parser)
+    text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None)
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=chat_logprobs(body))
+    if tools is not None and (forced := forced_grammar(tools)) is not None:
+        if sampling.guided is not None:
+            raise APIError(400, "response_format cannot be combined with a tool_choice that forces a call",
+                           param="response_format")
+        sampling = msgspec.structs.replace(sampling, guided=forced)
     choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrival(request))
-    responder = ChatResponder(model, body, len(choices.generations))
+    responder = ChatResponder(model, body, len(choices.generations), tools)
     return await _respond(choices, responder, body, request, usage_every_chunk)
 
 

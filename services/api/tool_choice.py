@@ -1,0 +1,94 @@
+"""What a chat request's `tools` and `tool_choice` ask of the engine, validated as OpenAI does.
+
+- "none": the tools are left out of the prompt and the answer is text.
+- "auto" (the default with tools): the model sees the tools and may call them; its text is parsed.
+- "required", or a named function: the call is guaranteed by constrained decoding. A grammar in
+  the tool-call parser's format admits only calls of the allowed functions whose arguments are
+  valid against their JSON schemas, as given (so `additionalProperties: false` where extra keys are
+  not wanted), so even a small model returns a valid call. A named function is called once;
+  "required" may call several when parallel_tool_calls is true.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from services.api.errors import APIError
+from services.api.protocol import ChatCompletionRequest, Tool
+from shared.guided import GuidedError, grammar_for, json_layout
+from shared.messages import Guided, GuidedKind
+
+PARSERS = ("hermes", "json")  # --tool-call-parser
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass
+class ToolPlan:
+    tools: list[Tool]
+    choice: str  # "auto", "required", or the one function's name
+    parallel: bool
+    parser: str  # "hermes" | "json"
+
+    @property
+    def is_forced(self) -> bool:
+        return self.choice != "auto"
+
+    @property
+    def allows_several(self) -> bool:
+        """A named function is called once (as OpenAI does); "required" may call several in parallel."""
+        return self.parallel and self.choice == "required"
+
+    def allowed(self) -> list[Tool]:
+        return self.tools if self.choice in ("auto", "required") else [t for t in self.tools if t.function.name == self.choice]
+
+
+def plan_tools(body: ChatCompletionRequest, parser: str) -> ToolPlan | None:
+    """None when the answer is plain text (no tools, or tool_choice "none")."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice is not None and choice != "none":
+            raise APIError(400, "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+                                "specified.", param="tool_choice")
+        return None
+    names = [t.function.name for t in body.tools]
+    if len(set(names)) != len(names):
+        raise APIError(400, f"tools name a function twice: {names}", param="tools")
+    if choice == "none":
+        return None
+    if choice is None or isinstance(choice, str):
+        name = choice or "auto"
+    else:
+        name = choice.function.name
+        if name not in names:
+            raise APIError(400, f"Invalid value for 'tool_choice': function '{name}' not found in 'tools'.",
+                           param="tool_choice")
+    return ToolPlan(list(body.tools), name, body.parallel_tool_calls, parser)
+
+
+def forced_grammar(plan: ToolPlan) -> Guided | None:
+    """The grammar of the calls a forced plan allows, in the parser's format."""
+    if not plan.is_forced:
+        return None
+    call = {"anyOf": [_call_schema(t) for t in plan.allowed()], "x-guidance": json_layout()}
+    if plan.parser == "hermes":
+        block = "TC_OPEN call TC_CLOSE"
+        start = f"start: {block} (\"\\n\" {block})*" if plan.allows_several else f"start: {block}"
+        lark = "\n".join([start, f'TC_OPEN: "{TOOL_CALL_OPEN}\\n"', f'TC_CLOSE: "\\n{TOOL_CALL_CLOSE}"',
+                          f"call: %json {json.dumps(call)}", ""])
+    else:  # json: the whole answer is a call, or a list of calls
+        schema = {"type": "array", "items": call, "minItems": 1, "x-guidance": json_layout()} \
+            if plan.allows_several else call
+        lark = f"start: %json {json.dumps(schema)}\n"
+    guided = Guided(GuidedKind.LARK, lark)
+    try:
+        grammar_for(guided)
+    except GuidedError as exc:
+        raise APIError(400, f"the tools' parameters cannot be enforced: {exc}", param="tools") from None
+    return guided
+
+
+def _call_schema(tool: Tool) -> dict:
+    return {"type": "object", "properties": {"name": {"const": tool.function.name},
+                                             "arguments": tool.function.parameters},
+            "required": ["name", "arguments"], "additionalProperties": False}
