@@ -21,10 +21,12 @@ class GuidedError(ValueError):
 
 @lru_cache(maxsize=64)
 def grammar_for(guided: Guided) -> str:
-    what = "grammar" if guided.kind == GuidedKind.LARK else "JSON schema"
+    what = {GuidedKind.LARK: "grammar", GuidedKind.REGEX: "regex"}.get(guided.kind, "JSON schema")
     try:
         if guided.kind == GuidedKind.LARK:
             grammar = llguidance.LLMatcher.grammar_from_lark(guided.schema)
+        elif guided.kind == GuidedKind.REGEX:
+            grammar = llguidance.LLMatcher.grammar_from_regex(guided.schema)
         else:
             schema = {"type": "object"} if guided.kind == GuidedKind.JSON_OBJECT else guided.schema
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_LAYOUT)

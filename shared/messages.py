@@ -61,7 +61,8 @@ class WorkerKind(enum.IntEnum):
 class GuidedKind(enum.IntEnum):
     JSON_OBJECT = 0  # any JSON object
     JSON_SCHEMA = 1  # JSON valid against `schema`
-    LARK = 2  # llguidance's Lark dialect (JSON schemas embedded with %json): forced tool calls
+    LARK = 2  # llguidance's Lark dialect (JSON schemas embedded with %json): forced tool calls, choices
+    REGEX = 3  # text matching the regular expression in `schema`
 
 
 class Guided(msgspec.Struct, frozen=True):
@@ -88,6 +89,7 @@ class SamplingParams(msgspec.Struct, frozen=True):
     logprobs: int | None = None  # top alternatives per sampled token (0 = the sampled token's only)
     prompt_logprobs: int | None = None  # the same for every prompt token; skips the prefix cache
     guided: Guided | None = None
+    allowed_token_ids: list[int] = []  # when set, every other token is masked
 
     @property
     def is_greedy(self) -> bool:

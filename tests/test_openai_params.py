@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import openai
 import pytest
 
 pytestmark = pytest.mark.stack
@@ -126,15 +127,22 @@ def test_prompt_lists_give_one_choice_set_per_prompt(openai_client, model_name, 
     assert by_ids.usage.prompt_tokens == 2 * len(ids)
 
 
+def plain_messages() -> list[dict]:
+    return [{"role": "user", "content": "What is the capital of France?"}]
+
+
 def test_chat_content_parts_roles_and_unknown_fields(openai_client, model_name):
     plain = openai_client.chat.completions.create(
         model=model_name, temperature=0, max_tokens=8,
         messages=[{"role": "user", "content": "What is the capital of France?"}])
     parts = openai_client.chat.completions.create(
-        model=model_name, temperature=0, max_tokens=8, extra_body={"some_future_field": {"x": 1}},
+        model=model_name, temperature=0, max_tokens=8,
         messages=[{"role": "user", "content": [{"type": "text", "text": "What is the capital "},
                                                {"type": "text", "text": "of France?"}]}])
     assert parts.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: some_future_field"):
+        openai_client.chat.completions.create(model=model_name, max_tokens=8, messages=plain_messages(),
+                                              extra_body={"some_future_field": {"x": 1}})
     r = openai_client.chat.completions.create(model=model_name, max_tokens=4, messages=[
         {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello."}, {"role": "tool", "content": "42", "tool_call_id": "t1"},

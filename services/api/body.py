@@ -19,6 +19,9 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 async def read_json(request: Request, max_bytes: int, allow_list: bool = False) -> dict | list:
+    """The body, read once per request (a route that dispatches on it hands the same to the next)."""
+    if (read := getattr(request.state, "json_body", None)) is not None:
+        return read
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise APIError(413, f"the request body is {declared} bytes; the limit is {max_bytes}")
@@ -34,6 +37,7 @@ async def read_json(request: Request, max_bytes: int, allow_list: bool = False) 
         raise APIError(400, "the request body is not valid JSON (UTF-8)") from None
     if not isinstance(raw, dict) and not (allow_list and isinstance(raw, list)):
         raise APIError(400, "the request body must be a JSON object")
+    request.state.json_body = raw
     return raw
 
 
@@ -75,9 +79,29 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
 
 def validate(cls: type[Body], raw: dict, defaults: dict | None = None) -> Body:
     try:
-        return cls.model_validate({**(defaults or {}), **raw})
+        body = cls.model_validate({**(defaults or {}), **raw})
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
+    if (unknown := unrecognized(body)) is not None:  # a field accepted and ignored would be a defect
+        raise APIError(400, f"Unrecognized request argument supplied: {unknown}", param=unknown,
+                       code="unrecognized_argument")
+    return body
+
+
+def unrecognized(value, path: str = "") -> str | None:
+    """The first field, anywhere in the body, that no model declares and that is not null."""
+    if isinstance(value, BaseModel):
+        for name, extra in (value.model_extra or {}).items():
+            if extra is not None:
+                return f"{path}{name}"
+        for name in type(value).model_fields:
+            if (found := unrecognized(getattr(value, name), f"{path}{name}.")) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := unrecognized(item, f"{path.rstrip('.')}[{i}].")) is not None:
+                return found
+    return None
 
 
 def validation_error(errors: list) -> APIError:

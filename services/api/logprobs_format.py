@@ -17,6 +17,7 @@ class CompletionLogprobs:
     """Accumulates one choice's logprobs; `text_offset` counts characters of the choice's text."""
 
     tokenizer: ModelTokenizer
+    as_token_ids: bool = False  # vLLM's return_tokens_as_token_ids: "token_id:<id>" for each token's text
     tokens: list[str] = field(default_factory=list)
     token_logprobs: list[float | None] = field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
@@ -26,9 +27,10 @@ class CompletionLogprobs:
     def add(self, token_ids: list[int] | tuple[int, ...], logprobs: list[Logprobs | None]) -> dict:
         """Appends these tokens; returns just their part (what a stream chunk carries)."""
         part = CompletionLogprobs(self.tokenizer, num_chars=self.num_chars)
+        name = _token_id_name if self.as_token_ids else self.tokenizer.token_text
         for token_id, lp in zip(token_ids, logprobs, strict=True):
             text = self.tokenizer.token_text(token_id)
-            part.tokens.append(text)
+            part.tokens.append(name(token_id))
             part.text_offset.append(part.num_chars)
             part.num_chars += len(text)
             if lp is None:
@@ -36,8 +38,8 @@ class CompletionLogprobs:
                 part.top_logprobs.append(None)
                 continue
             part.token_logprobs.append(lp.logprob)
-            top = {self.tokenizer.token_text(i): v for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True)}
-            top.setdefault(text, lp.logprob)
+            top = {name(i): v for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True)}
+            top.setdefault(name(token_id), lp.logprob)
             part.top_logprobs.append(top)
         self.tokens += part.tokens
         self.token_logprobs += part.token_logprobs
@@ -51,12 +53,17 @@ class CompletionLogprobs:
                 "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
 
 
+def _token_id_name(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
 def chat_logprobs(tokenizer: ModelTokenizer, token_ids: list[int] | tuple[int, ...],
-                  logprobs: list[Logprobs]) -> list[dict]:
+                  logprobs: list[Logprobs], as_token_ids: bool = False) -> list[dict]:
     """chat's `logprobs.content`: one object per token, with its bytes and its alternatives."""
     def entry(token_id: int, value: float) -> dict:
         raw = tokenizer.token_bytes(token_id)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
+        token = _token_id_name(token_id) if as_token_ids else raw.decode("utf-8", errors="replace")
+        return {"token": token, "logprob": value, "bytes": list(raw)}
 
     content = []
     for token_id, lp in zip(token_ids, logprobs, strict=True):

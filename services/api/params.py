@@ -6,8 +6,6 @@ here, so a request the engine receives is one it can run.
 
 from __future__ import annotations
 
-import json
-
 from services.api.chat_template import ChatTemplateError, render_chat
 from services.api.context import ServedModel
 from services.api.errors import APIError
@@ -19,10 +17,10 @@ from services.api.protocol import (
     Tool,
     _Sampling,
 )
+from services.api.structured import guided
 from services.api.tool_prompt import template_messages, template_tools, tool_template, uses_tools
 from shared.config import context_length_error
-from shared.guided import GuidedError, grammar_for
-from shared.messages import Guided, GuidedKind, SamplingParams
+from shared.messages import SamplingParams
 
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI's values range over [-100, 100]
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -97,6 +95,13 @@ def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max
         if value is not None and value > model.max_logprobs:
             raise APIError(400, f"{name} must be at most {model.max_logprobs}, got {value}", param=name)
     check_token_ids(body.stop_token_ids or [], model, "stop_token_ids")
+    check_token_ids(body.allowed_token_ids or [], model, "allowed_token_ids")
+    if body.use_beam_search:
+        raise APIError(400, "use_beam_search is not supported: this engine samples (greedy or random), it has no "
+                            "beam search", param="use_beam_search")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                       param="stream_options")
     return SamplingParams(
         max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, top_k=max(body.top_k or 0, 0), seed=body.seed,
@@ -104,6 +109,7 @@ def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max
         min_p=body.min_p, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty, logit_bias=logit_bias(body.logit_bias, model),
         logprobs=logprobs, prompt_logprobs=prompt_logprobs, guided=guided(body),
+        allowed_token_ids=body.allowed_token_ids or [],
     )
 
 
@@ -122,24 +128,6 @@ def logit_bias(raw: dict[str, float] | None, model: ServedModel) -> dict[int, fl
             raise APIError(400, f"logit_bias values must be in [-100, 100], got {value}", param="logit_bias")
         bias[int(key)] = float(value)
     return bias
-
-
-def guided(body: _Sampling) -> Guided | None:
-    fmt = body.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        spec = Guided(GuidedKind.JSON_OBJECT)
-    else:
-        if fmt.json_schema is None:
-            raise APIError(400, "response_format of type json_schema needs a json_schema",
-                           param="response_format.json_schema")
-        spec = Guided(GuidedKind.JSON_SCHEMA, json.dumps(fmt.json_schema.schema_))
-    try:
-        grammar_for(spec)
-    except GuidedError as exc:
-        raise APIError(400, str(exc), param="response_format") from None
-    return spec
 
 
 def chat_logprobs(body: ChatCompletionRequest) -> int | None:

@@ -1,4 +1,5 @@
-"""OpenAI request bodies, validated with pydantic. Unknown fields are accepted and ignored."""
+"""OpenAI request bodies, validated with pydantic. A field no model here declares is refused by
+name (body.py), unless it is null: nothing is accepted and ignored."""
 
 from __future__ import annotations
 
@@ -15,10 +16,22 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: the usage so far on every chunk (include_usage too)
+
+
+class StructuredOutputs(_Request):
+    """vLLM's structured_outputs: exactly one of these."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 class JsonSchemaFormat(_Request):
     name: str = "response"
+    description: str | None = None  # for the model's benefit in OpenAI's API; the schema alone binds here
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
@@ -50,6 +63,15 @@ class _Sampling(_Request):
     user: str | None = None
     cache_salt: str | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's extensions (params.py gives each its effect)
+    guided_json: dict[str, Any] | str | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_regex: str | None = None
+    guided_grammar: str | None = None  # llguidance's Lark dialect
+    structured_outputs: StructuredOutputs | None = None
+    allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
+    return_tokens_as_token_ids: bool = False
+    use_beam_search: bool = False  # refused when true: the engine samples, it has no beam search
 
     @property
     def stop_strings(self) -> list[str]:
@@ -136,6 +158,7 @@ class TokenizeRequest(_Request):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # vLLM: the tokens' strings beside their ids
 
 
 class DetokenizeRequest(_Request):

@@ -60,7 +60,7 @@ class CompletionResponder(Responder):
         self.prompt_of = [i // n for i in range(num_choices)]
         if body.logprobs is not None:
             for choice in self.choices:
-                choice.logprobs = CompletionLogprobs(model.tokenizer)
+                choice.logprobs = CompletionLogprobs(model.tokenizer, as_token_ids=body.return_tokens_as_token_ids)
 
     def _prompt_text(self, p: int) -> str:
         prompt = self.body.prompt
@@ -110,6 +110,7 @@ class ChatResponder(Responder):
                  tools: ToolPlan | None = None):
         super().__init__(model, num_choices)
         self.wants_logprobs = body.logprobs
+        self.as_token_ids = body.return_tokens_as_token_ids
         if body.logprobs:
             for choice in self.choices:
                 choice.logprobs = []
@@ -125,7 +126,7 @@ class ChatResponder(Responder):
         choice = self.choices[index]
         logprobs = None
         if self.wants_logprobs and delta.logprobs:
-            logprobs = chat_logprobs(self.model.tokenizer, delta.token_ids, delta.logprobs)
+            logprobs = chat_logprobs(self.model.tokenizer, delta.token_ids, delta.logprobs, self.as_token_ids)
             choice.logprobs.extend(logprobs)
         content, calls = delta.text, []
         if self.parsers is not None:

@@ -101,6 +101,8 @@ class _EventStream(EventSourceResponse):
 
 async def _respond(choices: Choices, responder: Responder, body: _Sampling, request: Request,
                    usage_every_chunk: bool = False):
+    # vLLM's continuous_usage_stats: the usage so far on every chunk (as the pipeline routes always do)
+    usage_every_chunk = usage_every_chunk or bool(body.stream_options and body.stream_options.continuous_usage_stats)
     await choices.submit()
     request_id = f"{'chatcmpl' if responder.is_chat else 'cmpl'}-{choices.request_id}"
     created = int(time.time())

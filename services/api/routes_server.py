@@ -6,11 +6,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.api.body import parse
+from services.api.body import parse, read_json
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.params import check_token_ids, encode_text, render_messages
 from services.api.protocol import DetokenizeRequest, TokenizeRequest
+from services.api.routes_openai import chat, complete
 from shared import subjects
 from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
 
@@ -49,6 +50,37 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data})
 
 
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request, model: str | None = None) -> JSONResponse:
+    """vLLM's /tokenizer_info: what a client needs to tokenize as the server does."""
+    ctx: ApiContext = request.app.state.ctx
+    served = ctx.resolve(model) if model else next(iter(ctx.models.values()), None)
+    if served is None:
+        raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+    tok = served.tokenizer
+    return JSONResponse({"model": served.name, "tokenizer_class": "PreTrainedTokenizerFast",
+                         "vocab_size": tok.vocab_size, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+                         "model_max_length": served.max_model_len or None, "chat_template": served.chat_template})
+
+
+@router.get("/load")
+async def load(request: Request) -> JSONResponse:
+    """vLLM's /load: the requests this gateway is serving now, this one not counted."""
+    return JSONResponse({"server_load": request.app.state.ctx.num_in_flight - 1})
+
+
+@router.post("/invocations")
+async def invocations(request: Request):
+    """SageMaker's route, as vLLM serves it: a body with `messages` is a chat, one with `prompt` a completion."""
+    ctx: ApiContext = request.app.state.ctx
+    raw = await read_json(request, ctx.max_body_bytes)
+    if "messages" in raw:
+        return await chat(request)
+    if "prompt" in raw:
+        return await complete(request)
+    raise APIError(400, "an invocation needs `messages` (a chat) or `prompt` (a completion)", param="messages")
+
+
 @router.get("/version")
 async def version() -> JSONResponse:
     return JSONResponse({"version": VERSION})
@@ -65,7 +97,10 @@ async def tokenize(request: Request) -> JSONResponse:
     else:
         text = render_messages(model, body.messages, body.add_generation_prompt)
     ids = encode_text(model, text, "prompt")
-    return JSONResponse({"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids})
+    answer = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
+    if body.return_token_strs:
+        answer["token_strs"] = [model.tokenizer.token_text(i) for i in ids]
+    return JSONResponse(answer)
 
 
 @router.post("/detokenize")

@@ -37,6 +37,10 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[SampleRow]) -> torc
             _apply_penalties(logits[i], p, row.prompt_ids, row.output_ids, vocab)
         if row.banned_ids:
             logits[i, row.banned_ids] = float("-inf")
+        if p.allowed_token_ids:
+            keep = torch.zeros(vocab, dtype=torch.bool)
+            keep[torch.tensor(p.allowed_token_ids, dtype=torch.long)] = True
+            logits[i].masked_fill_(~keep.to(logits.device), float("-inf"))
         if row.allowed is not None:
             logits[i].masked_fill_(~row.allowed, float("-inf"))
     return logits

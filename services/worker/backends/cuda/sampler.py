@@ -46,7 +46,7 @@ def uniform_noise(seeds: torch.Tensor, output_indices: torch.Tensor, vocab: int)
 def is_plain(row: SampleRow) -> bool:
     p = row.params
     return (not p.logit_bias and not p.has_penalties and not row.banned_ids and row.allowed is None
-            and p.logprobs is None)
+            and p.logprobs is None and not p.allowed_token_ids)
 
 
 def device_sample(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:

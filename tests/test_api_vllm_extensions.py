@@ -1,0 +1,106 @@
+"""vLLM's request extensions and routes, each with its effect, against the real stack; a field
+nobody declares is refused by name, as OpenAI refuses it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.stack
+ASK = [{"role": "user", "content": "Name a color."}]
+
+
+def chat(client, model, **extra):
+    return client.chat.completions.create(model=model, messages=ASK, max_tokens=20, extra_body=extra,
+                                          **{k: extra.pop(k) for k in ("temperature", "seed") if k in extra})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_guided_choice_and_regex_bind_the_output(openai_client, model_name, temperature):
+    for seed in range(3):
+        r = chat(openai_client, model_name, guided_choice=["red", "green", "blue"], temperature=temperature, seed=seed)
+        assert r.choices[0].message.content in ("red", "green", "blue")
+        r = chat(openai_client, model_name, guided_regex=r"#[0-9a-f]{6}", temperature=temperature, seed=seed)
+        assert re.fullmatch(r"#[0-9a-f]{6}", r.choices[0].message.content)
+    so = chat(openai_client, model_name, structured_outputs={"choice": ["yes", "no"]}, temperature=temperature)
+    assert so.choices[0].message.content in ("yes", "no")
+
+
+def test_guided_json_and_structured_outputs_json_give_valid_json(openai_client, model_name):
+    schema = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "blue"]},
+                                               "shade": {"type": "integer"}},
+              "required": ["color", "shade"], "additionalProperties": False}
+    for body in ({"guided_json": schema}, {"guided_json": json.dumps(schema)}, {"structured_outputs": {"json": schema}}):
+        r = chat(openai_client, model_name, **body, temperature=0.0)
+        value = json.loads(r.choices[0].message.content)
+        assert value["color"] in ("red", "blue") and isinstance(value["shade"], int)
+
+
+def test_one_constraint_at_a_time(openai_client, model_name):
+    with pytest.raises(openai.BadRequestError, match="at most one constraint on the output, got guided_choice, "
+                                                      "guided_regex"):
+        chat(openai_client, model_name, guided_choice=["a"], guided_regex="b")
+    with pytest.raises(openai.BadRequestError, match="guided_regex: invalid regex"):
+        chat(openai_client, model_name, guided_regex="(unclosed")
+
+
+def test_allowed_token_ids_and_token_ids_as_logprob_tokens(openai_client, model_name, hf_tokenizer):
+    allowed = hf_tokenizer.encode(" one two three four", add_special_tokens=False)
+    r = openai_client.completions.create(model=model_name, prompt="Count:", max_tokens=6, temperature=1.0, seed=3,
+                                         logprobs=1, extra_body={"allowed_token_ids": allowed,
+                                                                 "return_tokens_as_token_ids": True})
+    tokens = r.choices[0].logprobs.tokens
+    assert len(tokens) == 6 and all(t.startswith("token_id:") and int(t[9:]) in allowed for t in tokens)
+    assert all(k.startswith("token_id:") for top in r.choices[0].logprobs.top_logprobs for k in top)
+    c = openai_client.chat.completions.create(model=model_name, messages=ASK, max_tokens=3, logprobs=True,
+                                              top_logprobs=2, extra_body={"return_tokens_as_token_ids": True})
+    content = c.choices[0].logprobs.content
+    assert all(e.token.startswith("token_id:") for e in content)
+    assert all(a.token.startswith("token_id:") for e in content for a in e.top_logprobs)
+
+
+def test_continuous_usage_stats_put_the_usage_on_every_chunk(openai_client, model_name):
+    chunks = list(openai_client.chat.completions.create(
+        model=model_name, messages=ASK, max_tokens=5, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == 5 and all(c.usage is not None for c in chunks)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"stream_options": {"include_usage": True}}, "The 'stream_options' parameter is only allowed when 'stream' "
+                                                  "is enabled."),
+    ({"use_beam_search": True}, "use_beam_search is not supported"),
+    ({"store": True}, "Unrecognized request argument supplied: store"),
+    ({"guided_decoding_backend": "outlines"}, "Unrecognized request argument supplied: guided_decoding_backend"),
+    ({"stream_options": {"include_usage": True, "extra": 1}, "stream": True},
+     "Unrecognized request argument supplied: stream_options.extra"),
+])
+def test_what_is_not_served_is_refused_by_name(stack, model_name, body, message):
+    reply = httpx.post(f"{stack.base_url}/v1/chat/completions",
+                       json={"model": model_name, "messages": ASK, "max_tokens": 2, **body}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["message"].startswith(message)
+    ok = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=60,  # null: nothing asked, nothing refused
+                    json={"model": model_name, "messages": ASK, "max_tokens": 2, "store": None})
+    assert ok.status_code == 200
+
+
+def test_vllms_routes(stack, model_name, hf_tokenizer):
+    base = stack.base_url
+    tokenized = httpx.post(f"{base}/tokenize", json={"model": model_name, "prompt": "Hello world",
+                                                      "return_token_strs": True}).json()
+    assert tokenized["tokens"] == hf_tokenizer.encode("Hello world")
+    assert "".join(tokenized["token_strs"]) == "Hello world"
+    info = httpx.get(f"{base}/tokenizer_info").json()
+    assert info["model"] == model_name and info["vocab_size"] == 49152 and "<|im_start|>" in info["chat_template"]
+    assert httpx.get(f"{base}/load").json() == {"server_load": 0}
+    as_chat = httpx.post(f"{base}/invocations", json={"model": model_name, "messages": ASK, "max_tokens": 3}).json()
+    assert as_chat["object"] == "chat.completion"
+    as_completion = httpx.post(f"{base}/invocations", json={"model": model_name, "prompt": "Hi", "max_tokens": 3})
+    assert as_completion.json()["object"] == "text_completion"
+    neither = httpx.post(f"{base}/invocations", json={"model": model_name})
+    assert neither.status_code == 400 and "needs `messages`" in neither.json()["error"]["message"]
