@@ -324,6 +324,18 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     forward_seconds: float = 0.0  # of which the workers spent in the step itself
     is_draining: bool = False
     num_deadline_exceeded: int = 0
+    # the KV cache's configuration (vLLM's cache_config_info), over the model's pools
+    block_size: int = 0
+    kv_cache_dtype: str = ""
+    num_blocks: int = 0
+    enable_prefix_caching: bool = True
+    # tokens per model iteration (vLLM's iteration_tokens_total): cumulative counts per bucket
+    iteration_tokens_buckets: list[int] = []
+    iteration_tokens_sum: int = 0
+    iteration_tokens_count: int = 0
+
+
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
 
 
 # ---- encoding ------------------------------------------------------------------------------

@@ -104,3 +104,29 @@ def test_vllms_routes(stack, model_name, hf_tokenizer):
     assert as_completion.json()["object"] == "text_completion"
     neither = httpx.post(f"{base}/invocations", json={"model": model_name})
     assert neither.status_code == 400 and "needs `messages`" in neither.json()["error"]["message"]
+
+
+def _series(text: str, name: str, model: str) -> float:
+    pattern = rf'^{re.escape(name)}\{{[^}}]*model_name="{re.escape(model)}"[^}}]*\}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def test_vllms_request_and_engine_series(stack, model_name):
+    names = ("vllm:request_params_n_sum", "vllm:request_params_max_tokens_sum", "vllm:request_generation_tokens_sum",
+             "vllm:request_prompt_tokens_count", "vllm:request_inference_time_seconds_count",
+             "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
+             "vllm:iteration_tokens_total_count", "vllm:iteration_tokens_total_sum")
+    before = httpx.get(f"{stack.base_url}/metrics").text
+    reply = httpx.post(f"{stack.base_url}/v1/completions", timeout=60, json={
+        "model": model_name, "prompt": "One two three", "max_tokens": 3, "n": 2, "ignore_eos": True})
+    assert reply.status_code == 200
+    after = httpx.get(f"{stack.base_url}/metrics").text
+    delta = {n: _series(after, n, model_name) - _series(before, n, model_name) for n in names}
+    assert delta["vllm:request_params_n_sum"] == 2 and delta["vllm:request_params_max_tokens_sum"] == 3
+    assert delta["vllm:request_generation_tokens_sum"] == 6 and delta["vllm:request_prompt_tokens_count"] == 2
+    for phase in ("inference", "prefill", "decode"):
+        assert delta[f"vllm:request_{phase}_time_seconds_count"] == 2
+    assert delta["vllm:iteration_tokens_total_count"] >= 3  # a prefill, then decode iterations
+    assert delta["vllm:iteration_tokens_total_sum"] >= 2 * 3 + 2  # both prompts, both choices' tokens
+    (info,) = re.findall(r'^vllm:cache_config_info\{([^}]*)\} 1\.0$', after, re.M)
+    assert 'block_size="16"' in info and 'enable_prefix_caching="True"' in info and 'num_gpu_blocks="' in info

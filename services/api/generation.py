@@ -47,6 +47,7 @@ class Generation:
         self.queue_time: float | None = None
         self.submitted_at: float | None = None  # monotonic, when the scheduler's Accepted arrived
         self.first_token_produced_at = 0.0  # wall clock on the worker, when it sampled the first token
+        self.last_token_produced_at = 0.0  # and the latest
         self.first_byte_at: float | None = None  # monotonic, when the first delta left for the client
         self.stream: RequestStream | None = None
         self.num_cached_tokens = 0
@@ -114,6 +115,8 @@ class Generation:
                         self.queue_time = entry.first_scheduled_at - self.arrival_wall
                 elif entry.token_ids:
                     self.metrics.itl.labels(self.model).observe((now - last_at) / len(entry.token_ids))
+                if entry.token_ids:
+                    self.last_token_produced_at = entry.produced_at
                 last_at = now
                 if entry.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
                     is_done = True
@@ -163,6 +166,9 @@ class Generation:
             self.model, ttft=u.ttft if self.first_token_at else None, e2e=time.monotonic() - self.arrival,
             queue_time=self.queue_time, num_prompt_tokens=u.prompt_tokens, num_output_tokens=u.completion_tokens,
             finish_reason=self.finish_reason)
+        if self.queue_time is not None and self.first_token_produced_at and self.finish_reason in ("stop", "length"):
+            self.metrics.observe_phases(self.model, self.arrival_wall + self.queue_time, self.first_token_produced_at,
+                                        self.last_token_produced_at)
         log.info("request_finished", request_id=self.stream.request_id, model=self.model,
                  prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                  cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)

@@ -21,11 +21,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from shared import subjects
 from shared.messages import (
+    ITERATION_TOKEN_BUCKETS,
     KV_STATS_REPLY_DECODER,
     SCHEDULER_STATS_DECODER,
     KvStatsRequest,
@@ -58,6 +59,21 @@ class ApiMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", m, registry=r)
         self.request_success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                        [*m, "finished_reason"], registry=r)
+        tokens = _token_buckets()
+        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens of a request.", m,
+                                               buckets=tokens, registry=r)
+        self.request_generation_tokens = Histogram("vllm:request_generation_tokens", "Tokens a request generated.",
+                                                   m, buckets=tokens, registry=r)
+        self.request_params_n = Histogram("vllm:request_params_n", "The n of a request.", m,
+                                          buckets=(1, 2, 5, 10, 20), registry=r)
+        self.request_params_max_tokens = Histogram("vllm:request_params_max_tokens", "The max_tokens of a request.",
+                                                   m, buckets=tokens, registry=r)
+        self.inference_time = Histogram("vllm:request_inference_time_seconds", "From first scheduled to finished.",
+                                        m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.prefill_time = Histogram("vllm:request_prefill_time_seconds", "From first scheduled to first token.",
+                                      m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.decode_time = Histogram("vllm:request_decode_time_seconds", "From first token to finished.",
+                                     m, buckets=_LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("switchyard_api_requests_in_flight", "Requests the gateway is serving.",
                                registry=r, multiprocess_mode="livesum")
         self.http_errors = Counter("switchyard_api_errors", "Error answers by HTTP status.", ["status"],
@@ -72,8 +88,20 @@ class ApiMetrics:
         MultiProcessCollector(registry, multiproc_dir)
         return generate_latest(registry)
 
+    def observe_params(self, model: str, n: int, max_tokens: int) -> None:
+        self.request_params_n.labels(model).observe(n)
+        self.request_params_max_tokens.labels(model).observe(max_tokens)
+
+    def observe_phases(self, model: str, scheduled_at: float, first_token_at: float, finished_at: float) -> None:
+        """Wall-clock times from the engine (the scheduler's and the worker's clocks)."""
+        self.inference_time.labels(model).observe(max(finished_at - scheduled_at, 0.0))
+        self.prefill_time.labels(model).observe(max(first_token_at - scheduled_at, 0.0))
+        self.decode_time.labels(model).observe(max(finished_at - first_token_at, 0.0))
+
     def observe_finished(self, model: str, *, ttft: float | None, e2e: float, queue_time: float | None,
                          num_prompt_tokens: int, num_output_tokens: int, finish_reason: str) -> None:
+        self.request_prompt_tokens.labels(model).observe(num_prompt_tokens)
+        self.request_generation_tokens.labels(model).observe(num_output_tokens)
         if ttft is not None:
             self.ttft.labels(model).observe(ttft)
         if queue_time is not None:
@@ -124,7 +152,24 @@ def engine_families(stats: dict[str, SchedulerStats]) -> list:
         for model, s in stats.items():
             family.add_metric([model], getattr(s, field))
         families.append(family)
-    return families
+    cache = GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration.",
+                              labels=["model_name", "block_size", "cache_dtype", "num_gpu_blocks", "enable_prefix_caching"])
+    iteration = HistogramMetricFamily("vllm:iteration_tokens_total", "Tokens per model iteration.",
+                                      labels=["model_name"])
+    for model, s in stats.items():
+        if s.num_workers:
+            cache.add_metric([model, str(s.block_size), s.kv_cache_dtype, str(s.num_blocks),
+                              str(s.enable_prefix_caching)], 1)
+        if s.iteration_tokens_buckets:
+            buckets = [(str(le), n) for le, n in zip(ITERATION_TOKEN_BUCKETS, s.iteration_tokens_buckets, strict=True)]
+            iteration.add_metric([model], buckets + [("+Inf", s.iteration_tokens_count)],
+                                 sum_value=s.iteration_tokens_sum)
+    return families + [cache, iteration]
+
+
+def _token_buckets() -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to 1M tokens (vLLM's 1-2-5 series)."""
+    return tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
 
 
 async def _kv_families(nc: Client) -> list:

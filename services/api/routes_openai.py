@@ -78,6 +78,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
                 samplings: list[SamplingParams], arrived: tuple[float, float]) -> Choices:
     generations, prompt_index = [], []
     for p, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
+        ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
         for j in range(body.n):
             seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, j))
             detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
@@ -22,6 +23,7 @@ from shared.config import EngineConfig
 from shared.hashing import root_hash
 from shared.log import get_logger
 from shared.messages import (
+    ITERATION_TOKEN_BUCKETS,
     STEP_RESULT_DECODER,
     BlockStored,
     KvEventBatch,
@@ -62,6 +64,9 @@ class PoolLoop:
         self.num_steps = 0
         self.step_seconds = 0.0  # round trips, summed
         self.forward_seconds = 0.0  # of which the worker spent in the step
+        self.iteration_tokens = [0] * len(ITERATION_TOKEN_BUCKETS)  # cumulative, per bucket
+        self.iteration_tokens_sum = 0
+        self.iteration_tokens_count = 0
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -109,6 +114,7 @@ class PoolLoop:
             if result.error:
                 await self._fail_step(plan.num_new_tokens, result.error)
             else:
+                self._count_iterations(plan.num_new_tokens, result)
                 self.scheduler.update(plan, result)
             await self._publish_kv_events()
 
@@ -129,6 +135,17 @@ class PoolLoop:
         self.step_seconds += time.perf_counter() - started
         self.forward_seconds += result.forward_seconds
         return result
+
+    def _count_iterations(self, num_new_tokens: dict[str, int], result: StepResult) -> None:
+        """Tokens per model iteration: the Step's first, then (multi-step) one per row still running."""
+        per_row = Counter(s.request_id for s in result.sampled)
+        tokens = [sum(num_new_tokens.values())]
+        tokens += [sum(1 for n in per_row.values() if n > i) for i in range(1, max(per_row.values(), default=1))]
+        for num in tokens:
+            self.iteration_tokens_sum += num
+            self.iteration_tokens_count += 1
+            for b, bound in enumerate(ITERATION_TOKEN_BUCKETS):
+                self.iteration_tokens[b] += num <= bound
 
     async def _fail_step(self, request_ids, error: str) -> None:
         log.error("step_error", worker_id=self.worker_id, error=error)

@@ -274,5 +274,11 @@ class SchedulerService:
             step_seconds=sum(p.step_seconds for p in self.pools.values()),
             forward_seconds=sum(p.forward_seconds for p in self.pools.values()),
             is_draining=self.is_draining, num_deadline_exceeded=self.num_deadline_exceeded,
+            block_size=pools[0].hello.block_size if pools else 0,
+            kv_cache_dtype=pools[0].hello.kv_cache_dtype if pools else "",
+            num_blocks=sum(p.hello.num_blocks for p in pools), enable_prefix_caching=self.config.enable_prefix_caching,
+            iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in self.pools.values()), strict=True)],
+            iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
+            iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
         )
         await msg.respond(encode(stats))
