@@ -43,5 +43,13 @@ KV_STATS = f"{PREFIX}.kv.stats"
 KV_RESYNC = f"{PREFIX}.kv.resync"  # kvcache asks schedulers to republish what they hold
 
 
+def stored_response(response_id: str) -> str:
+    """JetStream (stream SY_RESPONSES): a stored Responses API response and its conversation."""
+    return f"{PREFIX}.responses.{response_id}"
+
+
+STORED_RESPONSES = f"{PREFIX}.responses.>"
+
+
 def scheduler_stats(model: str) -> str:
     return f"{PREFIX}.{model}.stats"

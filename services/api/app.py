@@ -18,6 +18,7 @@ from services.api.routes_infer import router as infer_router
 from services.api.routes_models import router as models_router
 from services.api.routes_openai import router as openai_router
 from services.api.routes_pipelines import router as pipelines_router
+from services.api.routes_responses import router as responses_router
 from services.api.routes_server import router as server_router
 from shared.log import get_logger
 
@@ -34,6 +35,7 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
 
     app = FastAPI(title="Switchyard", lifespan=lifespan)
     app.include_router(openai_router)
+    app.include_router(responses_router)
     app.include_router(server_router)
     app.include_router(models_router)
     app.include_router(pipelines_router)

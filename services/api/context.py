@@ -49,6 +49,7 @@ class ApiContext:
     limits: object = None  # the LimitsWatcher that sets each served model's max_model_len
     max_model_lens: dict[str, int] = field(default_factory=dict)  # model -> as last published
     tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (tool_parsers.py)
+    responses: object = None  # the ResponseStore (JetStream) of the Responses API, made on first use
 
     def resolve(self, name: str) -> ServedModel | None:
         """A served model by its name, or by its pipeline's or model's name."""

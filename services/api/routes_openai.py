@@ -59,6 +59,13 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
 
 async def chat(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
     ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat, model_name)
+    choices, responder = chat_generation(ctx, model, body, arrival(request))
+    return await _respond(choices, responder, body, request, usage_every_chunk)
+
+
+def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionRequest,
+                    arrived: tuple[float, float]) -> tuple[Choices, ChatResponder]:
+    """A validated chat request as engine requests, and the responder that reads them back."""
     tools = plan_tools(body, ctx.tool_call_parser)
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None)
     prompt_ids = encode_text(model, text, "messages")
@@ -69,9 +76,8 @@ async def chat(request: Request, model_name: str | None = None, usage_every_chun
             raise APIError(400, "response_format cannot be combined with a tool_choice that forces a call",
                            param="response_format")
         sampling = msgspec.structs.replace(sampling, guided=forced)
-    choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrival(request))
-    responder = ChatResponder(model, body, len(choices.generations), tools)
-    return await _respond(choices, responder, body, request, usage_every_chunk)
+    choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived)
+    return choices, ChatResponder(model, body, len(choices.generations), tools)
 
 
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
@@ -89,7 +95,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
     return Choices(generations, prompt_index)
 
 
-class _EventStream(EventSourceResponse):
+class EventStream(EventSourceResponse):
     """sse-starlette's response, less its per-event cancel scope when no send timeout is set
     (anyio looked up its backend for every token: ~7% of the gateway's CPU under load)."""
 
@@ -109,12 +115,12 @@ async def _respond(choices: Choices, responder: Responder, body: _Sampling, requ
     created = int(time.time())
     if body.stream:
         stream = _sse(choices, responder, request_id, created, body.include_usage, usage_every_chunk)
-        return _EventStream(stream, sep="\n")
-    await _collect(choices, responder, request)
+        return EventStream(stream, sep="\n")
+    await collect(choices, responder, request)
     return JSONResponse(responder.response(request_id, created, choices.usage()))
 
 
-async def _collect(choices: Choices, responder: Responder, request: Request) -> None:
+async def collect(choices: Choices, responder: Responder, request: Request) -> None:
     """Whole-response mode: gather every choice, abort if the client goes away meanwhile."""
     async def consume() -> None:
         async for index, delta in choices.deltas():

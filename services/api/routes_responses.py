@@ -1,0 +1,145 @@
+"""POST /v1/responses (whole, or streamed as the Responses API's events) and GET /v1/responses/{id}."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from services.api.body import parse, validate
+from services.api.choices import Choices
+from services.api.context import ApiContext
+from services.api.errors import APIError
+from services.api.guards import arrival
+from services.api.protocol import ChatCompletionRequest
+from services.api.responder import ChatResponder
+from services.api.response_store import ResponseStore
+from services.api.responses import (
+    ResponsesRequest,
+    assistant_messages,
+    chat_body,
+    function_call_item,
+    input_messages,
+    message_item,
+    new_id,
+    output_items,
+    response_object,
+)
+from services.api.routes_openai import EventStream, chat_generation, collect
+
+router = APIRouter()
+RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
+_json = msgspec.json.Encoder()
+
+
+def _store(ctx: ApiContext) -> ResponseStore:
+    if ctx.responses is None:
+        ctx.responses = ResponseStore(ctx.nc)
+    return ctx.responses
+
+
+async def _stored(ctx: ApiContext, response_id: str, param: str | None = None) -> dict:
+    record = await _store(ctx).get(response_id) if RESPONSE_ID.match(response_id) else None
+    if record is None:
+        raise APIError(404, f"Response with id '{response_id}' not found.", param=param, code="not_found")
+    return record
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request):
+    ctx, model, body = await parse(request, ResponsesRequest)
+    conversation = []
+    if body.previous_response_id is not None:
+        conversation = (await _stored(ctx, body.previous_response_id, "previous_response_id"))["conversation"]
+    conversation = conversation + input_messages(body.input)
+    chat = validate(ChatCompletionRequest, chat_body(body, conversation), model.openai.chat)
+    choices, responder = chat_generation(ctx, model, chat, arrival(request))
+    response_id = new_id("resp")
+    await choices.submit()
+    if body.stream:
+        return EventStream(_events(ctx, choices, responder, body, response_id, conversation), sep="\n")
+    await collect(choices, responder, request)
+    choice = responder.choices[0]
+    text = "".join(choice.text)
+    response = response_object(response_id, body, output_items(text, choice.tool_calls), "completed",
+                               choices.usage(), choice.finish_reason)
+    await _keep(ctx, body, response, conversation + assistant_messages(text, choice.tool_calls))
+    return JSONResponse(response)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str):
+    return JSONResponse((await _stored(request.app.state.ctx, response_id))["response"])
+
+
+async def _keep(ctx: ApiContext, body: ResponsesRequest, response: dict, conversation: list[dict]) -> None:
+    if body.store:
+        response["store"] = await _store(ctx).put(response["id"], {"response": response, "conversation": conversation})
+
+
+async def _events(ctx: ApiContext, choices: Choices, responder: ChatResponder, body: ResponsesRequest,
+                  response_id: str, conversation: list[dict]):
+    """created, in_progress; per output item: added, its deltas, done; completed (or error)."""
+    numbers = itertools.count()
+    created = int(time.time())
+    output: list[dict] = []
+    text_id, texts = None, []
+
+    def event(kind: str, **fields) -> bytes:
+        data = _json.encode({"type": kind, "sequence_number": next(numbers), **fields})
+        return f"event: {kind}\ndata: ".encode() + data + b"\n\n"
+
+    def close_text() -> list[bytes]:
+        text, index = "".join(texts), len(output)
+        item = message_item(text_id, text, "completed")
+        output.append(item)
+        return [event("response.output_text.done", item_id=text_id, output_index=index, content_index=0, text=text,
+                      logprobs=[]),
+                event("response.content_part.done", item_id=text_id, output_index=index, content_index=0,
+                      part=item["content"][0]),
+                event("response.output_item.done", output_index=index, item=item)]
+
+    started = response_object(response_id, body, [], "in_progress", None, created_at=created)
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    try:
+        async for index, delta in choices.deltas():
+            _, content, calls = responder.add(index, delta)
+            if content:
+                if text_id is None:
+                    text_id, texts = new_id("msg"), []
+                    yield event("response.output_item.added", output_index=len(output),
+                                item=message_item(text_id, "", "in_progress"))
+                    yield event("response.content_part.added", item_id=text_id, output_index=len(output),
+                                content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+                texts.append(content)
+                yield event("response.output_text.delta", item_id=text_id, output_index=len(output), content_index=0,
+                            delta=content, logprobs=[])
+            for call in calls:
+                if text_id is not None:
+                    for e in close_text():
+                        yield e
+                    text_id = None
+                item, k = function_call_item(call, "completed"), len(output)
+                yield event("response.output_item.added", output_index=k, item=function_call_item(call, "in_progress"))
+                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=k,
+                            delta=item["arguments"])
+                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=k,
+                            name=item["name"], arguments=item["arguments"])
+                output.append(item)
+                yield event("response.output_item.done", output_index=k, item=item)
+        if text_id is not None:
+            for e in close_text():
+                yield e
+        choice = responder.choices[0]
+        response = response_object(response_id, body, output, "completed", choices.usage(), choice.finish_reason,
+                                   created_at=created)
+        await _keep(ctx, body, response, conversation + assistant_messages("".join(choice.text), choice.tool_calls))
+        yield event("response.completed", response=response)
+    except APIError as exc:  # the stream has started: the error goes in-band
+        error = exc.body()["error"]
+        yield event("error", code=error.get("code"), message=error["message"], param=error.get("param"))
