@@ -130,3 +130,18 @@ def test_vllms_request_and_engine_series(stack, model_name):
     assert delta["vllm:iteration_tokens_total_sum"] >= 2 * 3 + 2  # both prompts, both choices' tokens
     (info,) = re.findall(r'^vllm:cache_config_info\{([^}]*)\} 1\.0$', after, re.M)
     assert 'block_size="16"' in info and 'enable_prefix_caching="True"' in info and 'num_gpu_blocks="' in info
+
+
+def test_continue_final_message_leaves_the_last_turn_open(stack, openai_client, model_name, hf_tokenizer):
+    prefill = [{"role": "user", "content": "What is the capital of France?"},
+               {"role": "assistant", "content": "The capital of France is"}]
+    tokenized = httpx.post(f"{stack.base_url}/tokenize", json={
+        "model": model_name, "messages": prefill, "add_generation_prompt": False, "continue_final_message": True}).json()
+    assert hf_tokenizer.decode(tokenized["tokens"]).endswith("<|im_start|>assistant\nThe capital of France is")
+    r = openai_client.chat.completions.create(model=model_name, messages=prefill, max_tokens=5, temperature=0,
+                                              extra_body={"add_generation_prompt": False,
+                                                          "continue_final_message": True})
+    assert "Paris" in r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="cannot both be true"):
+        openai_client.chat.completions.create(model=model_name, messages=prefill, max_tokens=5,
+                                              extra_body={"continue_final_message": True})

@@ -41,19 +41,31 @@ def encode_text(model: ServedModel, text: str, param: str) -> list[int]:
 
 
 def render_messages(model: ServedModel, messages: list[ChatMessage], add_generation_prompt: bool,
-                    tools: list[Tool] | None = None) -> str:
+                    tools: list[Tool] | None = None, continue_final_message: bool = False) -> str:
     """Chat messages through the model's chat template (its own, or the OpenAI config's override);
-    with tools, or tool calls and results in the history, a template that can render them."""
+    with tools, or tool calls and results in the history, a template that can render them.
+    continue_final_message (vLLM's): the last message is left open, so the model continues it."""
+    if continue_final_message:
+        if add_generation_prompt:
+            raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true",
+                           param="continue_final_message")
+        if messages[-1].role != "assistant" or not messages[-1].text():
+            raise APIError(400, "continue_final_message needs a final assistant message with text to continue",
+                           param="continue_final_message")
     if not model.chat_template:
         raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
     template, extra = model.chat_template, {}
     if uses_tools(messages, tools):
         template, extra = tool_template(model.chat_template), {"tools": template_tools(tools)}
     try:
-        return render_chat(template, template_messages(messages), bos_token=model.tokenizer.bos_token,
+        text = render_chat(template, template_messages(messages), bos_token=model.tokenizer.bos_token,
                            eos_token=model.tokenizer.eos_token, add_generation_prompt=add_generation_prompt, **extra)
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
+    if continue_final_message:  # cut what the template closes the last message with (as transformers does)
+        final = messages[-1].text()
+        text = text[: text.rindex(final) + len(final)] if final in text else text
+    return text
 
 
 def completion_prompts(body: CompletionRequest, model: ServedModel) -> list[list[int]]:

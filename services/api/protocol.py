@@ -151,6 +151,7 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    continue_final_message: bool = False  # vLLM: continue the final assistant message (add_generation_prompt false)
 
 
 class TokenizeRequest(_Request):
@@ -159,6 +160,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
     return_token_strs: bool = False  # vLLM: the tokens' strings beside their ids
+    continue_final_message: bool = False
 
 
 class DetokenizeRequest(_Request):

@@ -67,7 +67,8 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
                     arrived: tuple[float, float]) -> tuple[Choices, ChatResponder]:
     """A validated chat request as engine requests, and the responder that reads them back."""
     tools = plan_tools(body, ctx.tool_call_parser)
-    text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None)
+    text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
+                           body.continue_final_message)
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=chat_logprobs(body))

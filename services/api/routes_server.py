@@ -95,7 +95,8 @@ async def tokenize(request: Request) -> JSONResponse:
     if body.prompt is not None:
         text = body.prompt
     else:
-        text = render_messages(model, body.messages, body.add_generation_prompt)
+        text = render_messages(model, body.messages, body.add_generation_prompt,
+                               continue_final_message=body.continue_final_message)
     ids = encode_text(model, text, "prompt")
     answer = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
     if body.return_token_strs:
