@@ -142,6 +142,7 @@ class Logprobs(msgspec.Struct, array_like=True):
     logprob: float
     top_ids: list[int] = []
     top_logprobs: list[float] = []
+    rank: int = 0  # of the chosen token in the distribution, 1 = the most likely (0: not computed)
 
 
 class TokenEntry(msgspec.Struct, array_like=True):

@@ -145,3 +145,26 @@ def test_continue_final_message_leaves_the_last_turn_open(stack, openai_client, 
     with pytest.raises(openai.BadRequestError, match="cannot both be true"):
         openai_client.chat.completions.create(model=model_name, messages=prefill, max_tokens=5,
                                               extra_body={"continue_final_message": True})
+
+
+def test_prompt_logprobs_in_vllms_shape(stack, model_name, hf_tokenizer):
+    prompt = "The capital of France is Paris"
+    ids = hf_tokenizer.encode(prompt)
+    body = {"model": model_name, "prompt": prompt, "max_tokens": 1}
+    echoed = httpx.post(f"{stack.base_url}/v1/completions", timeout=60,
+                        json={**body, "echo": True, "logprobs": 0}).json()["choices"][0]["logprobs"]
+    choice = httpx.post(f"{stack.base_url}/v1/completions", timeout=60,
+                        json={**body, "prompt_logprobs": 2}).json()["choices"][0]
+    scored = choice["prompt_logprobs"]
+    assert len(scored) == len(ids) and scored[0] is None
+    for pos in range(1, len(ids)):
+        own = scored[pos][str(ids[pos])]
+        assert abs(own["logprob"] - echoed["token_logprobs"][pos]) < 1e-4 and own["rank"] >= 1
+        ranked = sorted(scored[pos].values(), key=lambda e: e["rank"])
+        assert ranked[0]["rank"] == 1 and ranked[0]["logprob"] >= own["logprob"]
+    chat = httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=60, json={
+        "model": model_name, "messages": ASK, "max_tokens": 1, "prompt_logprobs": 0}).json()
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and chat["prompt_logprobs"][0] is None
+    streamed = httpx.post(f"{stack.base_url}/v1/completions", timeout=60, json={**body, "prompt_logprobs": 1,
+                                                                                   "stream": True})
+    assert streamed.status_code == 400 and "not available when streaming" in streamed.text

@@ -53,6 +53,25 @@ class CompletionLogprobs:
                 "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
 
 
+def prompt_logprobs(tokenizer: ModelTokenizer, prompt_ids: list[int], logprobs: list[Logprobs | None],
+                    as_token_ids: bool = False) -> list[dict | None]:
+    """vLLM's prompt_logprobs: per prompt token, None for the first, else {token id: {logprob, rank,
+    decoded_token}} for the prompt's own token and the most likely alternatives."""
+    def name(token_id: int) -> str:
+        return _token_id_name(token_id) if as_token_ids else tokenizer.token_text(token_id)
+
+    out: list[dict | None] = []
+    for token_id, lp in zip(prompt_ids, logprobs, strict=True):
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(i): {"logprob": v, "rank": r, "decoded_token": name(i)}
+                 for r, (i, v) in enumerate(zip(lp.top_ids, lp.top_logprobs, strict=True), start=1)}
+        entry[str(token_id)] = {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": name(token_id)}
+        out.append(entry)
+    return out
+
+
 def _token_id_name(token_id: int) -> str:
     return f"token_id:{token_id}"
 

@@ -111,6 +111,8 @@ def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max
     if body.use_beam_search:
         raise APIError(400, "use_beam_search is not supported: this engine samples (greedy or random), it has no "
                             "beam search", param="use_beam_search")
+    if body.prompt_logprobs is not None and body.stream:
+        raise APIError(400, "prompt_logprobs is not available when streaming", param="prompt_logprobs")
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                        param="stream_options")

@@ -71,6 +71,7 @@ class _Sampling(_Request):
     structured_outputs: StructuredOutputs | None = None
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
     return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = Field(default=None, ge=0)  # vLLM: each prompt token's logprob, rank, top-k
     use_beam_search: bool = False  # refused when true: the engine samples, it has no beam search
 
     @property

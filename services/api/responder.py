@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from services.api import openai_format as fmt
 from services.api.context import ServedModel
 from services.api.generation import Delta
-from services.api.logprobs_format import CompletionLogprobs, chat_logprobs
+from services.api.logprobs_format import CompletionLogprobs, chat_logprobs, prompt_logprobs
 from services.api.openai_format import Usage
 from services.api.protocol import ChatCompletionRequest, CompletionRequest
 from services.api.tool_choice import ToolPlan
@@ -25,6 +25,7 @@ class _Choice:
     logprobs: CompletionLogprobs | list[dict] | None = None
     has_started: bool = False
     tool_calls: list[dict] = field(default_factory=list)
+    prompt_logprobs: list[dict | None] | None = None  # vLLM's shape, when the request asked
 
 
 class Responder:
@@ -83,6 +84,9 @@ class CompletionResponder(Responder):
                 parts.append(choice.logprobs.add(self.prompts[self.prompt_of[index]], delta.prompt_logprobs))
             parts.append(choice.logprobs.add(delta.token_ids, delta.logprobs or [None] * len(delta.token_ids)))
             logprobs = {k: [x for part in parts for x in part[k]] for k in parts[0]}
+        if self.body.prompt_logprobs is not None and delta.prompt_logprobs is not None:
+            choice.prompt_logprobs = prompt_logprobs(self.model.tokenizer, self.prompts[self.prompt_of[index]],
+                                                     delta.prompt_logprobs, self.body.return_tokens_as_token_ids)
         choice.text.append(text)
         choice.finish_reason = delta.finish_reason or choice.finish_reason
         return text, logprobs
@@ -96,6 +100,9 @@ class CompletionResponder(Responder):
         choices = [fmt.completion_choice(i, "".join(c.text), c.finish_reason,
                                          c.logprobs.as_dict() if c.logprobs is not None else None)
                    for i, c in enumerate(self.choices)]
+        if self.body.prompt_logprobs is not None:
+            for choice, c in zip(choices, self.choices, strict=True):
+                choice["prompt_logprobs"] = c.prompt_logprobs
         return fmt.response(request_id, created, self.model.name, False, choices, usage)
 
 
@@ -107,8 +114,10 @@ class ChatResponder(Responder):
     is_chat = True
 
     def __init__(self, model: ServedModel, body: ChatCompletionRequest, num_choices: int,
-                 tools: ToolPlan | None = None):
+                 tools: ToolPlan | None = None, prompt_ids: list[int] | None = None):
         super().__init__(model, num_choices)
+        self.prompt_ids = prompt_ids or []
+        self.wants_prompt_logprobs = body.prompt_logprobs is not None
         self.wants_logprobs = body.logprobs
         self.as_token_ids = body.return_tokens_as_token_ids
         if body.logprobs:
@@ -128,6 +137,9 @@ class ChatResponder(Responder):
         if self.wants_logprobs and delta.logprobs:
             logprobs = chat_logprobs(self.model.tokenizer, delta.token_ids, delta.logprobs, self.as_token_ids)
             choice.logprobs.extend(logprobs)
+        if self.wants_prompt_logprobs and delta.prompt_logprobs is not None:
+            choice.prompt_logprobs = prompt_logprobs(self.model.tokenizer, self.prompt_ids, delta.prompt_logprobs,
+                                                     self.as_token_ids)
         content, calls = delta.text, []
         if self.parsers is not None:
             content, calls = self.parsers[index].feed(delta.text)
@@ -162,4 +174,7 @@ class ChatResponder(Responder):
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
         choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls)
                    for i, c in enumerate(self.choices)]
-        return fmt.response(request_id, created, self.model.name, True, choices, usage)
+        body = fmt.response(request_id, created, self.model.name, True, choices, usage)
+        if self.wants_prompt_logprobs:  # vLLM puts the prompt's once, at the top
+            body["prompt_logprobs"] = self.choices[0].prompt_logprobs
+        return body

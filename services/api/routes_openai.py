@@ -49,7 +49,8 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
     """model_name: set by a route whose path names the model (a pipeline's inference URL)."""
     ctx, model, body = await parse(request, CompletionRequest, lambda m: m.openai.completion, model_name)
     prompts = completion_prompts(body, model)
-    prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
+    echoed = body.logprobs if body.echo and body.logprobs is not None else None
+    prompt_logprobs = max((n for n in (echoed, body.prompt_logprobs) if n is not None), default=None)
     samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
                                  logprobs=body.logprobs, prompt_logprobs=prompt_logprobs) for ids in prompts]
     choices = choices_for(ctx, model, body, prompts, samplings, arrival(request))
@@ -71,14 +72,14 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
                            body.continue_final_message)
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
-                               logprobs=chat_logprobs(body))
+                               logprobs=chat_logprobs(body), prompt_logprobs=body.prompt_logprobs)
     if tools is not None and (forced := forced_grammar(tools)) is not None:
         if sampling.guided is not None:
             raise APIError(400, "response_format cannot be combined with a tool_choice that forces a call",
                            param="response_format")
         sampling = msgspec.structs.replace(sampling, guided=forced)
     choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived)
-    return choices, ChatResponder(model, body, len(choices.generations), tools)
+    return choices, ChatResponder(model, body, len(choices.generations), tools, prompt_ids)
 
 
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],

@@ -41,12 +41,14 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, min_p: flo
 
 def logprobs_of(logprobs: torch.Tensor, token_ids: list[int], num_top: int) -> list[Logprobs]:
     """logprobs: [n, vocab] log-softmax rows; the chosen token's value and the num_top best."""
-    chosen = logprobs.gather(1, torch.tensor(token_ids, dtype=torch.long).unsqueeze(1)).squeeze(1).tolist()
+    chosen_t = logprobs.gather(1, torch.tensor(token_ids, dtype=torch.long).unsqueeze(1))
+    ranks = ((logprobs > chosen_t).sum(-1) + 1).tolist()
+    chosen = chosen_t.squeeze(1).tolist()
     if num_top <= 0:
-        return [Logprobs(lp) for lp in chosen]
+        return [Logprobs(lp, rank=r) for lp, r in zip(chosen, ranks, strict=True)]
     top = torch.topk(logprobs, num_top, dim=-1)
-    return [Logprobs(lp, ids, lps) for lp, ids, lps in zip(chosen, top.indices.tolist(), top.values.tolist(),
-                                                         strict=True)]
+    return [Logprobs(lp, ids, lps, r) for lp, ids, lps, r in zip(chosen, top.indices.tolist(), top.values.tolist(),
+                                                               ranks, strict=True)]
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[Logprobs | None]]:
