@@ -132,3 +132,16 @@ def test_the_hermes_template_renders_tools_calls_and_results():
         "<|im_end|>\n"
         "<|im_start|>user\n<tool_response>\n22 C, sunny\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n")
+
+
+def test_only_calls_the_client_can_act_on_leave_the_text():
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    plan = plan_tools(request(tools=[strict, TIME]), "hermes")
+    parser = HermesParser(plan.accepts)
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>'  # strict: invalid
+    invented = '<tool_call>\n{"name": "get_news", "arguments": {}}\n</tool_call>'  # not a declared function
+    loose = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "PST"}}\n</tool_call>'  # not strict: as said
+    content, calls = _parse_in_pieces(parser, good + bad + invented + loose, 5)
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert content == bad + invented

@@ -123,7 +123,7 @@ class ChatResponder(Responder):
         if body.logprobs:
             for choice in self.choices:
                 choice.logprobs = []
-        self.parsers = [parser_for(tools.parser) for _ in range(num_choices)] if tools else None
+        self.parsers = [parser_for(tools.parser, tools.accepts) for _ in range(num_choices)] if tools else None
 
     def first_chunks(self, request_id: str, created: int) -> list[dict]:
         return [fmt.chunk(request_id, created, self.model.name, True,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import jsonschema
+
 from services.api.errors import APIError
 from services.api.protocol import ChatCompletionRequest, Tool
 from shared.guided import GuidedError, grammar_for, json_layout
@@ -38,6 +40,20 @@ class ToolPlan:
     def allows_several(self) -> bool:
         """A named function is called once (as OpenAI does); "required" may call several in parallel."""
         return self.parallel and self.choice == "required"
+
+    def accepts(self, call: dict) -> bool:
+        """A parsed call is one the client can act on: a declared function, and for a strict one
+        arguments valid against its schema (a forced call is so by its grammar; under auto, checked)."""
+        tool = next((t for t in self.tools if t.function.name == call["function"]["name"]), None)
+        if tool is None:
+            return False
+        if not tool.function.strict:
+            return True
+        try:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), tool.function.parameters)
+        except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+            return False
+        return True
 
     def allowed(self) -> list[Tool]:
         return self.tools if self.choice in ("auto", "required") else [t for t in self.tools if t.function.name == self.choice]

@@ -35,7 +35,8 @@ def _held_back(text: str, marker: str) -> int:
 
 
 class HermesParser:
-    def __init__(self):
+    def __init__(self, accepts=lambda call: True):
+        self.accepts = accepts  # a call it returns False for stays text
         self.buffer = ""
         self.in_call = False
         self.num_calls = 0
@@ -81,12 +82,15 @@ class HermesParser:
             call = _as_call(json.loads(body))
         except json.JSONDecodeError:
             return None
-        self.num_calls += call is not None
+        if call is None or not self.accepts(call):
+            return None
+        self.num_calls += 1
         return call
 
 
 class JsonParser:
-    def __init__(self):
+    def __init__(self, accepts=lambda call: True):
+        self.accepts = accepts
         self.text = []
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
@@ -100,10 +104,10 @@ class JsonParser:
         except json.JSONDecodeError:
             return text, []
         calls = [_as_call(v) for v in (value if isinstance(value, list) else [value])]
-        if calls and all(calls):
+        if calls and all(c is not None and self.accepts(c) for c in calls):
             return "", calls
         return text, []
 
 
-def parser_for(name: str) -> HermesParser | JsonParser:
-    return HermesParser() if name == "hermes" else JsonParser()
+def parser_for(name: str, accepts=lambda call: True) -> HermesParser | JsonParser:
+    return HermesParser(accepts) if name == "hermes" else JsonParser(accepts)
