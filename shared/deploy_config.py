@@ -44,6 +44,20 @@ def _one_of(field: str, value, allowed: tuple, refused: tuple = (), why: str = "
         raise ConfigError(f"{field} = {value!r} is not allowed: allowed {', '.join(map(repr, allowed))}")
 
 
+def workspace_id(value) -> int | None:
+    """The product's docs type it as a string ("6"); its SDK sends an integer. Both mean workspace 6."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value)
+    raise ConfigError(f"workspace_id = {value!r} is not allowed: a workspace number, such as 6 or \"6\"")
+
+
+def visibility(value) -> str:
+    _one_of("visibility", value, ("private", "public"))
+    return value
+
+
 def _is_bool(field: str, value) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{field} = {value!r} must be true or false")

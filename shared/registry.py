@@ -151,7 +151,11 @@ class Registry:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
             return None
-        return msgspec.json.decode(entry.value, type=cls) if entry.value else None
+        try:
+            return msgspec.json.decode(entry.value, type=cls) if entry.value else None
+        except msgspec.ValidationError as exc:  # one bad record never breaks a listing, nor a lookup
+            log.error("registry_record_unreadable", key=key, error=str(exc))
+            return None
 
     async def _values(self, prefix: str, cls) -> list:
         values = [await self._get(k, cls) for k in await self._keys(REGISTRY_BUCKET, prefix)]

@@ -314,3 +314,37 @@ def test_the_registry_survives_a_restart_of_every_service(stacks, tmp_path_facto
     p.wait_for("Running", 300)  # still deployed: the agent starts its worker again
     assert p.openai_completion(prompt="Hello", max_tokens=3).usage.completion_tokens == 3
     p.undeploy()
+
+
+def test_workspace_id_as_the_docs_type_it_and_a_bad_record_never_breaks_listing(wl, stacks, default_model_path):
+    """The product's docs type workspace_id as a string ("6"): it was stored as given into an integer
+    field, and every listing after it failed to read that record."""
+    import asyncio
+
+    import nats
+
+    def upload(name: str, **meta):
+        with open(default_model_path, "rb") as f:
+            return httpx.post(f"{wl.api_endpoint}/v1/api/models/upload_and_convert",
+                              headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120,
+                              data={"metadata": json.dumps({"name": name, **meta})}, files={"file": ("m.gguf", f)})
+
+    reply = upload("in-workspace", workspace_id="6", visibility="public")
+    assert reply.status_code == 200 and reply.json()["model"]["workspace_id"] == 6
+    for meta, message in (({"workspace_id": "six"}, "workspace_id = 'six' is not allowed"),
+                          ({"visibility": "secret"}, "visibility = 'secret' is not allowed")):
+        refused = upload("refused", **meta)
+        assert refused.status_code == 400 and message in refused.json()["error"]["message"]
+
+    async def write_a_bad_record() -> None:  # as an older build, or another client of the bus, could have
+        nc = await nats.connect(stacks[-1].nats_url)
+        kv = await nc.jetstream().key_value("sy-registry")
+        await kv.put("models.broken.1", b'{"name": "broken", "version": 1, "workspace_id": "6"}')
+        await nc.close()
+
+    asyncio.run(write_a_bad_record())
+    listed = httpx.post(f"{wl.api_endpoint}/v1/api/models/list", headers={"Authorization": f"Bearer {API_KEY}"},
+                        json={}, timeout=30)
+    assert listed.status_code == 200
+    names = {m["name"] for m in listed.json()["models"]}
+    assert "in-workspace" in names and "broken" not in names

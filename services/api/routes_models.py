@@ -30,6 +30,8 @@ from shared.deploy_config import (
     check_name,
     convert,
     parse_accel,
+    visibility,
+    workspace_id,
 )
 from shared.model_files import inspect_artifact, unpacked
 from shared.registry import ModelVersion
@@ -98,6 +100,8 @@ def _new_version(metadata: str, file_name: str) -> ModelVersion:
         if fc.get("framework", "vllm") != "vllm":
             raise ConfigError(f"framework_config.framework = {fc.get('framework')!r} is not allowed: allowed 'vllm'")
         framework_config = convert(fc.get("config") or {}, FrameworkConfig, "framework_config").validate(accel.kind)
+        workspace = workspace_id(meta.get("workspace_id"))
+        shown_to = visibility(meta.get("visibility", "private"))
         if conversion.get("requirements"):
             raise ConfigError(f"conversion.requirements = {conversion['requirements']!r} is not supported: a vLLM "
                               "model runs in the server's own pinned environment, which installs nothing per "
@@ -107,8 +111,8 @@ def _new_version(metadata: str, file_name: str) -> ModelVersion:
     # input_schema / output_schema (base64 Arrow) describe tabular models; an OpenAI model has none
     return ModelVersion(name=name, version=0, file_name=file_name, sha256="", size=0, status="uploading",
                         created_at=time.time(), framework=framework, framework_config=framework_config,
-                        accel=accel, visibility=str(meta.get("visibility", "private")),
-                        workspace_id=meta.get("workspace_id"), python_version=conversion.get("python_version"),
+                        accel=accel, visibility=shown_to,
+                        workspace_id=workspace, python_version=conversion.get("python_version"),
                         )
 
 
