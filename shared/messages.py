@@ -1,8 +1,9 @@
 """Wire schemas: msgspec Structs, MessagePack-encoded. Fields are only appended, with defaults.
 
 One decoder per subject lives next to the types (`*_DECODER`); never pickle. The hot path's
-structs (a step and its result, token entries) are arrays without field names, their defaults
-omitted: a mid-stream token entry is ~50 bytes, not ~250.
+structs (a step and its result, token entries) are arrays without field names, and a token
+entry's trailing, per-request fields default to values of one byte: a mid-stream entry is ~55
+bytes, not ~205.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class TokenEntry(msgspec.Struct, array_like=True):
     error: str | None = None
     num_prompt_tokens: int = 0  # first entry only
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache; first entry only
-    first_scheduled_at: float = 0.0  # when the scheduler first ran the request (queue time); first entry only
+    first_scheduled_at: float | None = None  # when the scheduler first ran it (queue time); first entry only
     prompt_logprobs: list[Logprobs | None] | None = None  # first entry only; the first prompt token's is None
 
 
@@ -342,38 +343,8 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 # ---- encoding ------------------------------------------------------------------------------
 
 _ENCODER = msgspec.msgpack.Encoder()
-# the hot path's array-like structs: encode() drops their trailing fields that hold defaults
-# (msgspec fills them back in when decoding a shorter array; its own omit_defaults skips arrays)
-_COMPACT = (TokenEntry, TokenBatch, NewSeq, ScheduledSeq, Step, Sampled, StepResult)
-
-
-def _trailing_defaults(cls) -> tuple[str | None, list]:
-    defaults = [f.default if f.default is not msgspec.NODEFAULT
-                else (f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT)
-                for f in msgspec.structs.fields(cls)]
-    return cls.__struct_config__.tag, defaults
-
-
-_TRIM = {cls: _trailing_defaults(cls) for cls in _COMPACT}
-
-
-def _compact(value):
-    trim = _TRIM.get(type(value))
-    if trim is not None:
-        tag, defaults = trim
-        values = msgspec.structs.astuple(value)
-        n = len(values)
-        while n and defaults[n - 1] is not msgspec.NODEFAULT and values[n - 1] == defaults[n - 1]:
-            n -= 1
-        fields = [_compact(v) for v in values[:n]]
-        return [tag, *fields] if tag is not None else fields
-    if type(value) is list:
-        return [_compact(v) for v in value]
-    return value
-
-
 def encode(message: msgspec.Struct) -> bytes:
-    return _ENCODER.encode(_compact(message))
+    return _ENCODER.encode(message)
 
 
 SUBMIT_DECODER = msgspec.msgpack.Decoder(Submit)
