@@ -15,11 +15,11 @@ import torch
 from services.worker.model_config import ModelConfig
 from shared.config import ConfigError
 
-KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # weights' and KV's
 
 
 def kv_dtype_for(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    return model_dtype if kv_cache_dtype == "auto" else KV_DTYPES[kv_cache_dtype]
+    return model_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.backends.kv_pool import kv_dtype_for
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from services.worker.backends.kv_pool import DTYPES, kv_dtype_for
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.backends.kv_pool import KV_DTYPES, KVSpec, null_block
+from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
@@ -37,9 +37,9 @@ class TorchCpuBackend:
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
-        if spec.kv_cache_dtype not in KV_DTYPES and spec.kv_cache_dtype != "auto":
+        if spec.kv_cache_dtype not in DTYPES and spec.kv_cache_dtype != "auto":
             raise ConfigError(f"kv_cache_dtype {spec.kv_cache_dtype!r} needs the cuda backend (--device cuda); "
-                              f"the cpu backend stores {', '.join(KV_DTYPES)}")
+                              f"the cpu backend stores {', '.join(DTYPES)}")
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, TORCH_OPS)
         quantize(loaded.model, spec.quantization)
         if spec.compile:
