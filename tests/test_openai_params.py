@@ -148,3 +148,14 @@ def test_chat_content_parts_roles_and_unknown_fields(openai_client, model_name):
         {"role": "assistant", "content": "Hello."}, {"role": "tool", "content": "42", "tool_call_id": "t1"},
         {"role": "user", "content": "Thanks"}])
     assert r.choices[0].message.role == "assistant"
+
+
+def test_the_end_user_is_logged_with_the_request(stack, openai_client, model_name):
+    """OpenAI's `user` identifies the end user for monitoring: it is on the request's log line (the
+    line is written before a whole response is returned)."""
+    import json
+
+    openai_client.completions.create(model=model_name, prompt="Hi", max_tokens=2, user="alice-42")
+    lines = [json.loads(line) for line in (stack.log_dir / "api.log").read_text().splitlines()
+             if line.startswith("{") and '"request_finished"' in line]
+    assert any(line.get("user") == "alice-42" for line in lines)

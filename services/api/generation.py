@@ -31,9 +31,12 @@ class Delta:
 class Generation:
     def __init__(self, bus: BusClient, model: str, prompt_ids: list[int], sampling: SamplingParams,
                  detokenizer: IncrementalDetokenizer, metrics: ApiMetrics, *, cache_salt: str | None,
-                 idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float]):
-        """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival)."""
+                 idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float],
+                 user: str | None = None):
+        """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival).
+        user: OpenAI's end-user identifier, logged with the request for monitoring."""
         self.bus = bus
+        self.user = user
         self.model = model
         self.prompt_ids = prompt_ids
         self.sampling = sampling
@@ -169,6 +172,6 @@ class Generation:
         if self.queue_time is not None and self.first_token_produced_at and self.finish_reason in ("stop", "length"):
             self.metrics.observe_phases(self.model, self.arrival_wall + self.queue_time, self.first_token_produced_at,
                                         self.last_token_produced_at)
-        log.info("request_finished", request_id=self.stream.request_id, model=self.model,
+        log.info("request_finished", request_id=self.stream.request_id, model=self.model, user=self.user,
                  prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                  cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)

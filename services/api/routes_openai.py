@@ -92,7 +92,8 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
             detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings)
             generations.append(Generation(
                 ctx.bus, model.name, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
-                idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s, arrival=arrived))
+                idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s, arrival=arrived,
+                user=body.user))
             prompt_index.append(p)
     return Choices(generations, prompt_index)
 
