@@ -21,11 +21,11 @@ from services.worker.backends.spec import WorkerSpec
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from shared.config import ConfigError
+from shared.deploy_config import FP8_KV_CACHE_DTYPES
 from shared.log import get_logger
 from shared.messages import BackendName, Logprobs, WorkerKind
 
 log = get_logger("worker.cuda")
-FP8_KV = ("fp8", "fp8_e4m3")
 
 
 class CudaBackend:
@@ -57,7 +57,7 @@ class CudaBackend:
             raise ConfigError(f"the cuda backend needs block_size >= 16 (its kernels' tiles), got {spec.block_size}")
         device = torch.device("cuda", torch.cuda.current_device())
         dtype = spec.torch_dtype
-        kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV else spec.kv_torch_dtype  # e4m3, scale 1
+        kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV_CACHE_DTYPES else spec.kv_torch_dtype  # e4m3, scale 1
         loaded = load_model(spec.model_path, spec.load_format, dtype, TritonOps(), device=device)
         kv = KVSpec.of(loaded.config, spec.block_size, kv_dtype)
         if spec.num_kv_blocks:
