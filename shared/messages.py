@@ -239,7 +239,10 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     dtype: str
     max_model_len: int
     kv_cache_dtype: str = "auto"
-    device: str = "cpu"  # e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"
+    device: str = "cpu"  # e.g. "cuda:0 (NVIDIA H100 80GB HBM3)", "qaic, emulated on cpu"
+    # a SLOTS worker: num_blocks counts its slots, block_size is a slot's ctx_len, and each step
+    # prefills at most prefill_seq_len tokens of one sequence
+    prefill_seq_len: int = 0
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):

@@ -129,8 +129,8 @@ def test_scheduler_refuses_a_worker_whose_kv_geometry_differs_from_the_models_ot
         "block_size 32 != 16 of worker w0, which already serves 'm'"
     assert "kv_cache_dtype 'bfloat16' != 'auto'" in worker_mismatch([first], hello(kv_cache_dtype="bfloat16"))
     assert "max_model_len 1024 != 2048" in worker_mismatch([first], hello(max_model_len=1024))
-    assert worker_mismatch([], hello(kind=WorkerKind.SLOTS)) == \
-        "a slots worker needs a slot allocator, which this scheduler does not have"
+    assert worker_mismatch([], hello(kind=WorkerKind.SLOTS)) is None  # it gets a slot allocator
+    assert "kind <WorkerKind.SLOTS: 1> != <WorkerKind.PAGED: 0>" in worker_mismatch([first], hello(kind=WorkerKind.SLOTS))
 
 
 def test_prompt_logprobs_requests_skip_the_prefix_cache():

@@ -86,3 +86,14 @@ class KVCacheManager:
 
     def cached_hashes(self) -> list[bytes]:
         return list(self.pool.cached)
+
+    def num_cached_blocks_of(self, block_hashes: list[bytes]) -> int:
+        """How many leading blocks of a prompt this pool holds (routing without the KV index)."""
+        return len(self.pool.cached_prefix(block_hashes))
+
+    def take_events(self):
+        return self.pool.take_events()
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage

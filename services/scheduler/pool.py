@@ -18,6 +18,8 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.slot_manager import SlotManager
+from services.scheduler.slot_scheduler import SlotScheduler
 from shared import subjects
 from shared.config import EngineConfig
 from shared.hashing import root_hash
@@ -31,6 +33,7 @@ from shared.messages import (
     Step,
     StepResult,
     WorkerHello,
+    WorkerKind,
     encode,
 )
 
@@ -39,6 +42,16 @@ log = get_logger("scheduler.pool")
 
 class WorkerGone(Exception):
     pass
+
+
+def _scheduler_for(hello: WorkerHello, config: EngineConfig, root: bytes, can_run_more) -> Scheduler:
+    """Blocks for a paged worker; for a slots worker (static shapes), its slots and chunk size."""
+    if hello.kind == WorkerKind.SLOTS:
+        return SlotScheduler(SlotManager(hello.num_blocks, hello.block_size), hello.prefill_seq_len, can_run_more,
+                             num_scheduler_steps=config.num_scheduler_steps)
+    kv = KVCacheManager(hello.num_blocks, hello.block_size, root, enable_prefix_caching=config.enable_prefix_caching)
+    return Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
+                     is_static=config.batching == "static", num_scheduler_steps=config.num_scheduler_steps)
 
 
 class PoolLoop:
@@ -50,11 +63,7 @@ class PoolLoop:
         self.worker_id = hello.worker_id
         self.step_timeout_s = config.step_timeout_s
         self.root_hash = root_hash(hello.model, hello.kv_cache_dtype)
-        kv = KVCacheManager(hello.num_blocks, hello.block_size, self.root_hash,
-                            enable_prefix_caching=config.enable_prefix_caching)
-        self.scheduler = Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens,
-                                   can_run_more, is_static=config.batching == "static",
-                                   num_scheduler_steps=config.num_scheduler_steps)
+        self.scheduler = _scheduler_for(hello, config, self.root_hash, can_run_more)
         self.on_gone = on_gone
         self.last_seen = time.monotonic()
         self.is_alive = True
@@ -177,7 +186,7 @@ class PoolLoop:
     # ---- KV events ---------------------------------------------------------------------------
 
     async def _publish_kv_events(self) -> None:
-        events = self.scheduler.kv.pool.take_events()
+        events = self.scheduler.kv.take_events()
         if events:
             await self.nc.publish(subjects.kv_events(self.worker_id), encode(
                 KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))

@@ -29,4 +29,4 @@ class Router:
             return KV_LOOKUP_REPLY_DECODER.decode(msg.data).num_matched_blocks
         except Exception as exc:  # the index is an optimisation: without it, route on our own pools
             log.warning("kv_lookup_failed", error=type(exc).__name__)
-            return {p.worker_id: len(p.scheduler.kv.pool.cached_prefix(block_hashes)) for p in pools}
+            return {p.worker_id: p.scheduler.kv.num_cached_blocks_of(block_hashes) for p in pools}

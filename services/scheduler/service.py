@@ -31,7 +31,6 @@ from shared.messages import (
     Submit,
     WorkerHeartbeat,
     WorkerHello,
-    WorkerKind,
     encode,
 )
 
@@ -43,12 +42,10 @@ WATCH_INTERVAL_S = 0.25  # how often silent workers and passed deadlines are loo
 def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
     """Each worker owns its KV geometry and max_model_len, and the scheduler takes them as they are
     announced; but a model's workers share prefix hashes and one context limit, so a worker that
-    disagrees with those already serving the model is refused. Only paged workers have a block
-    manager here."""
-    if hello.kind != WorkerKind.PAGED:
-        return f"a {hello.kind.label} worker needs a slot allocator, which this scheduler does not have"
+    disagrees with those already serving the model is refused. A paged worker gets a block
+    manager, a slots worker a slot allocator; one model's workers are all of one kind."""
     for peer in peers:
-        for name in ("block_size", "kv_cache_dtype", "max_model_len"):
+        for name in ("kind", "block_size", "kv_cache_dtype", "max_model_len"):
             if getattr(hello, name) != getattr(peer, name):
                 return (f"{name} {getattr(hello, name)!r} != {getattr(peer, name)!r} of worker {peer.worker_id}, "
                         f"which already serves {hello.model!r}")
@@ -156,8 +153,8 @@ class SchedulerService:
 
     async def _route(self, request: Request, pools: list[PoolLoop]) -> None:
         lookup: list[bytes] = []
-        if self.config.enable_prefix_caching:
-            pool0 = pools[0]
+        pool0 = pools[0]
+        if self.config.enable_prefix_caching and pool0.scheduler.kv.enable_prefix_caching:
             request.block_hashes = hash_block_chain(
                 pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, pool0.hello.block_size)]
@@ -265,7 +262,7 @@ class SchedulerService:
             model=self.model, num_workers=len(pools),
             num_running=sum(len(p.scheduler.running) for p in pools),
             num_waiting=sum(len(p.scheduler.waiting) for p in pools),
-            kv_cache_usage=sum(kv.pool.usage for kv in kvs) / len(kvs) if kvs else 0.0,
+            kv_cache_usage=sum(kv.usage for kv in kvs) / len(kvs) if kvs else 0.0,
             num_preemptions=sum(p.scheduler.num_preemptions for p in pools),
             prefix_cache_queries=sum(kv.num_queried_tokens for kv in kvs),
             prefix_cache_hits=sum(kv.num_hit_tokens for kv in kvs),
