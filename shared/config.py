@@ -12,8 +12,10 @@ import os
 import msgspec
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3")  # fp8: the cuda backend only
-QUANTIZATIONS = ("none", "int8", "int4", "w8a8")  # on the CPU: weight-only int8 / int4, or int8 activations too
+# fp8: the cuda backend only; mxint8: the qaic backend only
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "mxint8")
+# on the CPU: weight-only int8 / int4, or int8 activations too; mxfp6: the qaic backend only
+QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "mxfp6")
 
 
 class ConfigError(ValueError):
@@ -119,13 +121,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 WORKER_DTYPES = ("auto", "float32", "bfloat16", "float16")
-WORKER_DEVICES = ("cpu", "cuda")
+WORKER_DEVICES = ("cpu", "cuda", "qaic")
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
     parser.add_argument("--device", default=os.environ.get("SY_DEVICE", "cpu"), choices=WORKER_DEVICES,
-                        help="the worker's backend: cpu (torch, the reference) or cuda (Triton kernels, CUDA graphs)")
+                        help="the worker's backend: cpu (torch, the reference), cuda (Triton kernels, CUDA graphs) "
+                             "or qaic (Cloud AI 100's static-shape program; emulated without the cards)")
+    parser.add_argument("--qaic-config", default=os.environ.get("SY_QAIC_CONFIG", "{}"),
+                        help="qaic: the QaicConfig as JSON, e.g. '{\"full_batch_size\": 8, \"ctx_len\": 256}'")
     parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "auto"), choices=WORKER_DTYPES,
                         help="the weights' dtype; auto: float32 on the cpu backend (exact), bfloat16 on cuda")
     parser.add_argument("--gpu-memory-utilization", type=float,

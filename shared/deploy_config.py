@@ -89,9 +89,15 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES and accel != "cuda":
             raise ConfigError(f"{p}kv_cache_dtype = {self.kv_cache_dtype!r} is not supported by the torch backend: "
                               f"fp8 KV caches run on accel 'cuda' only")
+        if self.kv_cache_dtype == "mxint8" and accel != "qaic":
+            raise ConfigError(f"{p}kv_cache_dtype = 'mxint8' runs on accel 'qaic' only, not on {accel!r}")
         quant = self.quantization or "none"
         _one_of(p + "quantization", quant, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend")
-        if quant != "none" and accel != "cpu":
+        if accel == "qaic" and quant not in ("none", "mxfp6"):
+            raise ConfigError(f"{p}quantization = {quant!r} is not allowed on accel 'qaic': allowed 'mxfp6' or none")
+        if accel != "qaic" and quant == "mxfp6":
+            raise ConfigError(f"{p}quantization = 'mxfp6' runs on accel 'qaic' only, not on {accel!r}")
+        if quant not in ("none", "mxfp6") and accel != "cpu":
             raise ConfigError(f"{p}quantization = {quant!r} runs on torch's CPU kernels only, not on {accel!r}")
         if self.device_group is not None:
             check_name(p + "device_group", self.device_group)
@@ -132,10 +138,10 @@ class Accel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def validate(self) -> Accel:
         _one_of("accel", self.kind, ACCELS)
-        if self.qaic is not None:
-            if self.kind != "qaic":
-                raise ConfigError(f"accel = {self.kind!r} takes no QaicConfig")
-            self.qaic.validate()
+        if self.qaic is not None and self.kind != "qaic":
+            raise ConfigError(f"accel = {self.kind!r} takes no QaicConfig")
+        if self.kind == "qaic":
+            self.qaic = (self.qaic or QaicConfig()).validate()
         return self
 
 
@@ -146,6 +152,18 @@ def parse_accel(value) -> Accel:
     if isinstance(value, dict) and list(value) == ["qaic"]:
         return Accel(kind="qaic", qaic=convert(value["qaic"] or {}, QaicConfig, "accel.qaic")).validate()
     raise ConfigError(f"accel = {value!r} is not allowed: allowed 'cpu', 'cuda', 'qaic' or {{'qaic': {{...}}}}")
+
+
+def check_qaic_framework(framework: FrameworkConfig, qaic: QaicConfig) -> None:
+    """The framework config's vLLM names for what the QaicConfig compiles must agree with it."""
+    p = "framework_config."
+    if framework.quantization == "mxfp6" and not qaic.mxfp6_matmul:
+        raise ConfigError(f"{p}quantization = 'mxfp6' needs accel.qaic.mxfp6_matmul = True (the program's weights)")
+    if framework.kv_cache_dtype == "mxint8" and not qaic.mxint8_kv_cache:
+        raise ConfigError(f"{p}kv_cache_dtype = 'mxint8' needs accel.qaic.mxint8_kv_cache = True (the program's KV cache)")
+    if framework.max_model_len is not None and framework.max_model_len > qaic.ctx_len:
+        raise ConfigError(f"{p}max_model_len = {framework.max_model_len} is longer than accel.qaic.ctx_len = "
+                          f"{qaic.ctx_len}: a QAIC program holds at most ctx_len tokens a sequence")
 
 
 class ContinuousBatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -17,12 +17,14 @@ BLOCK_SIZE = 16
 
 class InProcessEngine:
     def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256,
-                 num_scheduler_steps: int = 1, runner=None):
-        """runner: the worker side (default: the torch backend's over `loaded`, num_blocks blocks)."""
+                 num_scheduler_steps: int = 1, runner=None, scheduler: Scheduler | None = None):
+        """runner: the worker side (default: the torch backend's over `loaded`, num_blocks blocks);
+        scheduler: the scheduler side (default: paged, over num_blocks blocks)."""
         self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=loaded.model.output.weight.dtype,
                                             max_model_len=8192, block_size=BLOCK_SIZE)
         kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
-        self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, num_scheduler_steps=num_scheduler_steps)
+        self.scheduler = scheduler or Scheduler(kv, max_num_seqs, max_num_batched_tokens,
+                                                num_scheduler_steps=num_scheduler_steps)
         self.outputs: dict[str, list[int]] = {}
         self.num_cached_tokens: dict[str, int] = {}
         self.num_steps = 0

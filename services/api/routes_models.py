@@ -28,6 +28,7 @@ from shared.deploy_config import (
     FrameworkConfig,
     OpenaiConfig,
     check_name,
+    check_qaic_framework,
     convert,
     parse_accel,
     visibility,
@@ -100,6 +101,8 @@ def _new_version(metadata: str, file_name: str) -> ModelVersion:
         if fc.get("framework", "vllm") != "vllm":
             raise ConfigError(f"framework_config.framework = {fc.get('framework')!r} is not allowed: allowed 'vllm'")
         framework_config = convert(fc.get("config") or {}, FrameworkConfig, "framework_config").validate(accel.kind)
+        if accel.qaic is not None:
+            check_qaic_framework(framework_config, accel.qaic)
         workspace = workspace_id(meta.get("workspace_id"))
         shown_to = visibility(meta.get("visibility", "private"))
         if conversion.get("requirements"):

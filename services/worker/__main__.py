@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import uuid
@@ -26,8 +27,9 @@ from shared.config import (
     engine_config_from_args,
     resolve_max_model_len,
 )
+from shared.deploy_config import QaicConfig, convert
 from shared.lifecycle import serve
-from shared.messages import WorkerHello
+from shared.messages import WorkerHello, WorkerKind
 from shared.model_files import resolve_model_path
 from shared.tokenizer import load_tokenizer
 
@@ -58,17 +60,22 @@ def main() -> None:
     if args.nice:
         os.nice(args.nice)
     device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
-    backend = create_backend(device, worker_spec(args, config, model_path, deployed))
+    spec = worker_spec(args, config, model_path, deployed)
+    if device == "qaic":  # the program's cores are the emulator's compute threads
+        torch.set_num_threads(spec.qaic.num_cores)
+    backend = create_backend(device, spec)
     max_model_len = backend.config.limit_context(
         resolve_max_model_len(config.max_model_len, backend.config.max_position_embeddings),
         configured=config.max_model_len is not None)
+    if backend.kind == WorkerKind.SLOTS and config.max_model_len is None:
+        max_model_len = min(max_model_len, backend.block_size)  # a slot holds ctx_len tokens
     backend.kv.check_capacity(backend.num_blocks, max_model_len)
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if config.load_format != "dummy" else None
     backend.warm_up()
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar)
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
-                        max_model_len=max_model_len, kv_cache_dtype=config.kv_cache_dtype, **backend.hello_fields())
+                        max_model_len=max_model_len, **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
     executor = MainThreadExecutor()
 
     async def serve_bus(signalled: asyncio.Event) -> None:
@@ -92,6 +99,8 @@ def worker_spec(args: argparse.Namespace, config, model_path: str, deployed) -> 
         kv_cache_bytes=deployed.kv_cache_bytes if deployed else (lambda _weights: fixed_kv_bytes),
         gpu_memory_utilization=framework.gpu_memory_utilization if framework else args.gpu_memory_utilization,
         max_seq_len_to_capture=framework.max_seq_len_to_capture if framework else args.max_seq_len_to_capture,
+        qaic=((deployed.version.accel.qaic if deployed else
+               convert(json.loads(args.qaic_config), QaicConfig, "--qaic-config")) or QaicConfig()).validate(),
     )
 
 

@@ -15,6 +15,7 @@ from shared.config import ConfigError
 BACKENDS = {
     "cpu": "services.worker.backends.torch_cpu.backend:TorchCpuBackend",
     "cuda": "services.worker.backends.cuda.backend:CudaBackend",
+    "qaic": "services.worker.backends.qaic.backend:QaicBackend",
 }
 
 

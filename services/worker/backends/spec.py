@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.backends.kv_pool import DTYPES, kv_dtype_for
+from shared.deploy_config import QaicConfig
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -32,16 +33,18 @@ class WorkerSpec:
     compile: bool = False
     gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory the worker may take
     max_seq_len_to_capture: int = 8192  # CUDA: decode steps with longer contexts run without graphs
+    qaic: QaicConfig | None = None  # QAIC: the program's shapes and formats
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
     def with_dtype_for(self, device: str) -> WorkerSpec:
-        """`auto` made concrete: float32 on the CPU (exact, batch-invariant), bfloat16 on a GPU."""
+        """`auto` made concrete: float32 on the CPU (exact, batch-invariant; the QAIC emulator runs
+        there too), bfloat16 on a GPU."""
         if self.dtype != "auto":
             return self
-        return dataclasses.replace(self, dtype="float32" if device == "cpu" else "bfloat16")
+        return dataclasses.replace(self, dtype="float32" if device in ("cpu", "qaic") else "bfloat16")
 
     @property
     def kv_torch_dtype(self) -> torch.dtype:

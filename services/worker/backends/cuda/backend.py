@@ -53,6 +53,8 @@ class CudaBackend:
             raise ConfigError("--device cuda: this machine has no CUDA GPU that torch can use")
         if spec.quantization != "none":
             raise ConfigError(f"quantization {spec.quantization!r} runs on the torch CPU backend only")
+        if spec.kv_cache_dtype == "mxint8":
+            raise ConfigError("kv_cache_dtype 'mxint8' is a QAIC format: it needs the qaic backend (--device qaic)")
         if spec.block_size < 16:
             raise ConfigError(f"the cuda backend needs block_size >= 16 (its kernels' tiles), got {spec.block_size}")
         device = torch.device("cuda", torch.cuda.current_device())

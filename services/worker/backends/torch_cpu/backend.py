@@ -38,8 +38,11 @@ class TorchCpuBackend:
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
         if spec.kv_cache_dtype not in DTYPES and spec.kv_cache_dtype != "auto":
-            raise ConfigError(f"kv_cache_dtype {spec.kv_cache_dtype!r} needs the cuda backend (--device cuda); "
+            needs = "qaic" if spec.kv_cache_dtype == "mxint8" else "cuda"
+            raise ConfigError(f"kv_cache_dtype {spec.kv_cache_dtype!r} needs the {needs} backend (--device {needs}); "
                               f"the cpu backend stores {', '.join(DTYPES)}")
+        if spec.quantization == "mxfp6":
+            raise ConfigError("quantization 'mxfp6' is a QAIC format: it needs the qaic backend (--device qaic)")
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, TORCH_OPS)
         quantize(loaded.model, spec.quantization)
         if spec.compile:

@@ -1,0 +1,98 @@
+"""The QAIC backend: Cloud AI 100's execution model, a program of two fixed shapes over dense
+per-slot KV (program.py), MXFP6 weights and MXINT8 KV as packed storage; emulated on the CPU
+when the host has no cards, and saying so (runtime.py)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from services.worker.backends.qaic import runtime
+from services.worker.backends.qaic.inputs import QaicInputs, SlotMeta, build_inputs
+from services.worker.backends.qaic.kv_slots import SlotKVSpec
+from services.worker.backends.qaic.mx_linear import install
+from services.worker.backends.qaic.ops import QAIC_OPS
+from services.worker.backends.qaic.program import QaicProgram, compile_program
+from services.worker.backends.spec import WorkerSpec
+from services.worker.loader import LoadedModel, load_model
+from services.worker.logits_processors import SampleRow
+from services.worker.sampler import sample
+from shared.config import ConfigError
+from shared.deploy_config import QaicConfig
+from shared.log import get_logger
+from shared.messages import BackendName, Logprobs, WorkerKind
+
+log = get_logger("worker.qaic")
+EMULATED_ON = "qaic, emulated on cpu"
+
+
+class QaicBackend:
+    name = BackendName.QAIC
+    kind = WorkerKind.SLOTS
+    device = torch.device("cpu")  # the emulator's
+
+    def __init__(self, loaded: LoadedModel, program: QaicProgram, kv: SlotKVSpec):
+        self.model = loaded.model
+        self.config = loaded.config
+        self.program = program
+        self.kv = kv
+        self.block_size = kv.ctx_len
+        self.num_blocks = program.num_slots
+        self.kv_caches = kv.allocate(program.num_slots)
+
+    @classmethod
+    def create(cls, spec: WorkerSpec) -> QaicBackend:
+        qaic = (spec.qaic or QaicConfig()).validate()
+        if (found := runtime.detect()) is not None:
+            runtime.load(found)  # refuses: the cards are not driven yet (runtime.py)
+        if qaic.num_devices != 1:
+            raise ConfigError(f"accel.qaic.num_devices = {qaic.num_devices}: the emulator runs a program on one "
+                              "device; splitting it across devices is not built yet")
+        mxfp6 = qaic.mxfp6_matmul or spec.quantization == "mxfp6"
+        mxint8 = qaic.mxint8_kv_cache or spec.kv_cache_dtype == "mxint8"
+        if spec.quantization not in ("none", "mxfp6"):
+            raise ConfigError(f"quantization {spec.quantization!r} is not a QAIC format: use mxfp6 (or none)")
+        qaic = QaicConfig(**{**{f: getattr(qaic, f) for f in qaic.__struct_fields__},
+                             "mxfp6_matmul": mxfp6, "mxint8_kv_cache": mxint8})
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, QAIC_OPS)
+        program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
+                                  spec.torch_dtype)
+        if mxfp6:
+            install(loaded.model, program.weight_image, spec.torch_dtype)
+        kv = SlotKVSpec.of(loaded.config, qaic.ctx_len, spec.torch_dtype, mxint8)
+        log.info("qaic_program", device=EMULATED_ON, **program.describe())
+        return cls(loaded, program, kv)
+
+    def prepare(self, batch) -> QaicInputs:
+        return build_inputs(batch, self.program.num_slots, self.program.prefill_seq_len, self.kv.ctx_len)
+
+    def forward(self, inputs: QaicInputs) -> torch.Tensor:
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        return hidden.index_select(0, inputs.rows)  # the fixed shape's rows back in the batch's order
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[Logprobs | None]]:
+        return sample(logits, rows)
+
+    @torch.inference_mode()
+    def warm_up(self) -> float:
+        """One run of each specialization on padding alone (every write lands in the drop column),
+        so the first request does not pay for first-run allocations."""
+        started = time.perf_counter()
+        slots, chunk, ctx_len = self.program.num_slots, self.program.prefill_seq_len, self.kv.ctx_len
+        for batch, length in ((1, chunk), (slots, 1)):
+            positions = torch.arange(length).clamp(max=ctx_len - 1).repeat(batch)
+            meta = SlotMeta(torch.arange(batch), torch.full((batch, length), ctx_len), positions.view(batch, length))
+            self.forward(QaicInputs(torch.zeros(batch * length, dtype=torch.long), positions, meta,
+                                    torch.zeros(0, dtype=torch.long), "warm-up"))
+        return time.perf_counter() - started
+
+    def hello_fields(self) -> dict:
+        return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks, "block_size": self.block_size,
+                "prefill_seq_len": self.program.prefill_seq_len,
+                "dtype": str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
+                "kv_cache_dtype": "mxint8" if self.kv.mxint8 else str(self.kv.dtype).removeprefix("torch."),
+                "device": EMULATED_ON}
