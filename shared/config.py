@@ -183,10 +183,21 @@ def _physical_memory_mib() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
 
 
+def _accels(value: str) -> str:
+    kinds = value.split(",")
+    if value != "auto" and not all(k in ("cpu", "cuda", "qaic") for k in kinds):
+        raise argparse.ArgumentTypeError(f"{value!r}: give auto, or kinds of cpu, cuda and qaic joined by ','")
+    return value
+
+
 def add_agent_args(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("--accel", default=env("SY_ACCEL", "auto"), choices=("auto", "cpu", "cuda"),
-                        help="the accelerator this host's workers run on; auto: cuda when an NVIDIA GPU is present")
+    parser.add_argument("--accel", default=env("SY_ACCEL", "auto"), type=_accels,
+                        help="the accelerators this host's workers run on, e.g. cpu or cpu,qaic; auto: cpu, cuda "
+                             "when an NVIDIA GPU is present, and qaic (emulated on a host without Cloud AI 100 cards)")
+    parser.add_argument("--qaic-socs", type=int, default=int(env("SY_QAIC_SOCS", "8")),
+                        help="Cloud AI 100 SoCs this host offers (emulated without the cards); a QAIC replica "
+                             "takes its sidekick_gpus of them")
     parser.add_argument("--agent-id", default=env("SY_AGENT_ID"))
     parser.add_argument("--device-group", default=env("SY_DEVICE_GROUP"),
                         help="only deployments whose framework_config.device_group names it run here")

@@ -64,14 +64,19 @@ class DeployedModel:
                 f"no room for a KV cache after {weight_bytes / 2**20:.0f} MiB of weights: raise sidekick_memory")
         return budget
 
-    def engine_resources(self) -> tuple[float, int]:
-        """(cpus, bytes) the engine (the deployment's scheduler queue) reserves in the scheduler process."""
+    def engine_resources(self) -> tuple[float, int, int]:
+        """(cpus, bytes, 0 SoCs) the engine (the deployment's scheduler queue) reserves in the scheduler process."""
         d = self.deployment_config
-        return d.cpus, parse_memory("memory", d.memory)
+        return d.cpus, parse_memory("memory", d.memory), 0
 
-    def resources_per_replica(self) -> tuple[float, int]:
-        """(cpus, bytes) one replica takes on a worker host."""
-        return self.deployment_config.sidekick(self.version.name).cpus, self.worker_memory
+    def resources_per_replica(self) -> tuple[float, int, int]:
+        """(cpus, bytes, QAIC SoCs) one replica takes on a worker host. A QAIC replica takes its
+        sidekick_gpus SoCs (the product's meaning of gpus for QAIC), at least its program's num_devices."""
+        side = self.deployment_config.sidekick(self.version.name)
+        if self.version.accel.kind != "qaic":
+            return side.cpus, self.worker_memory, 0
+        num_devices = self.version.accel.qaic.num_devices if self.version.accel.qaic else 1
+        return side.cpus, self.worker_memory, max(side.gpus, num_devices)
 
 
 async def load_deployed(registry: Registry, pipeline: Pipeline) -> DeployedModel:

@@ -261,6 +261,7 @@ class ModelLimits(msgspec.Struct, tag="limits"):
 
     model: str
     max_model_len: int
+    devices: list[str] = []  # what its workers run on, e.g. "cpu", "qaic, emulated on cpu"
 
 
 # ---- KV events and the cluster index -------------------------------------------------------
@@ -338,6 +339,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     iteration_tokens_buckets: list[int] = []
     iteration_tokens_sum: int = 0
     iteration_tokens_count: int = 0
+    devices: list[str] = []  # what the model's workers run on (their hellos' device)
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's

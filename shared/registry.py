@@ -97,10 +97,13 @@ class WorkerState(msgspec.Struct, kw_only=True):
 
 class AgentRecord(msgspec.Struct, kw_only=True):
     agent_id: str
-    accel: str
+    accel: str  # the host's first accelerator ("engine": the scheduler process's budget record)
     device_group: str | None
     cpus: float
     memory: int
+    offers: list[str] = []  # every accelerator the host runs workers on, e.g. ["cpu", "qaic"]; [] = [accel]
+    qaic_socs: int = 0  # Cloud AI 100 SoCs the host's QAIC replicas may take (sidekick_gpus each)
+    qaic_emulated: bool = False  # no cards: the SoCs are the emulator's
     workers: list[WorkerState] = []
     refused: dict[str, str] = {}  # pipeline -> why this host does not run it
     updated_at: float = 0.0

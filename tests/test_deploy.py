@@ -23,6 +23,7 @@ from switchyard.config import (
     DeploymentConfigBuilder,
     FrameworkConfig,
     OpenaiConfig,
+    QaicConfig,
 )
 
 pytestmark = pytest.mark.stack
@@ -155,6 +156,46 @@ def test_two_models_serve_at_once(wl, smollm2, default_model_path):
     finally:
         a.undeploy()
         b.undeploy()
+
+
+def test_qaic_and_cpu_deployments_serve_through_the_same_routes(wl, smollm2, default_model_path):
+    """The tutorial's QAIC upload (its formats and shapes, smaller), emulated on this host's CPU
+    beside a CPU deployment: the same OpenAI routes, the emulation shown where a user looks."""
+    qaic = QaicConfig(num_cores=1, num_devices=1, full_batch_size=4, ctx_len=256, prefill_seq_len=64,
+                      mxfp6_matmul=True, mxint8_kv_cache=True)
+    llm = wl.upload_model("smollm2-qaic", default_model_path, framework_config=FrameworkConfig(
+        max_num_seqs=4, max_model_len=256, quantization="mxfp6", kv_cache_dtype="mxint8"),
+        accel=Acceleration.QAIC.with_config(qaic))
+    cfg = lambda m, gpus: DeploymentConfigBuilder().sidekick_cpus(m, 1).sidekick_memory(m, "2Gi") \
+        .sidekick_gpus(m, gpus).build()  # noqa: E731
+    on_qaic = wl.build_pipeline("on-qaic").clear().add_model_step(llm)
+    on_cpu = wl.build_pipeline("on-cpu").clear().add_model_step(smollm2)
+    on_qaic.deploy(deployment_config=cfg(llm, 1), wait_for_status=False)
+    on_cpu.deploy(deployment_config=cfg(smollm2, 0))
+    on_qaic.wait_for("Running", 300)
+    try:
+        assert on_qaic.status()["engines"][0]["info"]["devices"] == ["qaic, emulated on cpu"]
+        assert on_cpu.status()["engines"][0]["info"]["devices"] == ["cpu"]
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        listed = {m["id"]: m for m in httpx.get(f"{wl.api_endpoint}/v1/models", headers=auth).json()["data"]}
+        served = listed[on_qaic.deployment]
+        assert served["devices"] == ["qaic, emulated on cpu"] and served["max_model_len"] == 256
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:  # six requests for four slots
+            futures = [pool.submit(p.openai_completion, prompt=f"Story {i}: once upon a time", max_tokens=10,
+                                   extra_body={"ignore_eos": True}) for i, p in enumerate([on_qaic] * 6 + [on_cpu])]
+            results = [f.result() for f in futures]
+        assert all(r.usage.completion_tokens == 10 for r in results)
+        chunks = list(on_qaic.openai_chat_completion(messages=[{"role": "user", "content": "good morning"}],
+                                                     max_tokens=8, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
+        greedy = [on_qaic.openai_completion(prompt="The capital of France is", max_tokens=6, temperature=0).choices[0]
+                  .text for _ in range(2)]
+        assert greedy[0] == greedy[1]  # the static shapes run the same whatever fills the other slots
+        with pytest.raises(Exception, match="maximum context length is 256 tokens"):
+            on_qaic.openai_completion(prompt="the cat sat on the mat " * 40, max_tokens=100)
+    finally:
+        on_qaic.undeploy()
+        on_cpu.undeploy()
 
 
 def test_replicas_scale_up_under_load_and_down_when_idle(wl, default_model_path):
@@ -293,7 +334,7 @@ def test_seed_errors_and_refusals_at_configure_and_deploy(wl, smollm2, default_m
     with pytest.raises(SwitchyardError, match="memory = '4 gigs' is not a memory quantity"):
         p.deploy(deployment_config=DeploymentConfigBuilder().memory("4 gigs").build())
     cuda = wl.upload_model("on-cuda", default_model_path, accel=Acceleration.CUDA)
-    with pytest.raises(SwitchyardError, match="offers accel 'cpu', the model needs 'cuda'"):
+    with pytest.raises(SwitchyardError, match="offers accel 'cpu' and 'qaic', the model needs 'cuda'"):
         wl.build_pipeline("on-cuda").add_model_step(cuda).deploy()
     with pytest.raises(SwitchyardError, match="^404: pipeline 'nope' does not exist"):
         wl.get_pipeline("nope")

@@ -95,9 +95,9 @@ def test_placement_by_accel_device_group_and_budget():
     assert "device group" in host_accepts(host, deployed(FrameworkConfig(device_group="rack-b")))
     assert "offers accel 'cpu'" in host_accepts(host, deployed(accel="qaic"))
     d = deployed(builder=DeploymentConfigBuilder().sidekick_cpus("m", 2).sidekick_memory("m", "3Gi"))
-    assert needs(d, 2) == (4, 6 * 2**30)
+    assert needs(d, 2) == (4, 6 * 2**30, 0)
     engine = deployed(builder=DeploymentConfigBuilder().cpus(1).memory("1Gi")).engine_resources()
-    assert engine == (1, 2**30)
+    assert engine == (1, 2**30, 0)
     scheduler = AgentRecord(agent_id="s", accel="engine", device_group=None, cpus=2, memory=4 * 2**30)
     assert fits(free_resources(scheduler, [engine]), engine) is None
     assert "needs 1 CPUs, 0 free" in fits(free_resources(scheduler, [engine, engine]), engine)

@@ -32,15 +32,18 @@ class LimitsWatcher:
                                             timeout=1.0)
         except Exception:  # no scheduler yet: it publishes when its first worker joins
             return
-        self.apply(model, SCHEDULER_STATS_DECODER.decode(msg.data).max_model_len)
+        stats = SCHEDULER_STATS_DECODER.decode(msg.data)
+        self.apply(model, stats.max_model_len, stats.devices)
 
-    def apply(self, model: str, max_model_len: int) -> None:
+    def apply(self, model: str, max_model_len: int, devices: list[str]) -> None:
         self.ctx.max_model_lens[model] = max_model_len
         served = self.ctx.models.get(model)
-        if served is not None and served.max_model_len != max_model_len:
-            served.max_model_len = max_model_len
-            log.info("model_limits", model=model, max_model_len=max_model_len)
+        if served is not None:
+            served.devices = devices
+            if served.max_model_len != max_model_len:
+                served.max_model_len = max_model_len
+                log.info("model_limits", model=model, max_model_len=max_model_len, devices=devices)
 
     async def _on_limits(self, msg: Msg) -> None:
         limits = MODEL_LIMITS_DECODER.decode(msg.data)
-        self.apply(limits.model, limits.max_model_len)
+        self.apply(limits.model, limits.max_model_len, limits.devices)

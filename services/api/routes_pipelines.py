@@ -186,7 +186,8 @@ async def status(request: Request) -> JSONResponse:
     engines = [] if engine is None else [{
         "name": f"engine-{pipeline.deployment}", "status": "Running" if ready else "Starting",
         "info": {"num_workers": engine.num_workers, "num_running": engine.num_running,
-                 "num_waiting": engine.num_waiting, "kv_cache_usage": engine.kv_cache_usage}}]
+                 "num_waiting": engine.num_waiting, "kv_cache_usage": engine.kv_cache_usage,
+                 "devices": engine.devices}}]
     sidekicks = [{"name": w.worker_id, "pid": w.pid, "status": w.state.capitalize(), "reason": w.error}
                  for w in workers]
     models = [{"name": s.model, "version": s.version, "status": overall if pipeline.deployed else "Undeployed"}

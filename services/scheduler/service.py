@@ -172,6 +172,10 @@ class SchedulerService:
         return min(p.hello.max_model_len for p in self.pools.values())
 
     @property
+    def devices(self) -> list[str]:
+        return sorted({p.hello.device for p in self.pools.values() if p.is_alive})
+
+    @property
     def num_running(self) -> int:
         return sum(len(p.scheduler.running) for p in self.pools.values() if p.is_alive)
 
@@ -219,7 +223,7 @@ class SchedulerService:
     async def publish_limits(self) -> None:
         """The model's max_model_len as its workers announced it (the API reads it from here)."""
         alive = any(p.is_alive for p in self.pools.values())
-        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0)
+        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.devices)
         await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
@@ -277,5 +281,6 @@ class SchedulerService:
             iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in self.pools.values()), strict=True)],
             iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
+            devices=self.devices,
         )
         await msg.respond(encode(stats))

@@ -61,8 +61,9 @@ def main() -> None:
         os.nice(args.nice)
     device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
     spec = worker_spec(args, config, model_path, deployed)
-    if device == "qaic":  # the program's cores are the emulator's compute threads
-        torch.set_num_threads(spec.qaic.num_cores)
+    if device == "qaic":  # the program's cores are the emulator's compute threads, as many as the host has
+        torch.set_num_threads(min(spec.qaic.num_cores, os.cpu_count() or 1))
+        sylog.get_logger("worker").info("qaic_cores", num_cores=spec.qaic.num_cores, threads=torch.get_num_threads())
     backend = create_backend(device, spec)
     max_model_len = backend.config.limit_context(
         resolve_max_model_len(config.max_model_len, backend.config.max_position_embeddings),

@@ -4,8 +4,9 @@ It watches the registry's pipelines (the desired state), and every second brings
 this host in line: a deployed pipeline gets its replicas (each `python -m services.worker
 --pipeline P --generation G`, which fetches the artifact, loads it and says hello), scaled within
 replicas_min..replicas_max; an undeployed or redeployed one has its old replicas drained and
-stopped, which frees their memory. It offers one accelerator kind, an optional device group and
-a CPU/memory budget, reserves what each replica takes, and says what it runs in the `sy-agents`
+stopped, which frees their memory. It offers accelerator kinds (cpu, cuda, qaic), an optional
+device group and a budget of CPUs, memory and QAIC SoCs, reserves what each replica takes, and
+says what it runs in the `sy-agents`
 bucket (pipelines/status reads it).
 """
 
@@ -24,7 +25,7 @@ from nats.aio.client import Client
 from services.worker.replicas import Replicas
 from shared import log as sylog
 from shared import subjects
-from shared.agents import fits, free_resources, host_accel, host_accepts, needs
+from shared.agents import fits, free_resources, host_accels, host_accepts, needs, qaic_runtime
 from shared.bus import connect
 from shared.config import ConfigError, add_agent_args, add_nats_arg, add_worker_args
 from shared.deploy_config import parse_memory
@@ -58,8 +59,9 @@ class Agent:
         self._sub = await self.nc.subscribe(subjects.WORKERS_HELLO, cb=self._on_hello)
         self._tasks = [asyncio.create_task(self.registry.follow_pipelines(self._desire)),
                        asyncio.create_task(self._loop())]
-        log.info("agent_ready", agent_id=self.record.agent_id, accel=self.record.accel,
-                 cpus=self.record.cpus, memory=self.record.memory)
+        log.info("agent_ready", agent_id=self.record.agent_id, accels=self.record.offers, cpus=self.record.cpus,
+                 memory=self.record.memory, qaic_socs=self.record.qaic_socs,
+                 qaic="emulated on cpu" if self.record.qaic_emulated else "cards")
 
     async def drain(self, grace_s: float) -> None:
         for task in self._tasks:
@@ -173,9 +175,12 @@ def main() -> None:
     add_agent_args(parser)
     args, _ = parser.parse_known_args()
     sylog.configure("agent")
+    accels = host_accels(args.accel)
     record = AgentRecord(agent_id=args.agent_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
-                         accel=host_accel(args.accel), device_group=args.device_group, cpus=args.agent_cpus,
-                         memory=parse_memory("--agent-memory", args.agent_memory))
+                         accel=accels[0], offers=accels, device_group=args.device_group, cpus=args.agent_cpus,
+                         memory=parse_memory("--agent-memory", args.agent_memory),
+                         qaic_socs=args.qaic_socs if "qaic" in accels else 0,
+                         qaic_emulated="qaic" in accels and qaic_runtime() is None)
     log_dir = Path(args.agent_log_dir or tempfile.mkdtemp(prefix="switchyard-agent-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     worker_args = ["--dtype", args.dtype, "--nice", str(args.nice)] + (["--compile"] if args.compile else [])

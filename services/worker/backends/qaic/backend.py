@@ -44,8 +44,6 @@ class QaicBackend:
     @classmethod
     def create(cls, spec: WorkerSpec) -> QaicBackend:
         qaic = (spec.qaic or QaicConfig()).validate()
-        if (found := runtime.detect()) is not None:
-            runtime.load(found)  # refuses: the cards are not driven yet (runtime.py)
         if qaic.num_devices != 1:
             raise ConfigError(f"accel.qaic.num_devices = {qaic.num_devices}: the emulator runs a program on one "
                               "device; splitting it across devices is not built yet")
@@ -58,6 +56,8 @@ class QaicBackend:
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, QAIC_OPS)
         program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
                                   spec.torch_dtype)
+        if runtime.detect() is not None:
+            runtime.load(program)  # refuses: the cards are not driven yet (runtime.py)
         if mxfp6:
             install(loaded.model, program.weight_image, spec.torch_dtype)
         kv = SlotKVSpec.of(loaded.config, qaic.ctx_len, spec.torch_dtype, mxint8)

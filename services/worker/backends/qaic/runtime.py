@@ -10,23 +10,18 @@ its logs, `/v1/models` and the pipeline status.
 
 from __future__ import annotations
 
-import glob
-import importlib.util
-
+from shared.agents import qaic_runtime
 from shared.config import ConfigError
-
-EMULATED = "emulated"
 
 
 def detect() -> str | None:
     """A description of the Cloud AI 100 runtime and devices on this host, or None."""
-    devices = glob.glob("/dev/qaic_*")
-    if importlib.util.find_spec("qaicrt") is None or not devices:
-        return None
-    return f"qaicrt with {len(devices)} device(s)"
+    return qaic_runtime()
 
 
-def load(program_dir: str):
-    """Hand a compiled program to Qualcomm's runtime (not built: see the module's docstring)."""
-    raise ConfigError(f"a Cloud AI 100 runtime is present ({detect()}), but Switchyard cannot run {program_dir} "
-                      "on it yet; set accel to 'cpu' or 'cuda', or run the QAIC emulator on a host without the cards")
+def load(program) -> None:
+    """Hand a compiled program (a QaicProgram: its specializations, build options and weight image)
+    to Qualcomm's runtime. Not built: see the module's docstring."""
+    raise ConfigError(f"a Cloud AI 100 runtime is present ({detect()}), but Switchyard does not drive it yet, so it "
+                      f"cannot run a program of {len(program.specializations)} specializations on it; set accel to "
+                      "'cpu' or 'cuda', or run the QAIC emulator on a host without the cards")
