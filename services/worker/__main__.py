@@ -62,8 +62,11 @@ def main() -> None:
     device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
     spec = worker_spec(args, config, model_path, deployed)
     if device == "qaic":  # the program's cores are the emulator's compute threads, as many as the host has
-        torch.set_num_threads(min(spec.qaic.num_cores, os.cpu_count() or 1))
-        sylog.get_logger("worker").info("qaic_cores", num_cores=spec.qaic.num_cores, threads=torch.get_num_threads())
+        from services.worker.backends.qaic.backend import compute_threads
+
+        torch.set_num_threads(compute_threads(spec.qaic, os.cpu_count() or 1))
+        sylog.get_logger("worker").info("qaic_cores", num_cores=spec.qaic.num_cores, num_devices=spec.qaic.num_devices,
+                                        threads_per_device=torch.get_num_threads())
     backend = create_backend(device, spec)
     max_model_len = backend.config.limit_context(
         resolve_max_model_len(config.max_model_len, backend.config.max_position_embeddings),

@@ -11,7 +11,8 @@ import torch
 
 from services.scheduler.slot_manager import SlotManager
 from services.scheduler.slot_scheduler import SlotScheduler
-from services.worker.backends.qaic.backend import EMULATED_ON, QaicBackend
+from services.worker.backends.qaic.backend import EMULATED_ON, QaicBackend, compute_threads
+from services.worker.backends.qaic.devices import SlicedLinear
 from services.worker.backends.qaic.mx_linear import MXFP6Linear, linears
 from services.worker.backends.spec import WorkerSpec
 from services.worker.loader import load_model
@@ -114,9 +115,19 @@ def test_the_compiled_program_is_cached(small_llama, program_cache):
     assert described["build_options"]["aic_enable_depth_first"] is False
 
 
+def test_a_program_sliced_across_devices_gives_the_same_tokens(small_llama):
+    one = qaic_backend(small_llama, mxfp6_matmul=True)
+    three = qaic_backend(small_llama, mxfp6_matmul=True, num_devices=3)
+    sliced = [m for m in three.model.modules() if isinstance(m, SlicedLinear)]
+    assert len(sliced) == 9 and all(len(m.shards) == 3 for m in sliced)
+    assert sum(three.program.device_bytes) == one.program.image_bytes  # each device holds its slice, no more
+    assert max(three.program.device_bytes) - min(three.program.device_bytes) < one.program.image_bytes // 9
+    assert run_qaic(three, three) == run_qaic(one, one)
+    assert compute_threads(QaicConfig(num_cores=16, num_devices=4), host_cpus=2) == 1
+    assert compute_threads(QaicConfig(num_cores=4, num_devices=2), host_cpus=16) == 4
+
+
 def test_what_the_emulator_refuses(small_llama):
-    with pytest.raises(ConfigError, match="num_devices = 4"):
-        qaic_backend(small_llama, num_devices=4)
     spec = WorkerSpec(model_path=small_llama, load_format="dummy", kv_cache_bytes=lambda _: 0, quantization="int4")
     with pytest.raises(ConfigError, match="not a QAIC format"):
         QaicBackend.create(spec.with_dtype_for("qaic"))

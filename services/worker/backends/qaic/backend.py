@@ -9,6 +9,7 @@ import time
 import torch
 
 from services.worker.backends.qaic import runtime
+from services.worker.backends.qaic.devices import EmulatedDevices, slice_across
 from services.worker.backends.qaic.inputs import QaicInputs, SlotMeta, build_inputs
 from services.worker.backends.qaic.kv_slots import SlotKVSpec
 from services.worker.backends.qaic.mx_linear import install
@@ -25,6 +26,12 @@ from shared.messages import BackendName, Logprobs, WorkerKind
 
 log = get_logger("worker.qaic")
 EMULATED_ON = "qaic, emulated on cpu"
+
+
+def compute_threads(qaic: QaicConfig, host_cpus: int) -> int:
+    """Each emulated device computes with num_cores threads (the cores of one SoC), as many as the
+    host's CPUs allow when every device runs at once."""
+    return max(1, min(qaic.num_cores, host_cpus // qaic.num_devices))
 
 
 class QaicBackend:
@@ -44,9 +51,6 @@ class QaicBackend:
     @classmethod
     def create(cls, spec: WorkerSpec) -> QaicBackend:
         qaic = (spec.qaic or QaicConfig()).validate()
-        if qaic.num_devices != 1:
-            raise ConfigError(f"accel.qaic.num_devices = {qaic.num_devices}: the emulator runs a program on one "
-                              "device; splitting it across devices is not built yet")
         mxfp6 = qaic.mxfp6_matmul or spec.quantization == "mxfp6"
         mxint8 = qaic.mxint8_kv_cache or spec.kv_cache_dtype == "mxint8"
         if spec.quantization not in ("none", "mxfp6"):
@@ -60,6 +64,8 @@ class QaicBackend:
             runtime.load(program)  # refuses: the cards are not driven yet (runtime.py)
         if mxfp6:
             install(loaded.model, program.weight_image, spec.torch_dtype)
+        if qaic.num_devices > 1:
+            program.device_bytes = slice_across(loaded.model, EmulatedDevices(qaic.num_devices))
         kv = SlotKVSpec.of(loaded.config, qaic.ctx_len, spec.torch_dtype, mxint8)
         log.info("qaic_program", device=EMULATED_ON, **program.describe())
         return cls(loaded, program, kv)

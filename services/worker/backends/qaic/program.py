@@ -42,6 +42,7 @@ class QaicProgram:
     weight_image: dict[str, MXFP6Tensor]  # empty without mxfp6_matmul
     compile_seconds: float
     from_cache: bool
+    device_bytes: list[int] | None = None  # each emulated device's share of the weights (num_devices > 1)
 
     @property
     def num_slots(self) -> int:
@@ -62,7 +63,7 @@ class QaicProgram:
     def describe(self) -> dict:
         return {"specializations": [asdict(s) for s in self.specializations], "build_options": self.build_options,
                 "weight_image_bytes": self.image_bytes, "compile_seconds": round(self.compile_seconds, 3),
-                "from_cache": self.from_cache}
+                "from_cache": self.from_cache, "device_weight_bytes": self.device_bytes}
 
 
 def build_options(qaic: QaicConfig) -> dict:
