@@ -22,17 +22,23 @@ def test_the_cpu_worker_never_imports_triton():
 
 def test_backends_refuse_what_they_cannot_run(default_model_path):
     spec = WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26)
-    with pytest.raises(ConfigError, match="--device must be one of cpu, cuda, got 'tpu'"):
+    with pytest.raises(ConfigError, match="--device must be one of cpu, cuda, qaic, got 'tpu'"):
         create_backend("tpu", spec)
     with pytest.raises(ConfigError, match="kv_cache_dtype 'fp8' needs the cuda backend"):
         create_backend("cpu", WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26,
                                          kv_cache_dtype="fp8"))
+    with pytest.raises(ConfigError, match="kv_cache_dtype 'mxint8' needs the qaic backend"):
+        create_backend("cpu", WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26,
+                                         kv_cache_dtype="mxint8"))
+    with pytest.raises(ConfigError, match="quantization 'mxfp6' is a QAIC format"):
+        create_backend("cpu", WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26,
+                                         quantization="mxfp6"))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="this machine has no CUDA GPU"):
             create_backend("cuda", spec)
     assert spec.with_dtype_for("cpu").dtype == "float32" and spec.with_dtype_for("cuda").dtype == "float32"
     auto = WorkerSpec(model_path="m", kv_cache_bytes=lambda _: 0, dtype="auto")
-    assert (auto.with_dtype_for("cpu").dtype, auto.with_dtype_for("cuda").dtype) == ("float32", "bfloat16")
+    assert [auto.with_dtype_for(d).dtype for d in ("cpu", "cuda", "qaic")] == ["float32", "bfloat16", "float32"]
 
 
 def test_decode_graphs_take_decode_steps_up_to_max_seq_len_to_capture():

@@ -16,6 +16,7 @@ from shared.deploy_config import (
     ContinuousBatchingConfig,
     FrameworkConfig,
     QaicConfig,
+    check_qaic_framework,
     parse_accel,
     parse_memory,
 )
@@ -77,6 +78,29 @@ def test_quantization_and_kv_dtypes_no_backend_has_are_refused_clearly():
     assert FrameworkConfig(quantization=None).validate("cuda")
 
 
+def test_the_tutorials_qaic_formats_are_accepted_exactly_on_qaic():
+    tutorial = FrameworkConfig(max_num_seqs=16, max_model_len=256, max_seq_len_to_capture=128, quantization="mxfp6",
+                               kv_cache_dtype="mxint8", gpu_memory_utilization=1)
+    qaic = QaicConfig(num_devices=4, full_batch_size=16, ctx_len=256, prefill_seq_len=128, mxfp6_matmul=True,
+                      mxint8_kv_cache=True)
+    check_qaic_framework(tutorial.validate("qaic"), qaic.validate())
+    for accel in ("cpu", "cuda"):
+        with pytest.raises(ConfigError, match=f"runs on accel 'qaic' only, not on '{accel}'"):
+            FrameworkConfig(quantization="mxfp6").validate(accel)
+        with pytest.raises(ConfigError, match=f"'mxint8' runs on accel 'qaic' only, not on '{accel}'"):
+            FrameworkConfig(kv_cache_dtype="mxint8").validate(accel)
+    with pytest.raises(ConfigError, match="quantization = 'int4' is not allowed on accel 'qaic'"):
+        FrameworkConfig(quantization="int4").validate("qaic")
+    with pytest.raises(ConfigError, match="'mxfp6' needs accel.qaic.mxfp6_matmul = True"):
+        check_qaic_framework(tutorial, QaicConfig(ctx_len=256, mxint8_kv_cache=True))
+    with pytest.raises(ConfigError, match="'mxint8' needs accel.qaic.mxint8_kv_cache = True"):
+        check_qaic_framework(tutorial, QaicConfig(ctx_len=256, mxfp6_matmul=True))
+    with pytest.raises(ConfigError, match="max_model_len = 256 is longer than accel.qaic.ctx_len = 128"):
+        check_qaic_framework(tutorial, QaicConfig(ctx_len=128, prefill_seq_len=32, mxfp6_matmul=True,
+                                                  mxint8_kv_cache=True))
+    assert parse_accel("qaic").qaic == QaicConfig()  # a bare "qaic" takes the defaults
+
+
 def test_accelerators_on_the_wire():
     assert parse_accel("cpu").kind == "cpu"
     qaic = Acceleration.QAIC.with_config(QaicConfig(num_cores=4, full_batch_size=8, mxfp6_matmul=True))
@@ -103,6 +127,24 @@ def test_placement_by_accel_device_group_and_budget():
     assert "needs 1 CPUs, 0 free" in fits(free_resources(scheduler, [engine, engine]), engine)
     assert fits(free_resources(host, [needs(d, 1)]), needs(d, 1)) is None
     assert "needs 2 CPUs, 0 free" in fits(free_resources(host, [needs(d, 2)]), needs(d, 1))
+
+
+def test_qaic_replicas_reserve_socs_on_hosts_that_offer_qaic():
+    host = AgentRecord(agent_id="h", accel="cpu", offers=["cpu", "qaic"], device_group=None, cpus=8,
+                       memory=32 * 2**30, qaic_socs=8, qaic_emulated=True)
+    q = deployed(accel="qaic", builder=DeploymentConfigBuilder().sidekick_gpus("m", 4))
+    q.version.accel = parse_accel({"qaic": {"num_devices": 2}})
+    assert host_accepts(host, q) is None and host_accepts(host, deployed()) is None
+    assert needs(q, 1)[2] == 4  # sidekick_gpus SoCs
+    assert fits(free_resources(host, [needs(q, 1)]), needs(q, 1)) is None
+    assert "needs 4 QAIC SoCs (sidekick_gpus), 0 free" in fits(free_resources(host, [needs(q, 2)]), needs(q, 1))
+    bare = deployed(accel="qaic")
+    bare.version.accel = parse_accel({"qaic": {"num_devices": 2}})
+    assert needs(bare, 1)[2] == 2  # no sidekick_gpus: the program's devices
+    one = deployed(accel="qaic", builder=DeploymentConfigBuilder().sidekick_gpus("m", 1))
+    one.version.accel = parse_accel({"qaic": {"num_devices": 2}})
+    assert "sidekick_gpus = 1 SoCs cannot hold a program compiled for accel.qaic.num_devices = 2" in \
+        host_accepts(host, one)
 
 
 class _Running:

@@ -130,7 +130,11 @@ def test_scheduler_refuses_a_worker_whose_kv_geometry_differs_from_the_models_ot
     assert "kv_cache_dtype 'bfloat16' != 'auto'" in worker_mismatch([first], hello(kv_cache_dtype="bfloat16"))
     assert "max_model_len 1024 != 2048" in worker_mismatch([first], hello(max_model_len=1024))
     assert worker_mismatch([], hello(kind=WorkerKind.SLOTS)) is None  # it gets a slot allocator
-    assert "kind <WorkerKind.SLOTS: 1> != <WorkerKind.PAGED: 0>" in worker_mismatch([first], hello(kind=WorkerKind.SLOTS))
+    # a slots worker beside a paged one: compared only with workers of its own kind
+    slots = hello("q0", kind=WorkerKind.SLOTS, num_blocks=4, block_size=256, max_model_len=256)
+    assert worker_mismatch([first], slots) is None
+    assert "block_size 128 != 256 of worker q0" in worker_mismatch([first, slots], hello(
+        kind=WorkerKind.SLOTS, block_size=128, max_model_len=256))
 
 
 def test_prompt_logprobs_requests_skip_the_prefix_cache():

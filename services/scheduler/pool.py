@@ -93,6 +93,10 @@ class PoolLoop:
     def load(self) -> int:
         return self.scheduler.num_requests
 
+    def can_take(self, num_tokens: int) -> bool:
+        """A request of num_tokens (prompt + max_tokens) fits this worker's context and KV memory."""
+        return num_tokens <= self.hello.max_model_len and self.scheduler.kv.can_ever_fit(num_tokens)
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def start(self) -> None:

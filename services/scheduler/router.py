@@ -1,4 +1,5 @@
-"""Route a request to a worker pool: longest cached prefix (from the KV index), then least load."""
+"""Route a request to a worker pool: static-shape slots when it fits them, else the longest cached
+prefix (from the KV index), then least load."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from nats.aio.client import Client
 from services.scheduler.pool import PoolLoop
 from shared import subjects
 from shared.log import get_logger
-from shared.messages import KV_LOOKUP_REPLY_DECODER, KvLookup, encode
+from shared.messages import KV_LOOKUP_REPLY_DECODER, KvLookup, WorkerKind, encode
 
 log = get_logger("scheduler.router")
 LOOKUP_TIMEOUT_S = 0.05
@@ -19,6 +20,14 @@ class Router:
         self.model = model
 
     async def choose(self, pools: list[PoolLoop], block_hashes: list[bytes]) -> PoolLoop:
+        """`pools` can all take the request. Static-shape (slots) workers take it first while their
+        queue is shorter than a second full batch: their program runs every slot each step, so a
+        filled slot is capacity that is otherwise idle; the rest (longer than their ctx_len, or
+        past that queue) go to paged workers by cached prefix, then load."""
+        static = [p for p in pools if p.hello.kind == WorkerKind.SLOTS and p.load < 2 * p.hello.num_blocks]
+        if static:
+            return min(static, key=lambda p: p.load)
+        pools = [p for p in pools if p.hello.kind == WorkerKind.PAGED] or pools
         matches = await self._cached_blocks(pools, block_hashes) if len(pools) > 1 and block_hashes else {}
         return max(pools, key=lambda p: (matches.get(p.worker_id, 0), -p.load))
 

@@ -41,11 +41,12 @@ WATCH_INTERVAL_S = 0.25  # how often silent workers and passed deadlines are loo
 
 def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
     """Each worker owns its KV geometry and max_model_len, and the scheduler takes them as they are
-    announced; but a model's workers share prefix hashes and one context limit, so a worker that
-    disagrees with those already serving the model is refused. A paged worker gets a block
-    manager, a slots worker a slot allocator; one model's workers are all of one kind."""
-    for peer in peers:
-        for name in ("kind", "block_size", "kv_cache_dtype", "max_model_len"):
+    announced; but a model's workers of one kind share prefix hashes (or static shapes) and one
+    context limit, so a worker that disagrees with those of its kind already serving the model is
+    refused. A paged worker gets a block manager, a slots worker a slot allocator; a model may have
+    both (the router sends what fits the static shapes to the slots)."""
+    for peer in [p for p in peers if p.kind == hello.kind]:
+        for name in ("block_size", "kv_cache_dtype", "max_model_len"):
             if getattr(hello, name) != getattr(peer, name):
                 return (f"{name} {getattr(hello, name)!r} != {getattr(peer, name)!r} of worker {peer.worker_id}, "
                         f"which already serves {hello.model!r}")
@@ -144,7 +145,8 @@ class SchedulerService:
             return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full "
                           f"({self.num_running} running, {num_waiting} waiting)")
         total = num_prompt + max_tokens
-        if not all(p.scheduler.kv.can_ever_fit(total) for p in pools):
+        pools = [p for p in pools if p.can_take(total)]
+        if not pools:
             return reject(RejectCode.INVALID, f"{total} tokens can never fit in the KV cache")
         request = Request.from_submit(submit)
         self._routing.add(request.request_id)
@@ -153,8 +155,8 @@ class SchedulerService:
 
     async def _route(self, request: Request, pools: list[PoolLoop]) -> None:
         lookup: list[bytes] = []
-        pool0 = pools[0]
-        if self.config.enable_prefix_caching and pool0.scheduler.kv.enable_prefix_caching:
+        pool0 = next((p for p in pools if p.scheduler.kv.enable_prefix_caching), None)
+        if self.config.enable_prefix_caching and pool0 is not None:
             request.block_hashes = hash_block_chain(
                 pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, pool0.hello.block_size)]
@@ -168,8 +170,9 @@ class SchedulerService:
 
     @property
     def max_model_len(self) -> int:
-        """The workers' own (worker_mismatch keeps a model's workers agreeing on it)."""
-        return min(p.hello.max_model_len for p in self.pools.values())
+        """The longest any of its workers takes (worker_mismatch keeps workers of one kind agreeing
+        on it; slots workers may take less, and get only the requests that fit them)."""
+        return max(p.hello.max_model_len for p in self.pools.values())
 
     @property
     def devices(self) -> list[str]:
@@ -231,8 +234,9 @@ class SchedulerService:
         await self.publish_limits()
         alive = [p for p in self.pools.values() if p.is_alive]
         for request in requeue:
-            if alive:
-                min(alive, key=lambda p: p.load).add(request)
+            fitting = [p for p in alive if p.can_take(request.num_prompt_tokens + request.sampling.max_tokens)]
+            if fitting:
+                min(fitting, key=lambda p: p.load).add(request)
             else:
                 await publish_error(self.nc, request, f"no worker left for model {self.model!r}")
 
