@@ -43,9 +43,10 @@ def program_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def qaic_backend(path: str, **qaic) -> QaicBackend:
+def qaic_backend(path: str, kv_cache_dtype: str = "auto", **qaic) -> QaicBackend:
     config = QaicConfig(num_cores=2, full_batch_size=SLOTS, ctx_len=CTX_LEN, prefill_seq_len=CHUNK, **qaic)
-    spec = WorkerSpec(model_path=path, load_format="dummy", kv_cache_bytes=lambda _: 0, qaic=config)
+    spec = WorkerSpec(model_path=path, load_format="dummy", kv_cache_bytes=lambda _: 0, qaic=config,
+                      kv_cache_dtype=kv_cache_dtype)
     return QaicBackend.create(spec.with_dtype_for("qaic"))
 
 
@@ -99,6 +100,8 @@ def test_mxint8_kv_agrees_with_the_float_cache_and_the_bytes_are_at_the_formats_
     assert mx.kv.bytes_per_token * 16 / bf16_kv == 8.25
     cache = mx.kv_caches[0]
     assert cache.k.dtype == torch.int8 and cache.nbytes == 2 * SLOTS * 2 * (CTX_LEN + 1) * (32 + 1)
+    bf16 = qaic_backend(small_llama, kv_cache_dtype="bfloat16")  # without mxint8: kv_cache_dtype's
+    assert bf16.kv_caches[0].k.dtype == torch.bfloat16 and bf16.kv.bytes_per_token == bf16_kv
 
 
 def test_the_compiled_program_is_cached(small_llama, program_cache):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import torch
 
 from services.worker.backends.qaic import runtime
@@ -55,8 +56,7 @@ class QaicBackend:
         mxint8 = qaic.mxint8_kv_cache or spec.kv_cache_dtype == "mxint8"
         if spec.quantization not in ("none", "mxfp6"):
             raise ConfigError(f"quantization {spec.quantization!r} is not a QAIC format: use mxfp6 (or none)")
-        qaic = QaicConfig(**{**{f: getattr(qaic, f) for f in qaic.__struct_fields__},
-                             "mxfp6_matmul": mxfp6, "mxint8_kv_cache": mxint8})
+        qaic = msgspec.structs.replace(qaic, mxfp6_matmul=mxfp6, mxint8_kv_cache=mxint8)
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, QAIC_OPS)
         program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
                                   spec.torch_dtype)
@@ -66,7 +66,8 @@ class QaicBackend:
             install(loaded.model, program.weight_image, spec.torch_dtype)
         if qaic.num_devices > 1:
             program.device_bytes = slice_across(loaded.model, EmulatedDevices(qaic.num_devices))
-        kv = SlotKVSpec.of(loaded.config, qaic.ctx_len, spec.torch_dtype, mxint8)
+        # MXINT8 is decoded into the compute dtype; otherwise K/V are stored as kv_cache_dtype says
+        kv = SlotKVSpec.of(loaded.config, qaic.ctx_len, spec.torch_dtype if mxint8 else spec.kv_torch_dtype, mxint8)
         log.info("qaic_program", device=EMULATED_ON, **program.describe())
         return cls(loaded, program, kv)
 
