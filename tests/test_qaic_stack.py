@@ -77,8 +77,9 @@ async def test_what_fits_the_static_shapes_goes_to_the_slots(stack, model_name):
             return stream.worker_id, sum(len(e.token_ids) for e in entries)
 
         short = await asyncio.gather(*(served_by(20) for _ in range(3)))
-        assert short == [("qaic-0", 8)] * 3  # 28 tokens fit ctx_len 128 (three requests, two slots: one waits)
-        assert await served_by(200) == ("worker-0", 8)  # 208 do not: the paged worker
+        # 28 tokens fit ctx_len 128: two take the slots, the third (every slot taken) the paged worker
+        assert sorted(short) == [("qaic-0", 8), ("qaic-0", 8), ("worker-0", 8)]
+        assert await served_by(200) == ("worker-0", 8)  # 208 do not fit the slots
         assert set((await scheduler_stats(nc, model_name)).devices) == {"cpu", "qaic, emulated on cpu"}
     finally:
         await bus.stop()

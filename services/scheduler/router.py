@@ -20,11 +20,12 @@ class Router:
         self.model = model
 
     async def choose(self, pools: list[PoolLoop], block_hashes: list[bytes]) -> PoolLoop:
-        """`pools` can all take the request. Static-shape (slots) workers take it first while their
-        queue is shorter than a second full batch: their program runs every slot each step, so a
-        filled slot is capacity that is otherwise idle; the rest (longer than their ctx_len, or
-        past that queue) go to paged workers by cached prefix, then load."""
-        static = [p for p in pools if p.hello.kind == WorkerKind.SLOTS and p.load < 2 * p.hello.num_blocks]
+        """`pools` can all take the request. A static-shape (slots) worker with a free slot takes it
+        first: its program runs every slot each step, so a filled slot is capacity otherwise idle.
+        The rest (longer than its ctx_len, or arriving while every slot is taken: queued behind a
+        slot, a short request waited seconds more for its first token, bench/qaic_mixed.py) go to
+        paged workers by cached prefix, then load; with no paged worker, to the least loaded."""
+        static = [p for p in pools if p.hello.kind == WorkerKind.SLOTS and p.load < p.hello.num_blocks]
         if static:
             return min(static, key=lambda p: p.load)
         pools = [p for p in pools if p.hello.kind == WorkerKind.PAGED] or pools

@@ -17,6 +17,7 @@ from services.worker.backends.qaic.mx_linear import install
 from services.worker.backends.qaic.ops import QAIC_OPS
 from services.worker.backends.qaic.program import QaicProgram, compile_program
 from services.worker.backends.spec import WorkerSpec
+from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
@@ -66,6 +67,7 @@ class QaicBackend:
             install(loaded.model, program.weight_image, spec.torch_dtype)
         if qaic.num_devices > 1:
             program.device_bytes = slice_across(loaded.model, EmulatedDevices(qaic.num_devices))
+        pack_linears(loaded.model)  # float32 Linears (not MXFP6) on oneDNN, as the torch CPU backend's
         # MXINT8 is decoded into the compute dtype; otherwise K/V are stored as kv_cache_dtype says
         kv = SlotKVSpec.of(loaded.config, qaic.ctx_len, spec.torch_dtype if mxint8 else spec.kv_torch_dtype, mxint8)
         log.info("qaic_program", device=EMULATED_ON, **program.describe())

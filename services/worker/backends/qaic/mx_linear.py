@@ -2,7 +2,8 @@
 the program's weight image; the emulation multiplies by their values, decoded once at load.
 
 Every MXFP6 value (a 4-significant-bit element times a power of two) is exact in bfloat16 and
-float32, so the decoded copy computes exactly what the packed weight holds.
+float32, so the decoded copy computes exactly what the packed weight holds. A float32 copy runs on
+oneDNN with its weight prepacked, as the torch CPU backend's Linears do (torch_cpu/dense.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from services.worker.backends.qaic.mx import MXFP6Tensor
+from services.worker.backends.torch_cpu import dense
 
 
 class MXFP6Linear(nn.Module):
@@ -19,8 +21,15 @@ class MXFP6Linear(nn.Module):
         self.register_buffer("packed", weight.packed)
         self.register_buffer("scales", weight.scales)
         self.shape = weight.shape
-        self.register_buffer("weight", weight.decode(dtype), persistent=False)
+        self.is_packed = dense.available(dtype)
+        decoded = weight.decode(dtype)
+        self.register_buffer("dense_weight", dense.pack(decoded) if self.is_packed else decoded, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The stored values, decoded: [out, in] in the compute dtype."""
+        return self.dense_weight.to_dense() if self.is_packed else self.dense_weight
 
     @property
     def image_bytes(self) -> int:
@@ -28,7 +37,9 @@ class MXFP6Linear(nn.Module):
         return self.packed.numel() + self.scales.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+        if self.is_packed:
+            return dense.linear(x, self.dense_weight, self.bias)
+        return nn.functional.linear(x, self.dense_weight, self.bias)
 
 
 def linears(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Linear]]:
