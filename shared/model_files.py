@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -61,7 +62,12 @@ def unpacked(path: str) -> str:
                 if member.startswith("/") or ".." in Path(member).parts:
                     raise ValueError(f"{path}: unsafe path in zip: {member!r}")
             zf.extractall(staging)
-        staging.rename(folder)
+        try:
+            staging.rename(folder)
+        except OSError:  # another process (the API, a second replica) extracted it first: use theirs
+            shutil.rmtree(staging, ignore_errors=True)
+            if not folder.is_dir():
+                raise
     configs = sorted(folder.glob("**/config.json"), key=lambda p: len(p.parts))
     return str(configs[0].parent if configs else folder)
 
