@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -62,6 +63,19 @@ def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list
             print(f"---- {log.name}\n{log.read_text()[-3000:]}")
         raise
     return stack
+
+
+@pytest.fixture(scope="session")
+def small_llama(tmp_path_factory) -> str:
+    """config.json of a 2-layer Llama with 4 query heads per KV head (Llama 3's ratio), for the
+    `dummy` loader's random weights: what the faster backends are checked on against torch's."""
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 128, "intermediate_size": 256,
+              "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+              "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+              "rms_norm_eps": 1e-5, "eos_token_id": 299}
+    path = tmp_path_factory.mktemp("small-llama") / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
 
 
 @pytest.fixture(scope="session")

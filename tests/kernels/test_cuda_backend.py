@@ -5,8 +5,6 @@ chunked prefills and preemption. (CUDA graphs and memory sizing need a GPU: test
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -34,18 +32,6 @@ def test_smollm2_greedy_tokens_equal_the_torch_backends(default_model_path, load
     triton = load_model(default_model_path, ops=TritonOps())
     ids = hf_tokenizer.encode("The capital of France is Paris. The capital of Italy is")
     assert greedy_generate(cuda_runner(triton, 16), ids, 6) == greedy_generate(make_runner(loaded_model), ids, 6)
-
-
-@pytest.fixture(scope="module")
-def small_llama(tmp_path_factory):
-    """Random weights for a 2-layer Llama with 4 query heads per KV head (Llama 3's ratio)."""
-    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 128, "intermediate_size": 256,
-              "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
-              "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
-              "rms_norm_eps": 1e-5, "eos_token_id": 299}
-    path = tmp_path_factory.mktemp("small-llama") / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
 
 
 def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(small_llama):

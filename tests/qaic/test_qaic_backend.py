@@ -4,8 +4,6 @@ exactly what they store; the program's bytes at the MX formats' ratios; its cach
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -25,18 +23,6 @@ from tests.inproc_engine import InProcessEngine
 CTX_LEN, CHUNK, SLOTS = 96, 16, 3
 
 
-@pytest.fixture(scope="module")
-def small_llama(tmp_path_factory):
-    """Random weights for a 2-layer Llama with 4 query heads per KV head (Llama 3's ratio)."""
-    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 320, "hidden_size": 128, "intermediate_size": 256,
-              "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
-              "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
-              "rms_norm_eps": 1e-5, "eos_token_id": 319}
-    path = tmp_path_factory.mktemp("small-llama") / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
-
-
 @pytest.fixture(autouse=True)
 def program_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
@@ -52,7 +38,7 @@ def qaic_backend(path: str, kv_cache_dtype: str = "auto", **qaic) -> QaicBackend
 
 def prompts() -> list[list[int]]:
     gen = torch.Generator().manual_seed(5)
-    return [torch.randint(0, 319, (n,), generator=gen).tolist() for n in (40, 3, 17, 1, 16)]
+    return [torch.randint(0, 299, (n,), generator=gen).tolist() for n in (40, 3, 17, 1, 16)]
 
 
 def run_qaic(backend: QaicBackend, loaded, max_tokens: int = 12) -> dict[str, list[int]]:
