@@ -33,7 +33,7 @@ def qaic_backend(path: str, kv_cache_dtype: str = "auto", **qaic) -> QaicBackend
     config = QaicConfig(num_cores=2, full_batch_size=SLOTS, ctx_len=CTX_LEN, prefill_seq_len=CHUNK, **qaic)
     spec = WorkerSpec(model_path=path, load_format="dummy", kv_cache_bytes=lambda _: 0, qaic=config,
                       kv_cache_dtype=kv_cache_dtype)
-    return QaicBackend.create(spec.with_dtype_for("qaic"))
+    return QaicBackend.create(spec.with_dtype_for("qaic"), device="cpu")  # against the torch CPU path
 
 
 def prompts() -> list[list[int]]:
@@ -119,4 +119,4 @@ def test_a_program_sliced_across_devices_gives_the_same_tokens(small_llama):
 def test_what_the_emulator_refuses(small_llama):
     spec = WorkerSpec(model_path=small_llama, load_format="dummy", kv_cache_bytes=lambda _: 0, quantization="int4")
     with pytest.raises(ConfigError, match="not a QAIC format"):
-        QaicBackend.create(spec.with_dtype_for("qaic"))
+        QaicBackend.create(spec.with_dtype_for("qaic"), device="cpu")

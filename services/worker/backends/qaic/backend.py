@@ -1,6 +1,6 @@
 """The QAIC backend: Cloud AI 100's execution model, a program of two fixed shapes over dense
-per-slot KV (program.py), MXFP6 weights and MXINT8 KV as packed storage; emulated on the CPU
-when the host has no cards, and saying so (runtime.py)."""
+per-slot KV (program.py), MXFP6 weights and MXINT8 KV as packed storage; emulated when the host
+has no cards (on its GPU if it has one, else on the CPU), and saying so (runtime.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,13 @@ from shared.log import get_logger
 from shared.messages import BackendName, Logprobs, WorkerKind
 
 log = get_logger("worker.qaic")
-EMULATED_ON = "qaic, emulated on cpu"
+
+
+def emulated_on(device: torch.device) -> str:
+    return f"qaic, emulated on {device.type}"
+
+
+EMULATED_ON = emulated_on(torch.device("cpu"))
 
 
 def compute_threads(qaic: QaicConfig, host_cpus: int) -> int:
@@ -39,42 +45,46 @@ def compute_threads(qaic: QaicConfig, host_cpus: int) -> int:
 class QaicBackend:
     name = BackendName.QAIC
     kind = WorkerKind.SLOTS
-    device = torch.device("cpu")  # the emulator's
 
-    def __init__(self, loaded: LoadedModel, program: QaicProgram, kv: SlotKVSpec):
+    def __init__(self, loaded: LoadedModel, program: QaicProgram, kv: SlotKVSpec, device: torch.device):
         self.model = loaded.model
         self.config = loaded.config
         self.program = program
         self.kv = kv
+        self.device = device  # the emulator's
         self.block_size = kv.ctx_len
         self.num_blocks = program.num_slots
-        self.kv_caches = kv.allocate(program.num_slots)
+        self.kv_caches = kv.allocate(program.num_slots, device)
 
     @classmethod
-    def create(cls, spec: WorkerSpec) -> QaicBackend:
+    def create(cls, spec: WorkerSpec, device: str | None = None) -> QaicBackend:
+        """device: where the emulator runs (default: the GPU when the host has one, else the CPU)."""
         qaic = (spec.qaic or QaicConfig()).validate()
         mxfp6 = qaic.mxfp6_matmul or spec.quantization == "mxfp6"
         mxint8 = qaic.mxint8_kv_cache or spec.kv_cache_dtype == "mxint8"
         if spec.quantization not in ("none", "mxfp6"):
             raise ConfigError(f"quantization {spec.quantization!r} is not a QAIC format: use mxfp6 (or none)")
         qaic = msgspec.structs.replace(qaic, mxfp6_matmul=mxfp6, mxint8_kv_cache=mxint8)
-        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, QAIC_OPS)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, QAIC_OPS, device=device)
         program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
                                   spec.torch_dtype)
         if runtime.detect() is not None:
             runtime.load(program)  # refuses: the cards are not driven yet (runtime.py)
         if mxfp6:
-            install(loaded.model, program.weight_image, spec.torch_dtype)
+            install(loaded.model, program.weight_image, spec.torch_dtype, device)
         if qaic.num_devices > 1:
             program.device_bytes = slice_across(loaded.model, EmulatedDevices(qaic.num_devices))
-        pack_linears(loaded.model)  # float32 Linears (not MXFP6) on oneDNN, as the torch CPU backend's
+        if device.type == "cpu":
+            pack_linears(loaded.model)  # float32 Linears (not MXFP6) on oneDNN, as the torch CPU backend's
         # MXINT8 is decoded into the compute dtype; otherwise K/V are stored as kv_cache_dtype says
         kv = SlotKVSpec.of(loaded.config, qaic.ctx_len, spec.torch_dtype if mxint8 else spec.kv_torch_dtype, mxint8)
-        log.info("qaic_program", device=EMULATED_ON, **program.describe())
-        return cls(loaded, program, kv)
+        log.info("qaic_program", device=emulated_on(device), **program.describe())
+        return cls(loaded, program, kv, device)
 
     def prepare(self, batch) -> QaicInputs:
-        return build_inputs(batch, self.program.num_slots, self.program.prefill_seq_len, self.kv.ctx_len)
+        inputs = build_inputs(batch, self.program.num_slots, self.program.prefill_seq_len, self.kv.ctx_len)
+        return inputs.to(self.device)
 
     def forward(self, inputs: QaicInputs) -> torch.Tensor:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
@@ -84,7 +94,7 @@ class QaicBackend:
         return self.model.compute_logits(hidden)
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[Logprobs | None]]:
-        return sample(logits, rows)
+        return sample(logits.cpu(), rows)  # the reference sampler, on the host
 
     @torch.inference_mode()
     def warm_up(self) -> float:
@@ -96,7 +106,7 @@ class QaicBackend:
             positions = torch.arange(length).clamp(max=ctx_len - 1).repeat(batch)
             meta = SlotMeta(torch.arange(batch), torch.full((batch, length), ctx_len), positions.view(batch, length))
             self.forward(QaicInputs(torch.zeros(batch * length, dtype=torch.long), positions, meta,
-                                    torch.zeros(0, dtype=torch.long), "warm-up"))
+                                    torch.zeros(0, dtype=torch.long), "warm-up").to(self.device))
         return time.perf_counter() - started
 
     def hello_fields(self) -> dict:
@@ -104,4 +114,4 @@ class QaicBackend:
                 "prefill_seq_len": self.program.prefill_seq_len,
                 "dtype": str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
                 "kv_cache_dtype": "mxint8" if self.kv.mxint8 else str(self.kv.dtype).removeprefix("torch."),
-                "device": EMULATED_ON}
+                "device": emulated_on(self.device)}

@@ -49,7 +49,7 @@ def _shard(linear: nn.Module, start: int, end: int) -> nn.Module:
     if isinstance(linear, MXFP6Linear):
         part = MXFP6Tensor(linear.packed[start:end].clone(), linear.scales[start:end].clone(),
                            (end - start, linear.shape[1]))
-        return MXFP6Linear(part, bias, linear.weight.dtype)
+        return MXFP6Linear(part, bias, linear.weight.dtype, linear.packed.device)
     shard = nn.Linear(linear.in_features, end - start, bias=bias is not None, device="meta")
     shard.weight = nn.Parameter(linear.weight[start:end].clone(), requires_grad=False)
     if bias is not None:

@@ -24,6 +24,14 @@ class QaicInputs:
     rows: torch.Tensor  # the batch's rows (ragged order) -> rows of the fixed shape
     specialization: str  # "prefill" | "decode"
 
+    def to(self, device: torch.device) -> QaicInputs:
+        """Built on the host; on a GPU, copied over at once."""
+        if device.type == "cpu":
+            return self
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        meta = SlotMeta(move(self.meta.slots), move(self.meta.write_positions), move(self.meta.query_positions))
+        return QaicInputs(move(self.input_ids), move(self.positions), meta, move(self.rows), self.specialization)
+
 
 def build_inputs(batch: list[BatchRow], num_slots: int, prefill_seq_len: int, ctx_len: int) -> QaicInputs:
     """Rows of one token each run in the decode shape (a one-token last chunk too: it is the same

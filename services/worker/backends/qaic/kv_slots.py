@@ -47,22 +47,26 @@ class SlotKVSpec:
         if max_model_len > self.ctx_len:
             raise ConfigError(f"max_model_len {max_model_len} is longer than the program's ctx_len {self.ctx_len}")
 
-    def allocate(self, num_slots: int) -> list[SlotCache]:
-        return [SlotCache(self, num_slots) for _ in range(self.num_layers)]
+    def allocate(self, num_slots: int, device: torch.device | str = "cpu") -> list[SlotCache]:
+        return [SlotCache(self, num_slots, device) for _ in range(self.num_layers)]
 
 
 class SlotCache:
     """One layer's K and V."""
 
-    def __init__(self, spec: SlotKVSpec, num_slots: int):
+    def __init__(self, spec: SlotKVSpec, num_slots: int, device: torch.device | str = "cpu"):
         self.spec = spec
         shape = (num_slots, spec.num_kv_heads, spec.ctx_len + 1, spec.head_dim)
+
+        def zeros(size, dtype):
+            return torch.zeros(size, dtype=dtype, device=device)
+
         if spec.mxint8:
             scales = (*shape[:-1], spec.head_dim // BLOCK)
-            self.k, self.v = torch.zeros(shape, dtype=torch.int8), torch.zeros(shape, dtype=torch.int8)
-            self.k_scales, self.v_scales = torch.zeros(scales, dtype=torch.uint8), torch.zeros(scales, dtype=torch.uint8)
+            self.k, self.v = zeros(shape, torch.int8), zeros(shape, torch.int8)
+            self.k_scales, self.v_scales = zeros(scales, torch.uint8), zeros(scales, torch.uint8)
         else:
-            self.k, self.v = torch.zeros(shape, dtype=spec.dtype), torch.zeros(shape, dtype=spec.dtype)
+            self.k, self.v = zeros(shape, spec.dtype), zeros(shape, spec.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -100,7 +100,7 @@ class MXFP6Tensor:
 
     def decode(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         codes = unpack6(self.packed).long()
-        values = FP6_VALUES[codes].reshape(*self.shape[:-1], -1, BLOCK)
+        values = FP6_VALUES.to(codes.device)[codes].reshape(*self.shape[:-1], -1, BLOCK)
         return (values * _scale(self.scales.to(torch.int32) - E8M0_BIAS)).reshape(self.shape).to(dtype)
 
     @property

@@ -16,15 +16,16 @@ from services.worker.backends.torch_cpu import dense
 
 
 class MXFP6Linear(nn.Module):
-    def __init__(self, weight: MXFP6Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+    def __init__(self, weight: MXFP6Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
         super().__init__()
-        self.register_buffer("packed", weight.packed)
-        self.register_buffer("scales", weight.scales)
+        self.register_buffer("packed", weight.packed.to(device))
+        self.register_buffer("scales", weight.scales.to(device))
         self.shape = weight.shape
-        self.is_packed = dense.available(dtype)
-        decoded = weight.decode(dtype)
+        self.is_packed = dense.available(dtype) and torch.device(device).type == "cpu"
+        decoded = weight.decode(dtype).to(device)
         self.register_buffer("dense_weight", dense.pack(decoded) if self.is_packed else decoded, persistent=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(device, dtype), requires_grad=False)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -54,10 +55,11 @@ def linears(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Linear]]:
 
 def encode_weights(model: nn.Module) -> dict[str, MXFP6Tensor]:
     """The model's weight image: each Linear's weight in MXFP6 (blocks of 32 along its input)."""
-    return {name: MXFP6Tensor.encode(linear.weight.detach()) for name, _, _, linear in linears(model)}
+    return {name: MXFP6Tensor.encode(linear.weight.detach().cpu()) for name, _, _, linear in linears(model)}
 
 
-def install(model: nn.Module, image: dict[str, MXFP6Tensor], dtype: torch.dtype) -> None:
-    """Each Linear becomes an MXFP6Linear over its encoded weight."""
+def install(model: nn.Module, image: dict[str, MXFP6Tensor], dtype: torch.dtype,
+            device: torch.device | str = "cpu") -> None:
+    """Each Linear becomes an MXFP6Linear over its encoded weight (kept on the host: the cache's)."""
     for name, parent, attr, linear in linears(model):
-        setattr(parent, attr, MXFP6Linear(image[name], linear.bias, dtype))
+        setattr(parent, attr, MXFP6Linear(image[name], linear.bias, dtype, device))

@@ -18,7 +18,7 @@ def slot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Slot
     group = num_heads // num_kv_heads
     qg = q.to(k.dtype).permute(0, 2, 1, 3).reshape(batch, num_kv_heads, group * length, head_dim)
     scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [B, h_kv, group * L, ctx]
-    visible = torch.arange(ctx_len) <= meta.query_positions[:, :, None]  # [B, L, ctx]
+    visible = torch.arange(ctx_len, device=k.device) <= meta.query_positions[:, :, None]  # [B, L, ctx]
     scores = scores.view(batch, num_kv_heads, group, length, ctx_len).masked_fill(~visible[:, None, None], float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(batch, num_kv_heads, group * length, ctx_len)
     out = torch.matmul(probs, v).view(batch, num_heads, length, head_dim)
