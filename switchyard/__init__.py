@@ -1,6 +1,11 @@
-"""Switchyard's user-facing package: the SDK (`Client`, `switchyard.config`) and the launcher
-behind `make run`."""
+"""Switchyard's user-facing package: the SDK and the launcher behind `make run`.
 
-from switchyard.client import Client, ModelVersion, Pipeline, SwitchyardError
+The SDK imports as the product's notebooks import theirs, with only the package name changed:
+`switchyard.Client()`, `switchyard.framework`, `switchyard.engine_config`,
+`switchyard.deployment_config`, `switchyard.openai_config`, `switchyard.continuous_batching_config`,
+`switchyard.object`; `switchyard.config` holds them all in one place.
+"""
 
-__all__ = ["Client", "ModelVersion", "Pipeline", "SwitchyardError"]
+from switchyard.client import Client, EntityNotFoundError, ModelVersion, Pipeline, SwitchyardError
+
+__all__ = ["Client", "EntityNotFoundError", "ModelVersion", "Pipeline", "SwitchyardError"]

@@ -22,6 +22,8 @@ import msgspec
 
 from switchyard.config import Acceleration, AccelerationWithConfig, FrameworkConfig
 
+DEFAULT_ENDPOINT = "http://127.0.0.1:8000"  # `make run`'s
+
 
 class SwitchyardError(Exception):
     def __init__(self, status: int, message: str):
@@ -30,12 +32,27 @@ class SwitchyardError(Exception):
         self.message = message
 
 
-class Client:
-    def __init__(self, api_endpoint: str = "http://127.0.0.1:8000", api_key: str | None = None,
-                 timeout: float = 600.0):
-        self.api_endpoint = api_endpoint.rstrip("/")
+class EntityNotFoundError(SwitchyardError):
+    """A model, version or pipeline that does not exist (HTTP 404); `switchyard.object` exports it."""
+
+
+class Auth:
+    def __init__(self, api_key: str | None):
         self.api_key = api_key
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def auth_header(self) -> dict[str, str]:
+        """The bearer header for the client's key (a server without keys takes any token)."""
+        return {"Authorization": f"Bearer {self.api_key or 'none'}"}
+
+
+class Client:
+    def __init__(self, api_endpoint: str | None = None, api_key: str | None = None, timeout: float = 600.0):
+        """With no arguments, the endpoint and key come from SWITCHYARD_URL and SWITCHYARD_API_KEY
+        (default: `make run`'s address, no key)."""
+        self.api_endpoint = (api_endpoint or os.environ.get("SWITCHYARD_URL") or DEFAULT_ENDPOINT).rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("SWITCHYARD_API_KEY")
+        self.auth = Auth(self.api_key)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.http = httpx.Client(base_url=self.api_endpoint, headers=headers, timeout=timeout)
 
     def _post(self, path: str, **kwargs) -> dict | list:
@@ -45,7 +62,8 @@ class Client:
                 message = response.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 message = response.text
-            raise SwitchyardError(response.status_code, message)
+            raise (EntityNotFoundError if response.status_code == 404 else SwitchyardError)(
+                response.status_code, message)
         return response.json()
 
     # ---- models --------------------------------------------------------------------------------
@@ -131,8 +149,13 @@ class ModelVersion:
     status = property(lambda self: self.record["status"])
 
     def configure(self, continuous_batching_config=None, openai_config=None, batch_config: str | None = None,
-                  **_ignored_tabular) -> ModelVersion:
-        """Continuous batching, OpenAI defaults (a request's own values win) and batch_config."""
+                  continuous_batch_config=None, **_ignored_tabular) -> ModelVersion:
+        """Continuous batching, OpenAI defaults (a request's own values win) and batch_config.
+        `continuous_batch_config` is the other spelling the product's docs use."""
+        if continuous_batch_config is not None:
+            if continuous_batching_config is not None:
+                raise TypeError("configure() got both continuous_batching_config and continuous_batch_config")
+            continuous_batching_config = continuous_batch_config
         if _ignored_tabular:
             raise TypeError(f"configure() got unexpected arguments {sorted(_ignored_tabular)}")
         body = {"name": self.name, "version": self.version, "batch_config": batch_config,

@@ -1,5 +1,6 @@
-"""QAIC through real services. The product's QAIC + OpenAI tutorial, cell by cell with Switchyard's
-names: upload with its QaicConfig and framework config, configure continuous batching and OpenAI,
+"""QAIC through real services. The product's QAIC + OpenAI tutorial, cell by cell with its own SDK
+names (only the package renamed; its pyarrow schemas and deployment_label are left out until the
+SDK takes them): upload with its QaicConfig and VLLMConfig, configure continuous batching and OpenAI,
 deploy with its sidekick resources (4 SoCs), infer (chat and completion, plain and streamed,
 through the SDK and the openai client), undeploy; on SmolLM2, and on a small random Llama with
 Llama 3.1's architecture (rope scaling llama3, 4 query heads per KV head) saved by transformers.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -18,17 +20,16 @@ import httpx
 import nats
 import pytest
 
+# the tutorial's imports, with only the package name changed
+import switchyard
 from shared.client import BusClient
 from shared.messages import SamplingParams
-from switchyard import Client
-from switchyard.config import (
-    Acceleration,
-    ContinuousBatchingConfig,
-    DeploymentConfigBuilder,
-    FrameworkConfig,
-    OpenaiConfig,
-    QaicConfig,
-)
+from switchyard.continuous_batching_config import ContinuousBatchingConfig
+from switchyard.deployment_config import DeploymentConfigBuilder
+from switchyard.engine_config import Acceleration, QaicConfig
+from switchyard.framework import Framework, VLLMConfig
+from switchyard.object import EntityNotFoundError
+from switchyard.openai_config import OpenaiConfig
 from tests.bus_helpers import scheduler_stats
 
 pytestmark = pytest.mark.stack
@@ -61,8 +62,15 @@ def stack(tmp_path_factory, model_name):
 
 
 @pytest.fixture(scope="module")
-def wl(stack) -> Client:
-    return Client(stack.base_url, api_key=API_KEY)
+def wl(stack):
+    """`wallaroo.Client()` with no arguments: the endpoint and key from the environment."""
+    saved = {k: os.environ.get(k) for k in ("SWITCHYARD_URL", "SWITCHYARD_API_KEY")}
+    os.environ.update(SWITCHYARD_URL=stack.base_url, SWITCHYARD_API_KEY=API_KEY)
+    try:
+        return switchyard.Client()
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.update({key: value})
 
 
 async def test_what_fits_the_static_shapes_goes_to_the_slots(stack, model_name):
@@ -110,18 +118,19 @@ def test_the_qaic_tutorial_end_to_end(wl, which, default_model_path, llama31_sma
     qaic_config = QaicConfig(num_devices=4, full_batch_size=16, ctx_len=256, prefill_seq_len=128,
                              mxfp6_matmul=True, mxint8_kv_cache=True)
     llm = wl.upload_model(
-        "llama-qaic-openai", default_model_path if which == "smollm2" else llama31_small, framework="vllm",
-        framework_config=FrameworkConfig(max_num_seqs=16, max_model_len=256, max_seq_len_to_capture=128,
-                                         quantization="mxfp6", kv_cache_dtype="mxint8", gpu_memory_utilization=1),
+        "llama-qaic-openai", default_model_path if which == "smollm2" else llama31_small, framework=Framework.VLLM,
+        framework_config=VLLMConfig(max_num_seqs=16, max_model_len=256, max_seq_len_to_capture=128,
+                                    quantization="mxfp6", kv_cache_dtype="mxint8", gpu_memory_utilization=1),
         accel=Acceleration.QAIC.with_config(qaic_config))
     assert llm.status == "ready"
+    llm = wl.get_model("llama-qaic-openai")
     assert llm.record["accel"]["qaic"] == {
         "num_cores": 16, "num_devices": 4, "ctx_len": 256, "prefill_seq_len": 128, "full_batch_size": 16,
         "mxfp6_matmul": True, "mxint8_kv_cache": True, "aic_enable_depth_first": False}
-    llm = llm.configure(
-        continuous_batching_config=ContinuousBatchingConfig(max_concurrent_batch_size=100),
-        openai_config=OpenaiConfig(enabled=True, completion_config={"temperature": .3, "max_tokens": 200},
-                                   chat_completion_config={"temperature": .3, "max_tokens": 200}))
+    cbc = ContinuousBatchingConfig(max_concurrent_batch_size=100)
+    openai_config = OpenaiConfig(enabled=True, completion_config={"temperature": .3, "max_tokens": 200},
+                                 chat_completion_config={"temperature": .3, "max_tokens": 200})
+    llm = llm.configure(continuous_batch_config=cbc, openai_config=openai_config)
     # sidekick_gpus is the number of Qualcomm AI 100 SoCs
     deployment_config = DeploymentConfigBuilder().cpus(1).memory("1Gi").sidekick_cpus(llm, 4) \
         .sidekick_memory(llm, "12Gi").sidekick_gpus(llm, 4).build()
@@ -148,7 +157,8 @@ def test_the_qaic_tutorial_end_to_end(wl, which, default_model_path, llama31_sma
 
         # the OpenAI client on the pipeline's endpoint, with the SDK's token
         openai = pytest.importorskip("openai")
-        token = wl.api_key
+        token = wl.auth.auth_header()["Authorization"].split()[1]
+        assert token == API_KEY
         client = openai.OpenAI(base_url=f"{wl.api_endpoint}/v1", api_key=token, max_retries=0, timeout=120)
         out = client.completions.create(model=pipeline.deployment, prompt="tell me about wallaroo.AI",
                                         max_tokens=12, extra_body={"ignore_eos": True})
@@ -159,3 +169,5 @@ def test_the_qaic_tutorial_end_to_end(wl, which, default_model_path, llama31_sma
     finally:
         pipeline.undeploy()
     assert pipeline.status()["status"] == "Undeployed"
+    with pytest.raises(EntityNotFoundError):
+        wl.get_model("no-such-model")

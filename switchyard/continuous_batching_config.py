@@ -1,0 +1,5 @@
+"""`from switchyard.continuous_batching_config import ContinuousBatchingConfig`."""
+
+from switchyard.config import ContinuousBatchingConfig
+
+__all__ = ["ContinuousBatchingConfig"]

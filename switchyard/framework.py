@@ -1,0 +1,22 @@
+"""`from switchyard.framework import Framework, VLLMConfig`: the product's names for the framework
+an uploaded model runs on and its configuration."""
+
+from __future__ import annotations
+
+import enum
+
+from shared.deploy_config import FrameworkConfig
+
+# vLLM's engine arguments as the product's VLLMConfig carries them (validated by the server)
+VLLMConfig = FrameworkConfig
+# the product's custom-runtime config has the same fields; the server refuses Framework.CUSTOM
+# uploads by name until custom runtimes exist
+CustomConfig = FrameworkConfig
+
+
+class Framework(enum.StrEnum):
+    VLLM = "vllm"
+    CUSTOM = "custom"
+
+
+__all__ = ["CustomConfig", "Framework", "VLLMConfig"]
