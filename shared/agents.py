@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import platform
 from pathlib import Path
 
 from shared.deployment import DeployedModel
@@ -54,6 +55,9 @@ def host_accepts(agent: AgentRecord, deployed: DeployedModel) -> str | None:
     group = deployed.version.framework_config.device_group
     if group is not None and agent.device_group != group:
         return f"host {agent.agent_id} is in device group {agent.device_group!r}, the model needs {group!r}"
+    label = deployed.deployment_config.deployment_label
+    if label is not None and label not in agent.labels:
+        return f"host {agent.agent_id} has no label {label!r} (deployment_config.deployment_label)"
     gpus = deployed.deployment_config.sidekick(deployed.version.name).gpus
     if accel == "cpu" and gpus:
         return f"deployment_config.sidekick_gpus = {gpus} is not allowed for accel 'cpu': allowed 0"
@@ -65,6 +69,14 @@ def host_accepts(agent: AgentRecord, deployed: DeployedModel) -> str | None:
 
 # resources as (cpus, bytes of memory, QAIC SoCs)
 Resources = tuple[float, int, int]
+
+
+def default_labels(hostname: str) -> list[str]:
+    """The labels every Kubernetes node carries, so a deployment_label the product's docs use
+    ("kubernetes.io/os:linux") matches a host out of the box."""
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    return [f"kubernetes.io/os:{platform.system().lower()}", f"kubernetes.io/arch:{arch}",
+            f"kubernetes.io/hostname:{hostname}"]
 
 
 def free_resources(agent: AgentRecord, reserved: list[Resources]) -> Resources:

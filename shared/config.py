@@ -195,6 +195,10 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accel", default=env("SY_ACCEL", "auto"), type=_accels,
                         help="the accelerators this host's workers run on, e.g. cpu or cpu,qaic; auto: cpu, cuda "
                              "when an NVIDIA GPU is present, and qaic (emulated on a host without Cloud AI 100 cards)")
+    parser.add_argument("--label", action="append", dest="labels", metavar="KEY:VALUE",
+                        default=[label for label in env("SY_AGENT_LABELS", "").split(",") if label],
+                        help="a node label (repeatable) that deployment_config.deployment_label is matched against, "
+                             "besides kubernetes.io/os, kubernetes.io/arch and kubernetes.io/hostname")
     parser.add_argument("--qaic-socs", type=int, default=int(env("SY_QAIC_SOCS", "8")),
                         help="Cloud AI 100 SoCs this host offers (emulated without the cards); a QAIC replica "
                              "takes its sidekick_gpus of them")

@@ -44,6 +44,16 @@ def _one_of(field: str, value, allowed: tuple, refused: tuple = (), why: str = "
         raise ConfigError(f"{field} = {value!r} is not allowed: allowed {', '.join(map(repr, allowed))}")
 
 
+LABEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?:[A-Za-z0-9._-]{0,63}$")
+
+
+def check_label(field: str, label: object) -> str:
+    """A node label as the product writes it, "key:value" (Kubernetes' key and value characters)."""
+    if not isinstance(label, str) or not LABEL_RE.match(label):
+        raise ConfigError(f"{field} = {label!r} is not a label: use key:value, such as 'kubernetes.io/os:linux'")
+    return label
+
+
 def workspace_id(value) -> int | None:
     """The product's docs type it as a string ("6"); its SDK sends an integer. Both mean workspace 6."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
@@ -196,6 +206,7 @@ class DeploymentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     cpus: float = 0.25  # the engine: the deployment's scheduler queue
     memory: str = "512Mi"
     sidekicks: dict[str, SidekickResources] = {}  # by model name
+    deployment_label: str | None = None  # "key:value": only hosts (agents) with that label run it
 
     def validate(self) -> DeploymentConfig:
         _in_range("deployment_config.replicas_min", self.replicas_min, 1, 16)
@@ -207,6 +218,8 @@ class DeploymentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             _in_range(p + "cpus", side.cpus, 0.5, 256)
             _in_range(p + "gpus", side.gpus, 0, 16)
             parse_memory(p + "memory", side.memory)
+        if self.deployment_label is not None:
+            check_label("deployment_config.deployment_label", self.deployment_label)
         return self
 
     def sidekick(self, model: str) -> SidekickResources:

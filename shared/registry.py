@@ -104,6 +104,7 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     offers: list[str] = []  # every accelerator the host runs workers on, e.g. ["cpu", "qaic"]; [] = [accel]
     qaic_socs: int = 0  # Cloud AI 100 SoCs the host's QAIC replicas may take (sidekick_gpus each)
     qaic_emulated: bool = False  # no cards: the SoCs are the emulator's
+    labels: list[str] = []  # "key:value" node labels a deployment_label is matched against
     workers: list[WorkerState] = []
     refused: dict[str, str] = {}  # pipeline -> why this host does not run it
     updated_at: float = 0.0

@@ -89,6 +89,11 @@ class DeploymentConfigBuilder:
         self._sidekick(model).gpus = gpus
         return self
 
+    def deployment_label(self, label: str) -> DeploymentConfigBuilder:
+        """"key:value": only worker hosts (agents) with that label run the deployment."""
+        self._config.deployment_label = label
+        return self
+
     def build(self) -> DeploymentConfig:
         self._config.sidekicks = dict(self._sidekicks)
         return self._config

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.worker.replicas import Replica, Replicas
-from shared.agents import fits, free_resources, host_accepts, needs
+from shared.agents import default_labels, fits, free_resources, host_accepts, needs
 from shared.config import ConfigError
 from shared.deploy_config import (
     Accel,
@@ -127,6 +127,18 @@ def test_placement_by_accel_device_group_and_budget():
     assert "needs 1 CPUs, 0 free" in fits(free_resources(scheduler, [engine, engine]), engine)
     assert fits(free_resources(host, [needs(d, 1)]), needs(d, 1)) is None
     assert "needs 2 CPUs, 0 free" in fits(free_resources(host, [needs(d, 2)]), needs(d, 1))
+
+
+def test_a_deployment_label_runs_only_on_hosts_that_carry_it():
+    host = AgentRecord(agent_id="h", accel="cpu", device_group=None, cpus=8, memory=8 * 2**30,
+                       labels=default_labels("h") + ["rack:a"])
+    assert "kubernetes.io/os:linux" in host.labels and "kubernetes.io/hostname:h" in host.labels
+    on = lambda label: deployed(builder=DeploymentConfigBuilder().deployment_label(label))  # noqa: E731
+    assert host_accepts(host, on("kubernetes.io/os:linux")) is None  # the product's tutorial's label
+    assert host_accepts(host, on("rack:a")) is None
+    assert host_accepts(host, on("rack:b")) == "host h has no label 'rack:b' (deployment_config.deployment_label)"
+    with pytest.raises(ConfigError, match="deployment_label = 'no colon' is not a label: use key:value"):
+        DeploymentConfigBuilder().deployment_label("no colon").build().validate()
 
 
 def test_qaic_replicas_reserve_socs_on_hosts_that_offer_qaic():

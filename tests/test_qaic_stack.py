@@ -1,6 +1,5 @@
 """QAIC through real services. The product's QAIC + OpenAI tutorial, cell by cell with its own SDK
-names (only the package renamed; its pyarrow schemas and deployment_label are left out until the
-SDK takes them): upload with its QaicConfig and VLLMConfig, configure continuous batching and OpenAI,
+names (only the package renamed; its pyarrow schemas are left out until the SDK takes them): upload with its QaicConfig and VLLMConfig, configure continuous batching and OpenAI,
 deploy with its sidekick resources (4 SoCs), infer (chat and completion, plain and streamed,
 through the SDK and the openai client), undeploy; on SmolLM2, and on a small random Llama with
 Llama 3.1's architecture (rope scaling llama3, 4 query heads per KV head) saved by transformers.
@@ -133,7 +132,7 @@ def test_the_qaic_tutorial_end_to_end(wl, which, default_model_path, llama31_sma
     llm = llm.configure(continuous_batch_config=cbc, openai_config=openai_config)
     # sidekick_gpus is the number of Qualcomm AI 100 SoCs
     deployment_config = DeploymentConfigBuilder().cpus(1).memory("1Gi").sidekick_cpus(llm, 4) \
-        .sidekick_memory(llm, "12Gi").sidekick_gpus(llm, 4).build()
+        .sidekick_memory(llm, "12Gi").sidekick_gpus(llm, 4).deployment_label("kubernetes.io/os:linux").build()
     pipeline = wl.build_pipeline("llamaqaic-openai")
     pipeline.undeploy()
     pipeline.clear().add_model_step(llm)
