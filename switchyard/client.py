@@ -20,6 +20,7 @@ import zipfile
 import httpx
 import msgspec
 
+from shared import arrow_schema
 from switchyard.config import Acceleration, AccelerationWithConfig, FrameworkConfig
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8000"  # `make run`'s
@@ -71,14 +72,14 @@ class Client:
     def upload_model(self, name: str, path: str, framework: str = "vllm",
                      framework_config: FrameworkConfig | None = None,
                      accel: Acceleration | AccelerationWithConfig = Acceleration.CPU,
-                     input_schema: str | None = None, output_schema: str | None = None,
+                     input_schema=None, output_schema=None,
                      visibility: str = "private", workspace_id: int | None = None,
                      python_version: str | None = None, requirements: list[str] | None = None) -> ModelVersion:
         """A GGUF file, a Hugging Face model directory (zipped on the way) or a zip of one."""
         config = framework_config or FrameworkConfig()
         metadata = {
             "name": name, "visibility": visibility, "workspace_id": workspace_id,
-            "input_schema": input_schema, "output_schema": output_schema,
+            "input_schema": arrow_schema.to_wire(input_schema), "output_schema": arrow_schema.to_wire(output_schema),
             "conversion": {"framework": framework, "accel": accel.to_wire(), "python_version": python_version,
                            "requirements": requirements or [],
                            "framework_config": {"framework": framework, "config": msgspec.to_builtins(config)}},
@@ -149,18 +150,20 @@ class ModelVersion:
     status = property(lambda self: self.record["status"])
 
     def configure(self, continuous_batching_config=None, openai_config=None, batch_config: str | None = None,
-                  continuous_batch_config=None, **_ignored_tabular) -> ModelVersion:
-        """Continuous batching, OpenAI defaults (a request's own values win) and batch_config.
-        `continuous_batch_config` is the other spelling the product's docs use."""
+                  continuous_batch_config=None, input_schema=None, output_schema=None) -> ModelVersion:
+        """Continuous batching, OpenAI defaults (a request's own values win), batch_config, and the
+        records route's Arrow schemas (pyarrow Schemas or their base64; left as they are when not
+        given). `continuous_batch_config` is the other spelling the product's docs use."""
         if continuous_batch_config is not None:
             if continuous_batching_config is not None:
                 raise TypeError("configure() got both continuous_batching_config and continuous_batch_config")
             continuous_batching_config = continuous_batch_config
-        if _ignored_tabular:
-            raise TypeError(f"configure() got unexpected arguments {sorted(_ignored_tabular)}")
         body = {"name": self.name, "version": self.version, "batch_config": batch_config,
                 "continuous_batching_config": msgspec.to_builtins(continuous_batching_config),
                 "openai_config": msgspec.to_builtins(openai_config)}
+        for key, schema in (("input_schema", input_schema), ("output_schema", output_schema)):
+            if schema is not None:
+                body[key] = arrow_schema.to_wire(schema)
         self.record = self.client._post("/v1/api/models/configure", json=body)["model"]
         return self
 

@@ -14,6 +14,7 @@ import os
 import time
 
 import httpx
+import pyarrow as pa
 import pytest
 
 from switchyard import Client, SwitchyardError
@@ -63,7 +64,11 @@ def smollm2(stacks, default_model_path):
     llm = wl.upload_model("smollm2", default_model_path, framework="vllm",
                           framework_config=FrameworkConfig(max_num_seqs=16, max_model_len=2048, block_size=16,
                                                            kv_cache_dtype="auto", gpu_memory_utilization=0.9),
-                          accel=Acceleration.CPU)
+                          accel=Acceleration.CPU,
+                          # the continuous-batching guide's schemas for the records route
+                          input_schema=pa.schema([pa.field("prompt", pa.string()), pa.field("max_tokens", pa.int64())]),
+                          output_schema=pa.schema([pa.field("generated_text", pa.string()),
+                                                   pa.field("num_output_tokens", pa.int64())]))
     return llm.configure(
         continuous_batching_config=ContinuousBatchingConfig(max_concurrent_batch_size=100),
         openai_config=OpenaiConfig(enabled=True, completion_config={"temperature": .3, "max_tokens": 200},
@@ -117,6 +122,9 @@ def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
     rows = p.infer([{"prompt": "The capital of France is", "max_tokens": 6}])
     # the configured temperature (0.3) samples, so the model may end early (EOS); never past the row's max_tokens
     assert 1 <= rows[0]["num_output_tokens"] <= 6 and isinstance(rows[0]["generated_text"], str)
+    with pytest.raises(SwitchyardError, match="row 0: column 'temperature' is not in the model's input_schema"):
+        p.infer([{"prompt": "a", "max_tokens": 2, "temperature": 0.5}])  # the schema says which columns exist
+    assert smollm2.record["input_schema"].startswith("/////")  # stored as the HTTP API sends it: base64 IPC
     with pytest.raises(SwitchyardError, match="Continuous batching is not supported with more than one batch"):
         p.infer([{"prompt": "a", "max_tokens": 2}, {"prompt": "b", "max_tokens": 2}])
 

@@ -1,6 +1,7 @@
 """QAIC through real services. The product's QAIC + OpenAI tutorial, cell by cell with its own SDK
-names (only the package renamed; its pyarrow schemas are left out until the SDK takes them): upload with its QaicConfig and VLLMConfig, configure continuous batching and OpenAI,
-deploy with its sidekick resources (4 SoCs), infer (chat and completion, plain and streamed,
+names (only the package renamed): upload with its QaicConfig, VLLMConfig and empty Arrow schemas,
+configure continuous batching and OpenAI, deploy with its sidekick resources (4 SoCs) and node
+label, infer (chat and completion, plain and streamed,
 through the SDK and the openai client), undeploy; on SmolLM2, and on a small random Llama with
 Llama 3.1's architecture (rope scaling llama3, 4 query heads per KV head) saved by transformers.
 And one model served by a paged worker and a QAIC worker at once: what fits the static shapes
@@ -17,6 +18,7 @@ import sys
 
 import httpx
 import nats
+import pyarrow as pa
 import pytest
 
 # the tutorial's imports, with only the package name changed
@@ -120,6 +122,7 @@ def test_the_qaic_tutorial_end_to_end(wl, which, default_model_path, llama31_sma
         "llama-qaic-openai", default_model_path if which == "smollm2" else llama31_small, framework=Framework.VLLM,
         framework_config=VLLMConfig(max_num_seqs=16, max_model_len=256, max_seq_len_to_capture=128,
                                     quantization="mxfp6", kv_cache_dtype="mxint8", gpu_memory_utilization=1),
+        input_schema=pa.schema([]), output_schema=pa.schema([]),
         accel=Acceleration.QAIC.with_config(qaic_config))
     assert llm.status == "ready"
     llm = wl.get_model("llama-qaic-openai")

@@ -4,7 +4,8 @@
   the OpenAI routes for that deployment (the body's `model` may be left out); with
   `stream_options.include_usage` every chunk carries the usage so far, `ttft` and `tps` included.
 - `/v1/api/pipelines/infer/{deployment}/{pipeline}`: the records route, one row
-  `{"prompt", "max_tokens"}` in, `{"generated_text", "num_output_tokens"}` out.
+  `{"prompt", "max_tokens"}` in, `{"generated_text", "num_output_tokens"}` out; the model's Arrow
+  input_schema checks each row, its output_schema picks and orders the output's fields.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from services.api.guards import arrival
 from services.api.params import completion_prompts, sampling_params
 from services.api.protocol import CompletionRequest
 from services.api.routes_openai import chat, choices_for, complete
+from shared.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row
 
 router = APIRouter(prefix="/v1/api/pipelines/infer/{deployment}/{pipeline}")
 MULTI_ROW_ERROR = ("Continuous batching is not supported with more than one batch at a time, "
@@ -57,10 +59,17 @@ async def records(request: Request, deployment: str, pipeline: str) -> JSONRespo
     raw = await read_json_rows(request, ctx.max_body_bytes)
     if len(raw) > 1 and model.deployed.version.continuous_batching_config is not None:
         raise APIError(400, MULTI_ROW_ERROR, code="batch_size")
+    version = model.deployed.version
+    inputs = fields_of("input_schema", version.input_schema, INPUTS)
+    outputs = fields_of("output_schema", version.output_schema, OUTPUTS)
     out = []
     for i, row in enumerate(raw):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise APIError(400, f"row {i}: a record needs a string `prompt`", param="prompt")
+        try:
+            check_row(inputs, row, i)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="input_schema") from None
         fields = {"model": model.name, "prompt": row["prompt"]}
         if row.get("max_tokens") is not None:
             fields["max_tokens"] = row["max_tokens"]
@@ -72,7 +81,8 @@ async def records(request: Request, deployment: str, pipeline: str) -> JSONRespo
         choices = choices_for(ctx, model, body, prompts, [sampling], started)
         await choices.submit()
         text = [delta.text async for _, delta in choices.deltas()]
-        out.append({"generated_text": "".join(text), "num_output_tokens": choices.usage().completion_tokens})
+        out.append(shape_row(outputs, {"generated_text": "".join(text),
+                                       "num_output_tokens": choices.usage().completion_tokens}))
     return JSONResponse(out)
 
 

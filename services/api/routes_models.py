@@ -22,6 +22,7 @@ from services.api.body import read_json
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai_defaults import openai_defaults_from
+from shared.arrow_schema import INPUTS, OUTPUTS, fields_of
 from shared.config import ConfigError
 from shared.deploy_config import (
     ContinuousBatchingConfig,
@@ -105,18 +106,26 @@ def _new_version(metadata: str, file_name: str) -> ModelVersion:
             check_qaic_framework(framework_config, accel.qaic)
         workspace = workspace_id(meta.get("workspace_id"))
         shown_to = visibility(meta.get("visibility", "private"))
+        schemas = {"input_schema": meta.get("input_schema"), "output_schema": meta.get("output_schema")}
+        check_schemas(schemas)
         if conversion.get("requirements"):
             raise ConfigError(f"conversion.requirements = {conversion['requirements']!r} is not supported: a vLLM "
                               "model runs in the server's own pinned environment, which installs nothing per "
                               "model; send []")
     except ConfigError as exc:
         raise config_error(exc) from None
-    # input_schema / output_schema (base64 Arrow) describe tabular models; an OpenAI model has none
     return ModelVersion(name=name, version=0, file_name=file_name, sha256="", size=0, status="uploading",
                         created_at=time.time(), framework=framework, framework_config=framework_config,
                         accel=accel, visibility=shown_to,
-                        workspace_id=workspace, python_version=conversion.get("python_version"),
-                        )
+                        workspace_id=workspace, python_version=conversion.get("python_version"), **schemas)
+
+
+def check_schemas(schemas: dict) -> None:
+    """input_schema / output_schema: base64 Arrow schemas of what the records route reads and writes."""
+    for key, allowed in (("input_schema", INPUTS), ("output_schema", OUTPUTS)):
+        if schemas.get(key) is not None and not isinstance(schemas[key], str):
+            raise ConfigError(f"{key} must be a base64 Arrow schema (a string), got {type(schemas[key]).__name__}")
+        fields_of(key, schemas.get(key), allowed)
 
 
 async def _inspect(upload: UploadFile, record: ModelVersion) -> None:
@@ -192,6 +201,10 @@ async def configure(request: Request) -> JSONResponse:
         record.batch_config = batch_config
         record.continuous_batching_config = (
             convert(cb, ContinuousBatchingConfig, "continuous_batching_config").validate() if cb is not None else None)
+        schemas = {k: body[k] for k in ("input_schema", "output_schema") if k in body}
+        check_schemas(schemas)
+        for key, value in schemas.items():
+            setattr(record, key, value)
         oc = body.get("openai_config")
         if oc is not None:
             openai_defaults_from(oc)  # every key a request field, every value one a request may carry
