@@ -171,6 +171,9 @@ def check_qaic_framework(framework: FrameworkConfig, qaic: QaicConfig) -> None:
         raise ConfigError(f"{p}quantization = 'mxfp6' needs accel.qaic.mxfp6_matmul = True (the program's weights)")
     if framework.kv_cache_dtype == "mxint8" and not qaic.mxint8_kv_cache:
         raise ConfigError(f"{p}kv_cache_dtype = 'mxint8' needs accel.qaic.mxint8_kv_cache = True (the program's KV cache)")
+    if framework.block_size is not None:
+        raise ConfigError(f"{p}block_size = {framework.block_size} is not allowed on accel 'qaic': a QAIC program "
+                          "keeps each sequence's KV in one slot of ctx_len tokens, with no blocks")
     if framework.max_model_len is not None and framework.max_model_len > qaic.ctx_len:
         raise ConfigError(f"{p}max_model_len = {framework.max_model_len} is longer than accel.qaic.ctx_len = "
                           f"{qaic.ctx_len}: a QAIC program holds at most ctx_len tokens a sequence")

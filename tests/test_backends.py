@@ -64,3 +64,10 @@ def test_decode_graphs_take_decode_steps_up_to_max_seq_len_to_capture():
     assert not graphs.can_run(inputs([10, 64]))  # a context of 65: past max_seq_len_to_capture, eager
     assert not graphs.can_run(inputs([1, 2, 3, 4, 5]))  # more rows than the largest graph
     assert not graphs.can_run(inputs([10], num_new=5))  # a prefill chunk
+
+
+def test_a_qaic_config_on_another_device_is_refused():
+    run = subprocess.run([sys.executable, "-m", "services.worker", "--device", "cpu", "--qaic-config",
+                          '{"ctx_len": 64}'], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "--qaic-config configures the qaic backend; this worker's device is 'cpu'" in run.stderr

@@ -98,6 +98,8 @@ def test_the_tutorials_qaic_formats_are_accepted_exactly_on_qaic():
     with pytest.raises(ConfigError, match="max_model_len = 256 is longer than accel.qaic.ctx_len = 128"):
         check_qaic_framework(tutorial, QaicConfig(ctx_len=128, prefill_seq_len=32, mxfp6_matmul=True,
                                                   mxint8_kv_cache=True))
+    with pytest.raises(ConfigError, match="block_size = 16 is not allowed on accel 'qaic'"):
+        check_qaic_framework(FrameworkConfig(block_size=16), qaic)
     assert parse_accel("qaic").qaic == QaicConfig()  # a bare "qaic" takes the defaults
 
 

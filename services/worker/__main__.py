@@ -21,6 +21,7 @@ from services.worker.service import WorkerService
 from shared import log as sylog
 from shared.bus import connect
 from shared.config import (
+    ConfigError,
     add_engine_args,
     add_nats_arg,
     add_worker_args,
@@ -60,6 +61,8 @@ def main() -> None:
     if args.nice:
         os.nice(args.nice)
     device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
+    if device != "qaic" and json.loads(args.qaic_config):
+        raise ConfigError(f"--qaic-config configures the qaic backend; this worker's device is {device!r}")
     spec = worker_spec(args, config, model_path, deployed)
     if device == "qaic":  # the program's cores are the emulator's compute threads, as many as the host has
         from services.worker.backends.qaic.backend import compute_threads

@@ -56,9 +56,9 @@ class Backend(Protocol):
     device: torch.device
     model: torch.nn.Module
     config: ModelConfig  # the model's architecture
-    kv: KVSpec  # the pool's geometry and dtype
+    kv: KVSpec  # the pool's geometry and dtype (a slots backend's: qaic/kv_slots.py's SlotKVSpec)
     block_size: int
-    num_blocks: int  # usable KV blocks (announced); the pool holds one more, the null block
+    num_blocks: int  # usable KV blocks (announced; a slots backend's: its slots); a paged pool holds one more, the null block
 
     def prepare(self, batch: list[BatchRow]) -> ForwardInputs:
         """The iteration's ragged batch as device tensors and attention metadata."""
