@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import platform
+import socket
 from pathlib import Path
 
 from shared.deployment import DeployedModel
@@ -97,3 +98,11 @@ def fits(free: Resources, need: Resources) -> str | None:
     if need[2] > free[2]:
         return f"needs {need[2]} QAIC SoCs (sidekick_gpus), {free[2]} free"
     return None
+
+
+def host_address() -> str:
+    """This host's address as others would reach it (127.0.0.1 when it has no other)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

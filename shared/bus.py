@@ -1,11 +1,18 @@
-"""Connecting to NATS the same way in every service: reconnect forever with backoff."""
+"""Connecting to NATS the same way in every service: its own user, TLS when asked, reconnect forever."""
 
 from __future__ import annotations
+
+import json
+import os
+import ssl
+from pathlib import Path
 
 import nats
 from nats.aio.client import Client
 
 from shared.log import get_logger
+from shared.model_files import cache_root
+from shared.nats_auth import credentials
 
 log = get_logger("bus")
 
@@ -20,9 +27,17 @@ async def connect(url: str, name: str) -> Client:
     async def on_error(exc: Exception) -> None:
         log.warning("nats_error", service=name, error=str(exc))
 
+    login = credentials()  # SY_NATS_USER's password from SY_NATS_AUTH_FILE (shared/nats_auth.py)
+    extra = {"user": login[0], "password": login[1]} if login else {}
+    if (ca := os.environ.get("SY_NATS_TLS_CA")) is not None:  # the bus leaves the host: verify its server
+        tls = ssl.create_default_context(cafile=ca)
+        if (cert := os.environ.get("SY_NATS_TLS_CERT")) is not None:
+            tls.load_cert_chain(cert, os.environ.get("SY_NATS_TLS_KEY"))
+        extra["tls"] = tls
     return await nats.connect(
         url,
         name=name,
+        **extra,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
         disconnected_cb=on_disconnect,
@@ -37,3 +52,14 @@ async def close(nc: Client) -> None:
         await nc.drain()
     except Exception:
         await nc.close()
+
+
+async def connect_running(user: str = "client", bus_file: str | Path | None = None) -> Client:
+    """The bus of the stack `make run` started on this machine, as `user` (an internal team's
+    process is a "client": it may submit and read its tokens; docs/configuration.md)."""
+    path = Path(bus_file) if bus_file else cache_root() / "bus.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is `make run` running (on a bus of its own)?")
+    bus = json.loads(path.read_text())
+    login = credentials(user, bus["auth_file"])
+    return await nats.connect(bus["url"], name=f"{user}-script", user=login[0], password=login[1])

@@ -1,32 +1,44 @@
 """Bus client: submit requests and read their token streams (the API uses it; so can anyone).
 
 One subscription per client, at start, to its own reply subject; entries are routed to waiting
-streams by request id, so no token is missed and no per-request subscription is needed.
+streams by request id, so no token is missed and no per-request subscription is needed. The client
+heartbeats (a scheduler aborts the requests of a client gone quiet) and listens to the schedulers'
+heartbeats (a request whose scheduler goes quiet ends with an error, not a silent stream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from shared import subjects
+from shared.liveness import CLIENT_HEARTBEAT_S, SCHEDULER_SILENCE_S, Heartbeats
+from shared.log import get_logger
 from shared.messages import (
+    SCHEDULER_HEARTBEAT_DECODER,
     SUBMIT_REPLY_DECODER,
     TOKEN_BATCH_DECODER,
     Abort,
+    ClientHeartbeat,
+    FinishReason,
     RejectCode,
     Rejected,
+    Resend,
     SamplingParams,
     Submit,
     TokenEntry,
     encode,
 )
+from shared.stream import RequestStream
+
+log = get_logger("bus")
+WATCH_INTERVAL_S = 0.25
 
 
 class EngineUnavailable(Exception):
@@ -40,65 +52,70 @@ class SubmitRejected(Exception):
         self.reason = reason
 
 
-def _is_verdict(entry: TokenEntry) -> bool:
-    """A terminal entry without tokens: the scheduler ending the request (deadline, error). Its
-    offset is the scheduler's count of the tokens, which lags the worker's stream (the worker
-    publishes straight to the reply subject, and a multi-step Step reports back only at its end),
-    and other publishers' messages are not ordered with it: it ends the stream wherever it lands."""
-    return entry.finish_reason is not None and not entry.token_ids
-
-
-class RequestStream:
-    """The entries of one request, in order; ends after the entry with a finish_reason."""
-
-    def __init__(self, client: BusClient, model: str, request_id: str):
-        self.client = client
-        self.model = model
-        self.request_id = request_id
-        self.queue: asyncio.Queue[TokenEntry] = asyncio.Queue()
-        self.num_tokens = 0
-        self.is_finished = False
-        self.worker_id = ""  # the worker that produced the latest tokens
-        self.received_at = 0.0  # wall clock on the scheduler when it took the Submit (Accepted.received_at)
-
-    async def entries(self, timeout: float | None = None) -> AsyncIterator[TokenEntry]:
-        try:
-            while not self.is_finished:
-                if self.queue.empty():  # asyncio.timeout, not wait_for: no task per token
-                    async with asyncio.timeout(timeout):
-                        entry = await self.queue.get()
-                else:
-                    entry = self.queue.get_nowait()
-                if entry.offset != self.num_tokens and not _is_verdict(entry):
-                    raise RuntimeError(f"{self.request_id}: gap in token stream "
-                                       f"(expected offset {self.num_tokens}, got {entry.offset})")
-                self.num_tokens += len(entry.token_ids)
-                self.is_finished = entry.finish_reason is not None
-                yield entry
-        finally:
-            self.client.forget(self.request_id)
-
-    async def abort(self) -> None:
-        if not self.is_finished:
-            self.is_finished = True
-            await self.client.abort(self.model, [self.request_id])
-
-
 class BusClient:
     def __init__(self, nc: Client, client_id: str | None = None):
         self.nc = nc
         self.client_id = client_id or uuid.uuid4().hex[:12]
+        self.abort_key = secrets.token_hex(16)  # never on a subject: only this client can abort its requests
         self.reply_subject = subjects.api_out(self.client_id)
         self.streams: dict[str, RequestStream] = {}
-        self._sub = None
+        self.schedulers = Heartbeats(nc, SCHEDULER_SILENCE_S)
+        self._subs = []
+        self._watch: asyncio.Task | None = None
+        self._aborting: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self.reply_subject, cb=self._on_tokens)
+        self._subs = [await self.nc.subscribe(self.reply_subject, cb=self._on_tokens),
+                      await self.nc.subscribe(subjects.SCHEDULERS_HEARTBEAT, cb=self._on_scheduler_heartbeat)]
         await self.nc.flush()
+        self._watch = asyncio.get_running_loop().create_task(self._heartbeat_and_watch())
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        if self._watch is not None:
+            self._watch.cancel()
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    async def _on_scheduler_heartbeat(self, msg) -> None:
+        self.schedulers.heard(SCHEDULER_HEARTBEAT_DECODER.decode(msg.data).scheduler_id)
+
+    async def _heartbeat_and_watch(self) -> None:
+        beat, next_beat = encode(ClientHeartbeat(client_id=self.client_id)), 0.0
+        loop = asyncio.get_running_loop()
+        reconnects = self.nc.stats["reconnects"]
+        while True:
+            if self.nc.is_connected and self.nc.stats["reconnects"] != reconnects:
+                reconnects = self.nc.stats["reconnects"]  # back on the bus: what was sent meanwhile may be lost
+                await self.resend({rid: s.num_tokens for rid, s in self.streams.items() if not s.is_finished})
+            if loop.time() >= next_beat:
+                next_beat = loop.time() + CLIENT_HEARTBEAT_S
+                try:
+                    await self.nc.publish(subjects.CLIENTS_HEARTBEAT, beat)
+                except Exception as exc:  # the bus is down: the next beat will tell
+                    log.warning("heartbeat_failed", error=str(exc))
+            for scheduler_id in self.schedulers.silent():
+                self.schedulers.forget(scheduler_id)
+                self._end_streams_of(scheduler_id)
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
+    async def resend(self, offsets: dict[str, int]) -> None:
+        """Ask the workers again for these requests' tokens from the given offsets on."""
+        if offsets:
+            try:
+                await self.nc.publish(subjects.WORKERS_RESEND, encode(Resend(reply_to=self.reply_subject,
+                                                                             offsets=offsets)))
+            except Exception as exc:
+                log.warning("resend_failed", error=str(exc))
+
+    def _end_streams_of(self, scheduler_id: str) -> None:
+        """The scheduler holding these requests is gone: each stream ends with an error entry."""
+        orphans = [s for s in self.streams.values() if s.scheduler_id == scheduler_id]
+        for stream in orphans:
+            stream.queue.put_nowait(TokenEntry(
+                request_id=stream.request_id, offset=stream.num_tokens, token_ids=[], produced_at=time.time(),
+                finish_reason=FinishReason.ERROR,
+                error=f"the scheduler holding this request stopped ({SCHEDULER_SILENCE_S:g}s without a heartbeat)"))
+        log.warning("scheduler_gone", scheduler_id=scheduler_id, num_streams=len(orphans))
 
     async def _on_tokens(self, msg) -> None:
         batch = TOKEN_BATCH_DECODER.decode(msg.data)
@@ -110,16 +127,23 @@ class BusClient:
 
     async def submit(self, model: str, prompt_token_ids: list[int], sampling: SamplingParams, *,
                      request_id: str | None = None, cache_salt: str | None = None,
-                     deadline: float = 0.0, timeout: float = 5.0) -> RequestStream:
-        """deadline: wall-clock time after which the scheduler ends the request (0: none)."""
+                     deadline: float = 0.0, priority: int = 0, timeout: float = 5.0) -> RequestStream:
+        """deadline: wall-clock time after which the scheduler ends the request (0: none).
+        priority: lower is served first (vLLM's meaning); see Scheduler.schedule."""
         request_id = request_id or uuid.uuid4().hex
         stream = RequestStream(self, model, request_id)
         self.streams[request_id] = stream  # registered before Submit: the first token may beat the reply
         submit = Submit(request_id=request_id, model=model, prompt_token_ids=list(prompt_token_ids),
                         sampling=sampling, reply_to=self.reply_subject, arrival_time=time.time(),
-                        cache_salt=cache_salt, deadline=deadline)
-        try:
-            msg = await self.nc.request(subjects.submit(model), encode(submit), timeout=timeout)
+                        cache_salt=cache_salt, deadline=deadline, client_id=self.client_id,
+                        abort_key=self.abort_key, priority=priority)
+        answer = asyncio.ensure_future(self.nc.request(subjects.submit(model), encode(submit), timeout=timeout))
+        try:  # shielded: a caller that gives up meanwhile must not leave an accepted request running
+            msg = await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            self.forget(request_id)
+            answer.add_done_callback(lambda done: self._abort_if_accepted(model, request_id, done))
+            raise
         except NoRespondersError:
             self.forget(request_id)
             raise EngineUnavailable(f"no scheduler is serving model {model!r}") from None
@@ -130,13 +154,24 @@ class BusClient:
         if isinstance(reply, Rejected):
             self.forget(request_id)
             raise SubmitRejected(reply.code, reply.reason)
-        stream.received_at = reply.received_at
+        stream.received_at, stream.scheduler_id = reply.received_at, reply.scheduler_id
+        if reply.scheduler_id and reply.scheduler_id not in self.schedulers:
+            self.schedulers.heard(reply.scheduler_id)  # accepted before its first heartbeat reached us
         return stream
+
+    def _abort_if_accepted(self, model: str, request_id: str, answer: asyncio.Future) -> None:
+        """The Submit's answer came after its caller was cancelled: an accepted request is aborted."""
+        if answer.cancelled() or answer.exception() is not None:
+            return
+        if not isinstance(SUBMIT_REPLY_DECODER.decode(answer.result().data), Rejected):
+            task = asyncio.get_running_loop().create_task(self.abort(model, [request_id]))
+            self._aborting.add(task)
+            task.add_done_callback(self._aborting.discard)
 
     async def abort(self, model: str, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.forget(request_id)
-        await self.nc.publish(subjects.abort(model), encode(Abort(request_ids=list(request_ids))))
+        await self.nc.publish(subjects.abort(model), encode(Abort(request_ids=list(request_ids), abort_key=self.abort_key)))
 
     def forget(self, request_id: str) -> None:
         self.streams.pop(request_id, None)

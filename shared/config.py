@@ -38,13 +38,19 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
     num_scheduler_steps: int = 1  # decode iterations per Step when nothing waits (multi-step scheduling)
+    long_prefill_token_threshold: int = 0  # a prompt's tokens per step while prompts compete (0: budget / 4)
     quantization: str = "none"  # or "int8" / "int4" (weight-only) / "w8a8" (services/worker/backends/torch_cpu/quantization.py)
     step_timeout_s: float = 60.0
+    max_migrations: int = 2  # a request on a worker that dies is recomputed on another this many times at most
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
 
     def validate(self) -> EngineConfig:
         if not (8 <= self.block_size <= 128) or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two between 8 and 128, got {self.block_size}")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"long_prefill_token_threshold must be at least 0, got {self.long_prefill_token_threshold}")
+        if self.max_migrations < 0:
+            raise ConfigError(f"max_migrations must be at least 0, got {self.max_migrations}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.block_size:
@@ -106,11 +112,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
     parser.add_argument("--num-scheduler-steps", type=int, default=_env("num_scheduler_steps", d.num_scheduler_steps),
                         help="decode iterations a worker runs per Step while no request waits (1: one per Step)")
+    parser.add_argument("--long-prefill-token-threshold", type=int,
+                        default=_env("long_prefill_token_threshold", d.long_prefill_token_threshold),
+                        help="while several prompts are being computed, each takes at most this many tokens a "
+                             "step, so short ones get a first token beside a long one (0: a quarter of the budget)")
     parser.add_argument("--engine-cpus", type=float, default=float(os.environ.get("SY_ENGINE_CPUS", os.cpu_count() or 1)),
                         help="CPUs the deployments' engines (deployment_config.cpus) may reserve in the scheduler")
     parser.add_argument("--engine-memory", default=os.environ.get("SY_ENGINE_MEMORY", f"{_physical_memory_mib() // 4}Mi"),
                         help="memory the deployments' engines (deployment_config.memory) may reserve in the scheduler")
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
+    parser.add_argument("--max-migrations", type=int, default=_env("max_migrations", d.max_migrations),
+                        help="times a request on a worker that dies is recomputed on another (0: it fails instead)")
     parser.add_argument("--drain-grace-s", type=float, default=_env("drain_grace_s", d.drain_grace_s))
 
 
@@ -174,6 +186,8 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         choices=("hermes", "json"),
                         help="how a model's text becomes tool calls: hermes (<tool_call>{json}</tool_call>, "
                              "SmolLM2/Qwen/Hermes) or json (the whole answer is a call or a list of calls)")
+    parser.add_argument("--batch-concurrency", type=int, default=int(os.environ.get("SY_BATCH_CONCURRENCY", "16")),
+                        help="the Batch API: lines of one batch in flight at once, at low priority")
     parser.add_argument("--openai-config", default=os.environ.get("SY_OPENAI_CONFIG"),
                         help="per-model OpenAI defaults: JSON (or a JSON file) with completion_config "
                              "and chat_completion_config (which may carry chat_template)")

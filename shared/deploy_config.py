@@ -23,7 +23,7 @@ MAX_CONTEXT = 1 << 20
 
 
 def check_name(kind: str, name: object) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ConfigError(f"{kind} name {name!r} is not allowed: use 1-63 lowercase letters, digits "
                           "and '-', starting and ending with a letter or digit")
     return name

@@ -88,6 +88,9 @@ async def load_deployed(registry: Registry, pipeline: Pipeline) -> DeployedModel
     version = await registry.version(step.model, step.version)
     if version is None:
         raise ConfigError(f"model {step.model!r} version {step.version} is not in the registry")
+    if version.status == "converting":
+        raise ConfigError(f"model {step.model!r} version {step.version} is still converting: deploy it once its "
+                          "status is ready")
     if version.status != "ready":
         raise ConfigError(f"model {step.model!r} version {step.version} is {version.status}: {version.error}")
     return DeployedModel(pipeline, version)

@@ -113,12 +113,19 @@ class Submit(msgspec.Struct, tag="submit"):
     arrival_time: float
     cache_salt: str | None = None
     deadline: float = 0.0  # wall clock after which the scheduler ends the request with an error (0: none)
+    # the submitting BusClient, which heartbeats (ClientHeartbeat): its requests are aborted once it
+    # falls silent; "" for a client that does not heartbeat
+    client_id: str = ""
+    abort_key: str = ""  # a secret of the submitter's: only an Abort that carries it ends the request
+    # vLLM's priority: lower is served first (the Batch API's lines run at BATCH_PRIORITY); ties by arrival
+    priority: int = 0
 
 
 class Accepted(msgspec.Struct, tag="accepted"):
     request_id: RequestId
     num_waiting: int = 0
     received_at: float = 0.0  # wall clock on the scheduler when the Submit arrived: the engine's clock starts
+    scheduler_id: str = ""  # who holds the request now: its SchedulerHeartbeat stopping ends the stream
 
 
 class Rejected(msgspec.Struct, tag="rejected"):
@@ -132,6 +139,15 @@ SubmitReply = Union[Accepted, Rejected]
 
 class Abort(msgspec.Struct, tag="abort"):
     request_ids: list[RequestId]
+    abort_key: str = ""  # the Submit's: an Abort from anyone else is refused
+
+
+class Resend(msgspec.Struct, tag="resend"):
+    """A bus client asks the workers again for a request's tokens from `offset` on (after an outage
+    may have dropped some): the worker holding it publishes them to reply_to in one entry."""
+
+    reply_to: str
+    offsets: dict[RequestId, int]
 
 
 # ---- tokens back to whoever asked ----------------------------------------------------------
@@ -211,8 +227,9 @@ class Step(msgspec.Struct, tag="step", array_like=True):
 
 class Sampled(msgspec.Struct, array_like=True):
     request_id: RequestId
-    token_id: int
+    token_id: int  # -1 with finish_reason ERROR: this row failed (its `error` says why), the step did not
     finish_reason: FinishReason | None = None
+    error: str | None = None
 
 
 class StepResult(msgspec.Struct, tag="step_result", array_like=True):
@@ -243,12 +260,26 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     # a SLOTS worker: num_blocks counts its slots, block_size is a slot's ctx_len, and each step
     # prefills at most prefill_seq_len tokens of one sequence
     prefill_seq_len: int = 0
+    vocab_size: int = 0  # the logits' width: the scheduler checks every token id of a Submit against it
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
     worker_id: WorkerId
     model: str
     num_running: int = 0
+
+
+class SchedulerHeartbeat(msgspec.Struct, tag="sched_heartbeat"):
+    """A scheduler process is alive (every SCHEDULER_HEARTBEAT_S), with the models it serves."""
+
+    scheduler_id: str
+    models: list[str] = []
+
+
+class ClientHeartbeat(msgspec.Struct, tag="client_heartbeat"):
+    """A bus client (a gateway, an internal team's process) is alive and still wants its requests."""
+
+    client_id: str
 
 
 class Discover(msgspec.Struct, tag="discover"):
@@ -340,6 +371,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     iteration_tokens_sum: int = 0
     iteration_tokens_count: int = 0
     devices: list[str] = []  # what the model's workers run on (their hellos' device)
+    num_migrations: int = 0  # requests moved off a worker that died, recomputed on another
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
@@ -355,10 +387,13 @@ def encode(message: msgspec.Struct) -> bytes:
 SUBMIT_DECODER = msgspec.msgpack.Decoder(Submit)
 SUBMIT_REPLY_DECODER = msgspec.msgpack.Decoder(SubmitReply)
 ABORT_DECODER = msgspec.msgpack.Decoder(Abort)
+RESEND_DECODER = msgspec.msgpack.Decoder(Resend)
 TOKEN_BATCH_DECODER = msgspec.msgpack.Decoder(TokenBatch)
 STEP_DECODER = msgspec.msgpack.Decoder(Step)
 STEP_RESULT_DECODER = msgspec.msgpack.Decoder(StepResult)
 WORKER_ANNOUNCE_DECODER = msgspec.msgpack.Decoder(Union[WorkerHello, WorkerHeartbeat])
+SCHEDULER_HEARTBEAT_DECODER = msgspec.msgpack.Decoder(SchedulerHeartbeat)
+CLIENT_HEARTBEAT_DECODER = msgspec.msgpack.Decoder(ClientHeartbeat)
 DISCOVER_DECODER = msgspec.msgpack.Decoder(Discover)
 MODEL_LIMITS_DECODER = msgspec.msgpack.Decoder(ModelLimits)
 KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)

@@ -77,12 +77,18 @@ def inspect_artifact(path: str) -> tuple[str, int]:
     from shared.gguf_fields import is_gguf, read_fields
 
     if is_gguf(path):
-        fields = read_fields(path)
-        arch = str(fields.get("general.architecture", ""))
-        return arch, int(fields.get(f"{arch}.context_length", 0))
+        try:
+            fields = read_fields(path)
+            arch = str(fields.get("general.architecture", ""))
+            return arch, int(fields.get(f"{arch}.context_length", 0))
+        except Exception as exc:  # the gguf reader fails in many ways on a truncated or forged file
+            raise ValueError(f"the GGUF file cannot be read ({type(exc).__name__}: {exc})") from None
     config_path = Path(path) / "config.json"
     if config_path.exists():
-        config = json.loads(config_path.read_text())
-        return (config.get("architectures") or [config.get("model_type", "")])[0], \
-            int(config.get("max_position_embeddings", 0))
+        try:
+            config = json.loads(config_path.read_text())
+            return (config.get("architectures") or [config.get("model_type", "")])[0], \
+                int(config.get("max_position_embeddings", 0))
+        except Exception as exc:
+            raise ValueError(f"config.json cannot be read ({type(exc).__name__}: {exc})") from None
     raise ValueError("the file is neither a GGUF model nor a zip of a Hugging Face model directory")

@@ -25,6 +25,7 @@ from nats.js.api import StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from shared.deploy_config import (
+    NAME_RE,
     Accel,
     ContinuousBatchingConfig,
     DeploymentConfig,
@@ -107,6 +108,7 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     qaic_socs: int = 0  # Cloud AI 100 SoCs the host's QAIC replicas may take (sidekick_gpus each)
     qaic_emulated: bool = False  # no cards: the SoCs are the emulator's
     labels: list[str] = []  # "key:value" node labels a deployment_label is matched against
+    ip: str = ""  # the host's address, as pipelines/status shows it
     workers: list[WorkerState] = []
     refused: dict[str, str] = {}  # pipeline -> why this host does not run it
     updated_at: float = 0.0
@@ -159,7 +161,7 @@ class Registry:
             return None
         try:
             return msgspec.json.decode(entry.value, type=cls) if entry.value else None
-        except msgspec.ValidationError as exc:  # one bad record never breaks a listing, nor a lookup
+        except msgspec.DecodeError as exc:  # one bad record never breaks a listing, nor a lookup
             log.error("registry_record_unreadable", key=key, error=str(exc))
             return None
 
@@ -170,6 +172,8 @@ class Registry:
     # ---- models --------------------------------------------------------------------------------
 
     async def versions(self, name: str) -> list[ModelVersion]:
+        if not _is_name(name):
+            return []
         return sorted(await self._values(f"models.{name}.", ModelVersion), key=lambda v: v.version)
 
     async def models(self) -> list[ModelVersion]:
@@ -184,6 +188,8 @@ class Registry:
         if version is None:
             versions = await self.versions(name)
             return versions[-1] if versions else None
+        if not _is_name(name) or not isinstance(version, int) or isinstance(version, bool):
+            return None
         return await self._get(f"models.{name}.{version}", ModelVersion)
 
     async def create_version(self, record: ModelVersion) -> ModelVersion:
@@ -232,6 +238,8 @@ class Registry:
     # ---- pipelines -----------------------------------------------------------------------------
 
     async def pipeline(self, name: str) -> Pipeline | None:
+        if not _is_name(name):
+            return None
         return await self._get(f"pipelines.{name}", Pipeline)
 
     async def pipelines(self) -> list[Pipeline]:
@@ -311,6 +319,11 @@ class _HashingReader:
         self.sha256.update(data)
         self.size += n
         return n
+
+
+def _is_name(name: object) -> bool:
+    """A registry name is one key token: never a wildcard, a separator or a control character."""
+    return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
 def _sha256_file(path: Path) -> str:

@@ -29,6 +29,9 @@ def worker_step(worker_id: str) -> str:
 
 WORKERS_HELLO = f"{PREFIX}.workers.hello"
 WORKERS_HEARTBEAT = f"{PREFIX}.workers.heartbeat"
+SCHEDULERS_HEARTBEAT = f"{PREFIX}.schedulers.heartbeat"  # bus clients end the streams of a silent scheduler
+CLIENTS_HEARTBEAT = f"{PREFIX}.clients.heartbeat"  # schedulers abort the requests of a silent client
+WORKERS_RESEND = f"{PREFIX}.workers.resend"  # bus clients ask for tokens an outage may have dropped
 WORKERS_DISCOVER = f"{PREFIX}.workers.discover"  # schedulers ask workers to say hello again
 MODEL_LIMITS = f"{PREFIX}.models.limits"  # schedulers publish each model's max_model_len
 
@@ -49,6 +52,19 @@ def stored_response(response_id: str) -> str:
 
 
 STORED_RESPONSES = f"{PREFIX}.responses.>"
+
+
+def batch_lines(batch_id: str) -> str:
+    """JetStream (stream SY_BATCH_LINES): a running batch's answered lines."""
+    return f"{PREFIX}.batches.{batch_id}.lines"
+
+
+BATCH_LINES = f"{PREFIX}.batches.*.lines"
+
+
+def background_cancel(response_id: str) -> str:
+    """Request/reply: cancel a background response; the gateway running it answers with the Response."""
+    return f"{PREFIX}.background.{response_id}.cancel"
 
 
 def scheduler_stats(model: str) -> str:

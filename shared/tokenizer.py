@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import msgspec
@@ -43,6 +43,11 @@ class ModelTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token's byte length: a text of n bytes is at least n / this many tokens."""
+        return max(len(self.token_bytes(i)) for i in range(self.vocab_size)) or 1
 
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for (a token may hold part of a UTF-8 character)."""

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     source = sys.stdin if args.input_file == "-" else open(args.input_file, encoding="utf-8")
     with source:
-        lines = source.read().splitlines()
+        lines = [line for line in source.read().split("\n") if line.strip()]  # not splitlines(): U+2028
     results = asyncio.run(run(lines, args.base_url.rstrip("/"), args.api_key, args.concurrency))
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
     if args.output_file == "-":

@@ -74,11 +74,14 @@ class Client:
                      accel: Acceleration | AccelerationWithConfig = Acceleration.CPU,
                      input_schema=None, output_schema=None,
                      visibility: str = "private", workspace_id: int | None = None,
-                     python_version: str | None = None, requirements: list[str] | None = None) -> ModelVersion:
-        """A GGUF file, a Hugging Face model directory (zipped on the way) or a zip of one."""
+                     python_version: str | None = None, requirements: list[str] | None = None,
+                     convert_wait: bool = True) -> ModelVersion:
+        """A GGUF file, a Hugging Face model directory (zipped on the way) or a zip of one.
+        convert_wait=False returns once the file is stored, its status "converting"; `refresh()`
+        shows it move to "ready" (or "error", with the reason)."""
         config = framework_config or FrameworkConfig()
         metadata = {
-            "name": name, "visibility": visibility, "workspace_id": workspace_id,
+            "name": name, "visibility": visibility, "workspace_id": workspace_id, "convert_wait": convert_wait,
             "input_schema": arrow_schema.to_wire(input_schema), "output_schema": arrow_schema.to_wire(output_schema),
             "conversion": {"framework": framework, "accel": accel.to_wire(), "python_version": python_version,
                            "requirements": requirements or [],
@@ -165,6 +168,11 @@ class ModelVersion:
             if schema is not None:
                 body[key] = arrow_schema.to_wire(schema)
         self.record = self.client._post("/v1/api/models/configure", json=body)["model"]
+        return self
+
+    def refresh(self) -> ModelVersion:
+        """The version as the registry has it now (a conversion's progress, a configure elsewhere)."""
+        self.record = self.client._post("/v1/api/models/get", json={"name": self.name, "version": self.version})["model"]
         return self
 
     def __repr__(self) -> str:

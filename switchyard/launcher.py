@@ -8,6 +8,8 @@ Unknown flags (e.g. --max-num-seqs 32) go to every service.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -17,11 +19,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared import nats_auth
 from shared.config import add_agent_args, add_api_args, add_engine_args, add_worker_args
 from shared.model_files import cache_root
 from switchyard.nats_server import NatsServer
 
 RESTART_BACKOFF_S = 2.0
+BUS_FILE = "bus.json"  # beside the JetStream store: {"url", "auth_file"} of the running stack's bus
 
 
 @dataclass
@@ -49,6 +53,9 @@ class Stack:
     service_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
     nats: NatsServer | None = None
+    auth_dir: str | None = None  # the locked bus's users (shared/nats_auth.py); None: an open bus
+    bus_file: Path | None = None  # written while the stack runs on a bus of its own
+    store_lock: object | None = field(default=None, repr=False)  # held while it runs on its store
     services: list[Service] = field(default_factory=list)
     is_stopping: bool = False
 
@@ -56,8 +63,12 @@ class Stack:
         if self.nats_url is None:  # its JetStream store (the model registry) outlives the stack
             store = Path(os.environ.get("SY_NATS_STORE_DIR", cache_root() / "nats"))
             store.mkdir(parents=True, exist_ok=True)
-            self.nats = NatsServer(store_dir=str(store)).start()
-            self.nats_url = self.nats.url
+            self.store_lock = lock_store(store)
+            self.nats = NatsServer(store_dir=str(store), auth=True).start()
+            self.nats_url, self.auth_dir = self.nats.url, self.nats.auth_dir
+            self.bus_file = store.parent / BUS_FILE  # where a script finds this bus (shared/bus.py)
+            self.bus_file.write_text(json.dumps({"url": self.nats_url, "auth_file": str(
+                Path(self.auth_dir) / nats_auth.USERS_FILE)}))
         py = [sys.executable, "-m"]
         common = ["--nats-url", self.nats_url, *self.service_args]
         self.services = [Service("kvcache", py + ["services.kvcache", "--nats-url", self.nats_url])]
@@ -70,14 +81,21 @@ class Stack:
         for svc in self.services:
             if self.log_dir:
                 svc.log_file = self.log_dir / f"{svc.name}.log"
-            svc.start(self._env())
+            svc.start(self._env(svc.name))
         return self
 
-    def _env(self) -> dict:
+    def _env(self, service: str) -> dict:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if self.auth_dir is not None:
+            env |= nats_auth.env_for(nats_auth.user_of(service), self.auth_dir)
         return env
+
+    @property
+    def admin_url(self) -> str:
+        """The bus as an operator (or a test) reaches it: with the admin login when it is locked."""
+        return nats_auth.url_with_login(self.nats_url, "admin", self.auth_dir) if self.auth_dir else self.nats_url
 
     @property
     def base_url(self) -> str:
@@ -112,7 +130,7 @@ class Stack:
                 print(f"[launcher] {svc.name} exited with {svc.proc.returncode}; restarting", flush=True)
                 time.sleep(RESTART_BACKOFF_S)
                 svc.num_restarts += 1
-                svc.start(self._env())
+                svc.start(self._env(svc.name))
 
     def stop(self, grace_s: float = 45.0, signal_children: bool = True) -> None:
         """SIGTERM every service (each drains its in-flight work), then wait; kill what outlives grace_s.
@@ -135,6 +153,32 @@ class Stack:
                 svc.proc.wait()
         if self.nats is not None:
             self.nats.stop()
+        if self.bus_file is not None:
+            self.bus_file.unlink(missing_ok=True)
+        if self.store_lock is not None:
+            self.store_lock.close()
+
+
+class StoreInUse(RuntimeError):
+    pass
+
+
+def lock_store(store: Path):
+    """One stack per JetStream store: two nats-servers on one store corrupt its registry. The lock
+    is held (by an open file) until this process exits, however it exits."""
+    handle = open(store / "switchyard.lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise StoreInUse(f"another `make run` ({owner}) uses the registry store {store}: stop it first, or give "
+                         "this one a store of its own with SY_NATS_STORE_DIR=/some/other/folder") from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
 
 
 def check_service_args(service_args: list[str]) -> None:
@@ -153,8 +197,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SY_WORKERS", "1")))
     args, service_args = parser.parse_known_args()
     check_service_args(service_args)
+    users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/nats_auth.py's users
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
-                  service_args=service_args)
+                  service_args=service_args, auth_dir=os.path.dirname(users) if users else None)
     received: list[int] = []
 
     def on_signal(signum, _frame):
@@ -165,10 +210,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, on_signal)
     print(f"[launcher] starting: nats {'at ' + stack.nats_url if stack.nats_url else '(own)'}, "
           f"{args.workers} worker(s), API on {stack.base_url}", flush=True)
-    stack.start()
+    try:
+        stack.start()
+    except StoreInUse as exc:
+        sys.exit(f"[launcher] {exc}")
     try:
         stack.wait_ready()
         print(f"[launcher] ready: {stack.base_url}/v1 (Ctrl-C stops everything)", flush=True)
+        if stack.bus_file is not None:
+            print(f"[launcher] bus: {stack.nats_url}, locked; a script connects with "
+                  f"shared.bus.connect_running() ({stack.bus_file})", flush=True)
         while not stack.is_stopping:
             stack.supervise_once()
             time.sleep(0.5)

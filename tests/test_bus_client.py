@@ -14,7 +14,7 @@ pytestmark = pytest.mark.stack
 
 
 async def _client(stack) -> BusClient:
-    bus = BusClient(await nats.connect(stack.nats_url))
+    bus = BusClient(await nats.connect(stack.admin_url))
     await bus.start()
     return bus
 
@@ -64,12 +64,40 @@ async def test_the_schedulers_verdict_ends_the_stream_whatever_its_offset(stack)
             TokenEntry(request_id, verdict_offset, [], finish_reason=FinishReason.TIMEOUT, error="deadline")])))
         got = [e async for e in stream.entries(timeout=5)]
         assert [e.error for e in got] == [None, "deadline"] and stream.num_tokens == 2
-    gap = _stream(bus, "gap")
+    await bus.stop()
+    await bus.nc.close()
+
+
+async def test_after_an_outage_duplicates_are_dropped_overlaps_trimmed_and_a_gap_is_asked_for(stack):
+    """Entries sent again by a worker (Resend) can repeat, overlap or fill a gap: the reader sees
+    each token once, in order, and asks for a gap's tokens itself."""
+    from shared import subjects
+    from shared.messages import RESEND_DECODER
+
+    bus = await _client(stack)
+    asked = asyncio.Queue()
+
+    async def on_resend(msg):
+        asked.put_nowait(RESEND_DECODER.decode(msg.data))
+
+    sub = await bus.nc.subscribe(subjects.WORKERS_RESEND, cb=on_resend)
+    stream = _stream(bus, "gap")
     await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=[
-        TokenEntry("gap", 0, [5]), TokenEntry("gap", 2, [7], finish_reason=FinishReason.LENGTH)])))
-    with pytest.raises(RuntimeError, match="gap in token stream"):
-        async for _ in gap.entries(timeout=5):
-            pass
+        TokenEntry("gap", 0, [5]), TokenEntry("gap", 0, [5]), TokenEntry("gap", 3, [8])])))
+    reader = stream.entries(timeout=5)
+    assert (await reader.__anext__()).token_ids == [5]
+    read_on = asyncio.ensure_future(reader.__anext__())  # offset 3 is past a gap: it waits
+    resend = await asyncio.wait_for(asked.get(), 5)
+    assert resend.reply_to == bus.reply_subject and resend.offsets == {"gap": 1}
+    assert not read_on.done()
+    await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=[  # the worker's answer, overlapping
+        TokenEntry("gap", 0, [5, 6, 7])])))
+    assert (await read_on).token_ids == [6, 7]
+    await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=[
+        TokenEntry("gap", 4, [9], finish_reason=FinishReason.LENGTH)])))
+    assert [e.token_ids async for e in reader] == [[8], [9]]
+    assert stream.num_tokens == 5
+    await sub.unsubscribe()
     await bus.stop()
     await bus.nc.close()
 
@@ -87,3 +115,37 @@ def test_a_mid_stream_token_entry_is_small_on_the_wire():
                        num_cached_tokens=0, first_scheduled_at=1763899999.9, prompt_logprobs=[None, Logprobs(-1.5)])
     decoded = TOKEN_BATCH_DECODER.decode(encode(TokenBatch(entries=[first, mid])))
     assert decoded.entries == [first, mid]
+
+
+async def test_a_caller_cancelled_while_its_submit_is_answered_leaves_nothing_running(stack, model_name, hf_tokenizer):
+    """The Submit is accepted after its caller gave up (a client gone, a cancelled background
+    response): the client aborts it then, so the engine does not generate for no one."""
+    from shared import subjects
+    from shared.messages import TOKEN_BATCH_DECODER, SamplingParams
+
+    bus = await _client(stack)
+    spy = await nats.connect(stack.admin_url)
+    seen, aborted = asyncio.Event(), asyncio.Event()
+    submitting: asyncio.Task | None = None
+
+    async def on_submit(msg) -> None:
+        seen.set()
+        submitting.cancel()  # the Submit is on its way to the scheduler; its caller gives up now
+
+    async def on_reply(msg) -> None:
+        if any(e.finish_reason == FinishReason.ABORT for e in TOKEN_BATCH_DECODER.decode(msg.data).entries):
+            aborted.set()
+
+    await spy.subscribe(subjects.submit(model_name), cb=on_submit)
+    await spy.subscribe(bus.reply_subject, cb=on_reply)
+    await spy.flush()
+    sampling = SamplingParams(max_tokens=4000, ignore_eos=True)
+    submitting = asyncio.create_task(bus.submit(model_name, hf_tokenizer.encode("Tell a long story"), sampling,
+                                                request_id="given-up"))
+    with pytest.raises(asyncio.CancelledError):
+        await submitting
+    assert seen.is_set() and "given-up" not in bus.streams
+    await asyncio.wait_for(aborted.wait(), 30)  # the scheduler ended it: its final entry says abort
+    await spy.close()
+    await bus.stop()
+    await bus.nc.close()

@@ -92,6 +92,14 @@ def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
     status = p.status()
     assert status["status"] == "Running"
     assert status["engines"][0]["info"]["num_workers"] == 1
+    engine = status["engines"][0]  # the product's shape, as its tutorial prints it
+    assert engine["pipeline_statuses"]["pipelines"] == [{"id": "smol-pipe", "status": "Running",
+                                                          "version": str(status["generation"])}]
+    assert engine["model_statuses"]["models"][0] == {
+        "model_version_id": smollm2.version, "name": "smollm2", "sha": smollm2.sha, "status": "Running",
+        "version": str(smollm2.version)}
+    assert engine["ip"] and engine["reason"] is None
+    assert [lb["status"] for lb in status["engine_lbs"]] == ["Running"] and status["engine_lbs"][0]["ip"]
     assert [m["name"] for m in status["models"]] == ["smollm2"]
     assert (status["replicas"]["min"], status["replicas"]["max"]) == (1, 2)
     sidekick = status["sidekicks"][0]
@@ -267,6 +275,24 @@ def test_a_hugging_face_directory_uploads_zipped_and_serves(wl, tmp_path, hf_tok
         p.undeploy()
 
 
+def test_convert_wait_false_returns_at_once_and_the_status_moves_on(wl, default_model_path, tmp_path):
+    def settled(model, timeout_s=120):
+        deadline = time.monotonic() + timeout_s
+        while model.refresh().status == "converting":
+            assert time.monotonic() < deadline, "the conversion never finished"
+            time.sleep(0.2)
+        return model
+
+    later = wl.upload_model("converted-later", default_model_path, convert_wait=False)
+    assert later.status == "converting"
+    assert settled(later).status == "ready" and later.record["architecture"] == "llama"
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF" + bytes(40))  # a header that promises what the file lacks
+    broken = wl.upload_model("broken-later", str(fake), convert_wait=False)
+    assert broken.status == "converting"
+    assert settled(broken).status == "error" and "GGUF file cannot be read" in broken.record["error"]
+
+
 def test_uploading_a_name_again_makes_a_new_version(wl, smollm2, default_model_path):
     again = wl.upload_model("smollm2", default_model_path)
     versions = wl.model_versions("smollm2")
@@ -322,7 +348,9 @@ def test_upload_refuses_requirements_it_would_not_install(wl):
 
 
 def test_seed_errors_and_refusals_at_configure_and_deploy(wl, smollm2, default_model_path):
-    with pytest.raises(SwitchyardError, match="^400: Continuous batching is not supported with single batch mode$"):
+    whole = ("^400: Continuous batching is not supported with single batch mode. Please update the model "
+             "configuration or contact your Switchyard operator for support$")
+    with pytest.raises(SwitchyardError, match=whole):
         wl.get_model("smollm2", smollm2.version).configure(
             batch_config="single", continuous_batching_config=ContinuousBatchingConfig(max_concurrent_batch_size=4))
     with pytest.raises(SwitchyardError, match="max_concurrent_batch_size = 0 is out of range"):
@@ -386,7 +414,7 @@ def test_workspace_id_as_the_docs_type_it_and_a_bad_record_never_breaks_listing(
         assert refused.status_code == 400 and message in refused.json()["error"]["message"]
 
     async def write_a_bad_record() -> None:  # as an older build, or another client of the bus, could have
-        nc = await nats.connect(stacks[-1].nats_url)
+        nc = await nats.connect(stacks[-1].admin_url)
         kv = await nc.jetstream().key_value("sy-registry")
         await kv.put("models.broken.1", b'{"name": "broken", "version": 1, "workspace_id": "6"}')
         await nc.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -21,6 +22,22 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+async def submit_as_a_script(bus_file) -> str:
+    """The README's bus snippet: make run's locked bus, found through its bus file, as a "client"."""
+    from shared.bus import connect_running
+    from shared.client import BusClient
+    from shared.messages import SamplingParams
+
+    nc = await connect_running(bus_file=bus_file)
+    bus = BusClient(nc)
+    await bus.start()
+    stream = await bus.submit("SmolLM2-135M-Instruct", [504, 3575, 282], SamplingParams(max_tokens=4, temperature=0))
+    entries = [e async for e in stream.entries(timeout=60)]
+    await bus.stop()
+    await nc.close()
+    return entries[-1].finish_reason.name
+
+
 def test_ctrl_c_stops_every_process(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
@@ -31,17 +48,15 @@ def test_ctrl_c_stops_every_process(tmp_path):
                              "--kv-cache-memory-gib", "0.4", "--threads", "1"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError((tmp_path / "launcher.log").read_text()[-3000:])
+        deadline = time.monotonic() + 240  # the launcher prints its bus line once every service is ready
+        while "shared.bus.connect_running()" not in (tmp_path / "launcher.log").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                (tmp_path / "launcher.log").read_text()[-3000:]
+            time.sleep(0.5)
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).status == 200
         started = children_of(proc.pid)
         assert len(started) == 6  # nats-server, kvcache, worker, agent, scheduler, api
+        assert asyncio.run(submit_as_a_script(tmp_path / "bus.json")) == "LENGTH"
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         assert proc.wait(30) == 0
         for pid in started:
@@ -59,3 +74,24 @@ def test_the_model_yields_the_cores_to_the_serving_path(stack):
 
     assert niceness("worker-0") - niceness("api") == 10
     assert niceness("scheduler") == niceness("api")
+
+
+def test_a_second_stack_on_the_same_store_is_refused_by_name(tmp_path):
+    from switchyard.launcher import StoreInUse, lock_store
+
+    first = lock_store(tmp_path)
+    with pytest.raises(StoreInUse, match=f"pid {os.getpid()}.*SY_NATS_STORE_DIR"):
+        lock_store(tmp_path)
+    first.close()  # the first stack stopped: the store is free again
+    lock_store(tmp_path).close()
+
+
+def test_log_exception_keeps_the_traceback_in_the_json_line():
+    script = ("from shared import log\nlog.configure('t')\n"
+              "try:\n    1 / 0\nexcept ZeroDivisionError:\n    log.get_logger('x').exception('boom')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=dict(
+        os.environ, PYTHONPATH=os.getcwd()), check=True).stderr
+    import json
+
+    line = json.loads(out.strip().splitlines()[-1])
+    assert line["event"] == "boom" and "ZeroDivisionError" in line["exception"] and "Traceback" in line["exception"]

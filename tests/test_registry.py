@@ -73,3 +73,25 @@ async def test_every_model_is_listed_every_time(nats_url):
         await nc.close()
     assert all(listing == sorted(names) for listing in listings)  # sorted by name, none missing, none twice
     assert [v.version for v in versions] == [1]  # a prefix lists its own keys, not model-10's
+
+
+async def test_a_broken_record_is_skipped_and_wildcard_names_find_nothing(nats_url):
+    """A record written by hand (or by an older version) that does not decode never breaks a
+    listing or a lookup; a name that is not one clean key token never reaches a key pattern."""
+    nc = await nats.connect(nats_url)
+    registry = await Registry(nc).open()
+    await registry.create_version(ModelVersion(name="good", version=0, file_name="m.gguf", sha256="0" * 64,
+                                               size=1, status="ready", created_at=time.time()))
+    await registry.kv.put("models.broken.1", b'{"name": "broken", "version": "one"}')  # a mistyped field
+    await registry.kv.put("models.broken.2", b"{not json")
+    await registry.kv.put("pipelines.broken", b'{"name": 5}')
+    try:
+        names = [m.name for m in await registry.models()]
+        assert "good" in names and "broken" not in names
+        assert await registry.version("broken", 2) is None and await registry.pipeline("broken") is None
+        assert [p.name for p in await registry.pipelines()] == []
+        for wildcard in ("*", ">", "good.*", "a b", "good\n"):
+            assert await registry.versions(wildcard) == [] and await registry.pipeline(wildcard) is None
+        assert await registry.version("good", "1") is None  # a version is a number
+    finally:
+        await nc.close()
