@@ -184,3 +184,70 @@ def test_static_batching_admits_nothing_until_the_batch_is_done():
     run_step(continuous)
     plan, _ = run_step(continuous)
     assert sorted(plan.num_new_tokens) == ["late", "long"]  # continuous: the seat is taken at once
+
+
+def test_a_long_prompt_takes_a_bounded_share_while_short_ones_wait_and_the_whole_budget_alone():
+    s = make(num_blocks=64, budget=16)  # the share: a quarter of the budget, 4 tokens
+    s.add_request(req("long", 100, max_tokens=2))
+    assert run_step(s)[0].num_new_tokens == {"long": 16}  # alone: the whole budget
+    s.add_request(req("s1", 3, max_tokens=3, first=200))
+    s.add_request(req("s2", 4, max_tokens=3, first=300))
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"long": 4, "s1": 3, "s2": 4}  # both short ones in the very next step
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"s1": 1, "s2": 1, "long": 14}  # decode rows first; long alone again
+    assert s.requests["s1"].output_token_ids == [7, 7]
+
+
+def test_a_long_prompt_keeps_the_whole_budget_when_the_waiting_ones_cannot_get_in():
+    s = make(num_blocks=64, budget=16, max_num_seqs=1)
+    s.add_request(req("long", 100, max_tokens=2))
+    s.add_request(req("short", 3, max_tokens=2, first=200))  # max_num_seqs is 1: it waits for long
+    assert [run_step(s)[0].num_new_tokens for _ in range(2)] == [{"long": 16}, {"long": 16}]
+
+
+def prio(request_id: str, n: int, priority: int, max_tokens: int = 8, first: int = 0) -> Request:
+    r = req(request_id, n, max_tokens, first)
+    r.priority = priority
+    return r
+
+
+def test_waiting_requests_are_admitted_best_priority_first_then_by_arrival():
+    s = make(max_num_seqs=1, budget=64)
+    for rid, p in (("batch-1", 1), ("batch-2", 1), ("chat", 0), ("urgent", -1)):
+        s.add_request(prio(rid, 4, p, first=ord(rid[-1]) * 10))
+    assert [r.request_id for r in s.waiting] == ["urgent", "chat", "batch-1", "batch-2"]
+
+
+def test_rows_of_a_worse_priority_sit_out_a_better_prompt_then_go_on():
+    s = make(num_blocks=64, max_num_seqs=4, budget=64)
+    s.add_request(prio("batch", 4, 1))
+    run_step(s)  # batch's prompt; it decodes from now on
+    assert run_step(s)[0].num_new_tokens == {"batch": 1}
+    s.add_request(prio("chat", 12, 0, first=100))
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"chat": 12}  # chat's prompt alone: batch's decode sat out
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"chat": 1, "batch": 1}  # decodes share the step again
+    assert len(s.requests["batch"].output_token_ids) == 3
+
+
+def test_held_rows_go_when_the_better_prompt_cannot():
+    s = make(num_blocks=4, block_size=4, max_num_seqs=4, budget=64)
+    s.add_request(prio("batch", 8, 1, max_tokens=4))
+    run_step(s)  # 2 of 4 blocks; decoding needs a third
+    s.add_request(prio("chat", 16, 0, first=100))  # 4 blocks: not while batch holds 2
+    plan, _ = run_step(s)
+    assert plan.num_new_tokens == {"batch": 1}  # chat could not be admitted, so batch was not held
+
+
+def test_the_worst_priority_is_preempted_first_even_when_it_is_the_oldest():
+    s = make(num_blocks=4, block_size=4, max_num_seqs=4, budget=64)
+    s.add_request(prio("batch", 4, 1, max_tokens=8, first=100))
+    run_step(s)
+    s.add_request(prio("chat", 4, 0, max_tokens=8))
+    s.add_request(prio("chat-2", 4, 0, max_tokens=8, first=200))
+    assert run_step(s)[0].num_new_tokens == {"chat": 4, "chat-2": 4}
+    plan, _ = run_step(s)  # both chats need a second block, one is free: batch gives up its own
+    assert plan.num_new_tokens == {"chat": 1, "chat-2": 1} and s.num_preemptions == 1
+    assert s.requests["batch"].status == RequestStatus.PREEMPTED and s.waiting[0].request_id == "batch"

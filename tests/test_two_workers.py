@@ -27,7 +27,7 @@ def two_worker_stack(tmp_path_factory, model_name):
     from tests.conftest import _start_stack
 
     s = _start_stack(tmp_path_factory, "two-workers", num_workers=2, extra_args=[])
-    asyncio.run(_wait_for_workers(s.nats_url, model_name, 2))  # /health is ready with one; routing needs both
+    asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))  # /health is ready with one; routing needs both
     yield s
     s.stop()
 
@@ -58,7 +58,7 @@ async def kv_stats(nc) -> dict[str, int]:
 
 
 async def test_prefix_routing_and_kv_index(two_worker_stack, model_name):
-    nc = await nats.connect(two_worker_stack.nats_url)
+    nc = await nats.connect(two_worker_stack.admin_url)
     bus = BusClient(nc)
     await bus.start()
     p1 = [1000 + i for i in range(80)]
@@ -88,7 +88,7 @@ async def test_prefix_routing_and_kv_index(two_worker_stack, model_name):
     kvcache = two_worker_stack.service("kvcache")
     kvcache.proc.kill()
     kvcache.proc.wait()
-    kvcache.start(two_worker_stack._env())
+    kvcache.start(two_worker_stack._env("kvcache"))
     for _ in range(100):
         await asyncio.sleep(0.2)
         try:
@@ -101,22 +101,32 @@ async def test_prefix_routing_and_kv_index(two_worker_stack, model_name):
     await nc.close()
 
 
-async def test_worker_killed_mid_stream_fails_its_requests_and_others_carry_on(two_worker_stack, model_name):
-    nc = await nats.connect(two_worker_stack.nats_url)
+async def test_requests_on_a_killed_worker_move_to_the_survivor_and_their_streams_go_on(two_worker_stack, model_name):
+    """SIGKILL a worker mid-stream: its requests are recomputed on the other worker from prompt +
+    output so far, and each stream continues at the next offset, no gap and no repeat; greedy and
+    seeded requests end with exactly the tokens an undisturbed run gives."""
+    nc = await nats.connect(two_worker_stack.admin_url)
     bus = BusClient(nc)
     await bus.start()
-    stream = await bus.submit(model_name, [3000 + i for i in range(20)],
-                              SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True))
-    entries = stream.entries(timeout=60)
-    first = await entries.__anext__()
-    assert first.finish_reason is None
-    victim = stream.worker_id
+    prompt = [3000 + i for i in range(20)]
+    kinds = {"greedy": SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True),
+             "seeded": SamplingParams(max_tokens=48, temperature=1.0, seed=11, ignore_eos=True)}
+    streams = {k: await bus.submit(model_name, prompt, p) for k, p in kinds.items()}
+    readers = {k: s.entries(timeout=60) for k, s in streams.items()}
+    entries = {k: [await r.__anext__()] for k, r in readers.items()}
+    victim = streams["greedy"].worker_id
     two_worker_stack.service(victim).proc.kill()  # SIGKILL: no goodbye, heartbeats just stop
-    last = [e async for e in entries][-1]
-    assert last.finish_reason == FinishReason.ERROR and victim in last.error
-    assert (await scheduler_stats(nc, model_name)).num_workers == 1  # the dead worker's pool is gone
-    for i in range(3):  # and every new request goes to the survivor
-        survivor, _, tokens = await run(bus, model_name, [7000 + 50 * i + j for j in range(20)], 4)
-        assert survivor != victim and len(tokens) == 4
+    for k, reader in readers.items():
+        entries[k] += [e async for e in reader]
+    assert all(e[-1].finish_reason == FinishReason.LENGTH for e in entries.values()), entries
+    offsets = {k: [e.offset for e in es] for k, es in entries.items()}
+    assert all(o == sorted(set(o)) for o in offsets.values())  # in order, none twice
+    stats = await scheduler_stats(nc, model_name)
+    assert stats.num_workers == 1 and stats.num_migrations >= 1  # the dead worker's pool is gone
+    for k, params in kinds.items():  # the same request undisturbed, on the survivor
+        again = await bus.submit(model_name, prompt, params)
+        assert [t for e in entries[k] for t in e.token_ids] == \
+            [t for e in [x async for x in again.entries(timeout=60)] for t in e.token_ids], k
+        assert again.worker_id != victim
     await bus.stop()
     await nc.close()

@@ -10,7 +10,7 @@ import socket
 
 from services.scheduler.host import SchedulerHost
 from shared import log as sylog
-from shared.agents import ENGINE_HOST
+from shared.agents import ENGINE_HOST, host_address
 from shared.bus import connect
 from shared.config import add_engine_args, add_nats_arg, engine_config_from_args
 from shared.deploy_config import parse_memory
@@ -27,8 +27,8 @@ async def main() -> None:
     sylog.configure("scheduler")
     nc = await connect(args.nats_url, f"scheduler-{config.model}")
     budget = AgentRecord(agent_id=f"scheduler-{socket.gethostname()}-{os.getpid()}", accel=ENGINE_HOST,
-                         device_group=None, cpus=args.engine_cpus, memory=parse_memory("--engine-memory",
-                                                                                      args.engine_memory))
+                         device_group=None, cpus=args.engine_cpus, ip=host_address(),
+                         memory=parse_memory("--engine-memory", args.engine_memory))
     await serve_until_signalled(nc, SchedulerHost(nc, config, budget), config.drain_grace_s)
 
 

@@ -11,14 +11,18 @@ is not started, and the host's record in `sy-agents` says why (pipelines/status 
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from nats.aio.client import Client
 
 from services.scheduler.service import SchedulerService
+from shared import subjects
 from shared.agents import fits, free_resources
 from shared.config import ConfigError, EngineConfig
 from shared.deployment import load_deployed
+from shared.liveness import SCHEDULER_HEARTBEAT_S
 from shared.log import get_logger
+from shared.messages import SchedulerHeartbeat, encode
 from shared.registry import AGENT_TTL_S, AgentRecord, Pipeline, Registry
 
 log = get_logger("scheduler")
@@ -28,7 +32,8 @@ UNDEPLOY_GRACE_S = 5.0  # in-flight requests of an undeployed pipeline get this 
 class SchedulerHost:
     def __init__(self, nc: Client, config: EngineConfig | None, budget: AgentRecord):
         self.nc = nc
-        self.static = SchedulerService(nc, config) if config is not None else None
+        self.scheduler_id = uuid.uuid4().hex[:12]
+        self.static = SchedulerService(nc, config, self.scheduler_id) if config is not None else None
         self.deployed: dict[str, tuple[int, SchedulerService, tuple[float, int]]] = {}  # pipeline -> (gen, ...)
         self.budget = budget  # accel ENGINE_HOST; its `refused` names the pipelines that did not fit
         self.registry: Registry | None = None
@@ -44,7 +49,7 @@ class SchedulerHost:
             await self.static.start()
         self.registry = await Registry(self.nc).open()
         self._tasks = [asyncio.create_task(self.registry.follow_pipelines(self._apply_locked)),
-                       asyncio.create_task(self._announce())]
+                       asyncio.create_task(self._announce()), asyncio.create_task(self._heartbeat())]
 
     async def drain(self, grace_s: float) -> None:
         await asyncio.gather(*(s.drain(grace_s) for s in self.services))
@@ -67,6 +72,16 @@ class SchedulerHost:
             except Exception:
                 log.exception("announce_failed")
             await asyncio.sleep(AGENT_TTL_S / 3)
+
+    async def _heartbeat(self) -> None:
+        """Bus clients end the streams of a scheduler they stop hearing from (SCHEDULER_SILENCE_S)."""
+        while True:
+            beat = SchedulerHeartbeat(scheduler_id=self.scheduler_id, models=[s.model for s in self.services])
+            try:
+                await self.nc.publish(subjects.SCHEDULERS_HEARTBEAT, encode(beat))
+            except Exception as exc:  # the bus is down: the next beat will tell
+                log.warning("heartbeat_failed", error=str(exc))
+            await asyncio.sleep(SCHEDULER_HEARTBEAT_S)
 
     async def _apply(self, registry: Registry, name: str, pipeline: Pipeline | None) -> None:
         current = self.deployed.get(name)
@@ -93,7 +108,7 @@ class SchedulerHost:
             return
         if self.budget.refused.pop(name, None) is not None:
             await registry.put_agent(self.budget)
-        service = SchedulerService(self.nc, config)
+        service = SchedulerService(self.nc, config, self.scheduler_id)
         await service.start()
         self.deployed[name] = (pipeline.generation, service, deployed.engine_resources())
         log.info("deployment_started", model=config.model, generation=pipeline.generation)

@@ -23,6 +23,7 @@ from services.scheduler.slot_scheduler import SlotScheduler
 from shared import subjects
 from shared.config import EngineConfig
 from shared.hashing import root_hash
+from shared.liveness import Heartbeats
 from shared.log import get_logger
 from shared.messages import (
     ITERATION_TOKEN_BUCKETS,
@@ -38,6 +39,7 @@ from shared.messages import (
 )
 
 log = get_logger("scheduler.pool")
+OUTAGE_POLL_S = 0.1  # how often a Step in flight looks whether the bus came back
 
 
 class WorkerGone(Exception):
@@ -51,21 +53,25 @@ def _scheduler_for(hello: WorkerHello, config: EngineConfig, root: bytes, can_ru
                              num_scheduler_steps=config.num_scheduler_steps)
     kv = KVCacheManager(hello.num_blocks, hello.block_size, root, enable_prefix_caching=config.enable_prefix_caching)
     return Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
-                     is_static=config.batching == "static", num_scheduler_steps=config.num_scheduler_steps)
+                     is_static=config.batching == "static", num_scheduler_steps=config.num_scheduler_steps,
+                     long_prefill_token_threshold=config.long_prefill_token_threshold)
 
 
 class PoolLoop:
     def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
                  on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]],
-                 can_run_more: Callable[[], bool]):
+                 can_run_more: Callable[[], bool], workers: Heartbeats):
+        """workers: where this pool's worker is heard from (its heartbeats and its step replies)."""
         self.nc = nc
         self.hello = hello
         self.worker_id = hello.worker_id
         self.step_timeout_s = config.step_timeout_s
+        self.max_migrations = config.max_migrations
         self.root_hash = root_hash(hello.model, hello.kv_cache_dtype)
         self.scheduler = _scheduler_for(hello, config, self.root_hash, can_run_more)
         self.on_gone = on_gone
-        self.last_seen = time.monotonic()
+        self.workers = workers
+        workers.heard(self.worker_id)
         self.is_alive = True
         self._wake = asyncio.Event()
         self._has_stepped = False
@@ -128,26 +134,48 @@ class PoolLoop:
                 await self._fail_step(plan.num_new_tokens, result.error)
             else:
                 self._count_iterations(plan.num_new_tokens, result)
-                self.scheduler.update(plan, result)
+                for done in self.scheduler.update(plan, result):
+                    if done.error is not None:
+                        log.error("request_failed", request_id=done.request.request_id, error=done.error)
+                        await publish_error(self.nc, done.request, f"engine error: {done.error}")
             await self._publish_kv_events()
 
     async def _step(self, step: Step) -> StepResult:
         step.reset = not self._has_stepped  # the worker may hold state from a scheduler before us
         self._has_stepped = True
         started = time.perf_counter()
-        try:
-            msg = await self.nc.request(subjects.worker_step(self.worker_id), encode(step),
-                                        timeout=self.step_timeout_s)
-        except NoRespondersError:
-            raise WorkerGone(f"worker {self.worker_id} is gone (no responders)") from None
-        except (TimeoutError, NatsTimeoutError):
-            raise WorkerGone(f"worker {self.worker_id} missed its step deadline ({self.step_timeout_s}s)") from None
-        self.last_seen = time.monotonic()
+        msg = await self._request(encode(step))
+        self.workers.heard(self.worker_id)
         result = STEP_RESULT_DECODER.decode(msg.data)
         self.num_steps += 1
         self.step_seconds += time.perf_counter() - started
         self.forward_seconds += result.forward_seconds
         return result
+
+    async def _request(self, payload: bytes):
+        """The Step's round trip. A bus outage while it is out can lose the Step or the reply: once
+        the bus is back it is sent again (the worker answers a repeated step_id from its memory of
+        the last reply, without running it twice), with a fresh deadline. No responders right after
+        an outage (the worker has not resubscribed yet) is retried while the worker is in its grace."""
+        subject, loop = subjects.worker_step(self.worker_id), asyncio.get_running_loop()
+        deadline = loop.time() + self.step_timeout_s
+        while True:
+            reconnects = self.nc.stats["reconnects"]
+            reply = asyncio.ensure_future(self.nc.request(subject, payload, timeout=max(deadline - loop.time(), 0.01)))
+            while not reply.done() and self.nc.stats["reconnects"] == reconnects:
+                await asyncio.wait([reply], timeout=OUTAGE_POLL_S)
+            if not reply.done():  # the bus came back while we waited: the Step or its reply may be lost
+                reply.cancel()
+                deadline = loop.time() + self.step_timeout_s
+                continue
+            try:
+                return reply.result()
+            except NoRespondersError:
+                if not self.workers.in_grace(self.worker_id):
+                    raise WorkerGone(f"worker {self.worker_id} is gone (no responders)") from None
+                await asyncio.sleep(OUTAGE_POLL_S)
+            except (TimeoutError, NatsTimeoutError):
+                raise WorkerGone(f"worker {self.worker_id} missed its step deadline ({self.step_timeout_s}s)") from None
 
     def _count_iterations(self, num_new_tokens: dict[str, int], result: StepResult) -> None:
         """Tokens per model iteration: the Step's first, then (multi-step) one per row still running."""
@@ -169,15 +197,21 @@ class PoolLoop:
         self.scheduler.take_dropped_ids()  # the worker already forgot them
 
     async def _fail_over(self, reason: str) -> None:
-        """Fail what the worker held; hand back what was only waiting."""
+        """Hand back every request the worker held, to be recomputed elsewhere (its stream goes on
+        at the next offset), unless it has moved max_migrations times already."""
         log.error("worker_gone", worker_id=self.worker_id, reason=reason)
         self.is_alive = False
         requeue = []
         for request in self.scheduler.take_all():
+            if (request.output_token_ids or request.is_on_worker) and request.num_migrations >= self.max_migrations:
+                await publish_error(self.nc, request, f"{reason}; the request already moved to another worker "
+                                                      f"as often as --max-migrations ({self.max_migrations}) allows")
+                continue
             if request.output_token_ids or request.is_on_worker:
-                await publish_error(self.nc, request, reason)
-            else:
-                requeue.append(request)
+                request.migrate()
+                log.info("request_migrating", request_id=request.request_id, worker_id=self.worker_id,
+                         num_output_tokens=len(request.output_token_ids))
+            requeue.append(request)
         await self.nc.publish(subjects.kv_events(self.worker_id), encode(
             KvEventBatch(pool=self.worker_id, model=self.hello.model, events=[PoolCleared()])))
         await self.on_gone(self, requeue)

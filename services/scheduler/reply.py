@@ -10,8 +10,9 @@ from services.scheduler.request import Request
 from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
 
 
-async def publish_error(nc: Client, request: Request, error: str,
+async def publish_error(nc: Client, request: Request, error: str | None,
                         reason: FinishReason = FinishReason.ERROR) -> None:
+    """The request's final entry: an error, a deadline, or (error None) an abort."""
     entry = TokenEntry(request_id=request.request_id, offset=len(request.output_token_ids), token_ids=[],
                        produced_at=time.time(), finish_reason=reason, error=error)
     if entry.offset == 0:  # the stream's first entry: it carries the per-request constants

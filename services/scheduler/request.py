@@ -6,7 +6,10 @@ One rule covers chunked prefill, prefix hits and preemption (which resets the co
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import dataclass, field
+
+import msgspec
 
 from shared.messages import SamplingParams, Submit
 
@@ -33,14 +36,32 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     is_on_worker: bool = False  # the worker holds its state: send deltas only
     num_preemptions: int = 0
+    num_migrations: int = 0  # times its worker died under it and it moved to another
     first_scheduled_at: float = 0.0
     deadline: float = 0.0  # wall clock; 0 = none
+    client_id: str = ""  # the bus client that submitted it: its requests end when it falls silent
+    abort_key: str = ""  # what an Abort must carry to end it
+    priority: int = 0  # lower is served first
 
     @classmethod
     def from_submit(cls, submit: Submit) -> Request:
+        """An unseeded request gets a seed here, so that any worker that recomputes it (after a
+        preemption or its worker's death) draws the tokens it would have drawn."""
+        sampling = submit.sampling
+        if sampling.seed is None and not sampling.is_greedy:
+            sampling = msgspec.structs.replace(sampling, seed=secrets.randbits(63))
         return cls(request_id=submit.request_id, prompt_token_ids=submit.prompt_token_ids,
-                   sampling=submit.sampling, reply_to=submit.reply_to,
-                   arrival_time=submit.arrival_time, cache_salt=submit.cache_salt, deadline=submit.deadline)
+                   sampling=sampling, reply_to=submit.reply_to,
+                   arrival_time=submit.arrival_time, cache_salt=submit.cache_salt, deadline=submit.deadline,
+                   client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority)
+
+    def migrate(self) -> None:
+        """Its worker died: start over elsewhere from prompt + the outputs so far (recomputed, as
+        after a preemption), the stream continuing at the next offset."""
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.is_on_worker = False
+        self.num_migrations += 1
 
     def is_past_deadline(self, now: float) -> bool:
         return 0.0 < self.deadline < now

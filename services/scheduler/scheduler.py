@@ -1,8 +1,8 @@
 """Iteration-level continuous batching for one worker pool.
 
 Each iteration: running requests first (decode tokens, unfinished prefill chunks), then waiting
-ones join while the token budget and max_num_seqs allow. When a running request needs a block
-and none is free, the youngest running request is preempted (freed, recomputed later).
+ones join while the token budget and max_num_seqs allow, best priority first. When a running
+request needs a block and none is free, the youngest of the worst priority is preempted.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class SchedulerOutput:
 class FinishedRequest:
     request: Request
     reason: FinishReason
+    error: str | None = None  # the worker failed this row alone (the pool tells the client)
 
 
 def _always() -> bool:
@@ -39,8 +40,13 @@ def _always() -> bool:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 can_run_more: Callable[[], bool] = _always, is_static: bool = False, num_scheduler_steps: int = 1):
+                 can_run_more: Callable[[], bool] = _always, is_static: bool = False, num_scheduler_steps: int = 1,
+                 long_prefill_token_threshold: int = 0):
+        """long_prefill_token_threshold: while more than one request has a prompt to compute, each
+        takes at most this many tokens a step (0: a quarter of the budget), so a long prompt does not
+        hold back the first token of short ones; a prompt computed alone takes the whole budget."""
         self.kv = kv
+        self.long_prefill_tokens = long_prefill_token_threshold or max(kv.block_size, max_num_batched_tokens // 4)
         # static batching (for comparison only): a batch forms while none of it has decoded, then
         # runs to completion before anything else is admitted
         self.is_static = is_static
@@ -58,8 +64,12 @@ class Scheduler:
     # ---- requests in and out -----------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        """Queued behind every waiting request of its priority or better."""
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        if not self.waiting or self.waiting[-1].priority <= request.priority:
+            self.waiting.append(request)
+        else:
+            self.waiting.insert(next(i for i, r in enumerate(self.waiting) if r.priority > request.priority), request)
 
     def abort(self, request_id: str) -> Request | None:
         request = self.requests.pop(request_id, None)
@@ -93,28 +103,30 @@ class Scheduler:
     # ---- one iteration ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        """Priority: while a prompt of priority p is computed (or can be admitted), rows of a worse
+        priority sit the step out, so a batch load does not slow an interactive request's first
+        token; they run again as soon as no better prompt is pending, or when it could not go."""
         self.num_steps += 1
         out = SchedulerOutput(step=Step(step_id=self.num_steps, new_seqs=[], scheduled=[], dropped_ids=[]))
         budget = self.max_num_batched_tokens
-        preempted_any = False
-        for request in list(self.running):
-            if budget == 0:
-                break
-            if request.status != RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            new_blocks = self._allocate_or_preempt(request, num_new)
-            if new_blocks is None:
-                preempted_any = True
-                continue
-            self._emit(out, request, num_new, [b.block_id for b in new_blocks])
-            budget -= num_new
+        # decode rows first, then prompt chunks, each bounded while prompts compete for the budget
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
+        prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        can_admit = bool(self.waiting) and len(self.running) < self.max_num_seqs and self.can_run_more()
+        share = self.long_prefill_tokens if len(prefilling) + can_admit > 1 else budget
+        focus = min([r.priority for r in prefilling] + ([self.waiting[0].priority] if can_admit else []), default=None)
+        rows = sorted(decoding + prefilling, key=lambda r: r.priority)
+        held = [r for r in rows if focus is not None and r.priority > focus]
+        rows = rows[:len(rows) - len(held)]
+        budget, preempted_any = self._schedule_running(out, rows, budget, share)
+        num_new_seqs = len(out.step.new_seqs)
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_any
-               and self.can_run_more() and self._is_batch_open()):
+               and self.can_run_more() and self._is_batch_open()
+               and (focus is None or self.waiting[0].priority <= focus)):
             request = self.waiting[0]
             hits = self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.kv.block_size
-            num_new = min(request.num_tokens - num_computed, budget)
+            num_new = min(request.num_tokens - num_computed, budget, share)
             if self.kv.allocate_slots(request, num_new, hits) is None:
                 break
             self.waiting.popleft()
@@ -127,9 +139,30 @@ class Scheduler:
                 self.kv.record_admission(request.num_tokens, num_computed)
             self._emit(out, request, num_new, [])
             budget -= num_new
+        if held and len(out.step.new_seqs) == num_new_seqs and not any(
+                r.request_id in out.num_new_tokens for r in prefilling if r.priority <= focus):
+            self._schedule_running(out, held, budget, share)  # the better prompt could not go this step
         self._look_ahead(out)
         out.step.dropped_ids = self.take_dropped_ids()
         return out
+
+    def _schedule_running(self, out: SchedulerOutput, rows: list[Request], budget: int,
+                          share: int) -> tuple[int, bool]:
+        """Tokens for running requests, in order; returns the budget left and whether any was preempted."""
+        preempted_any = False
+        for request in rows:
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget, share)
+            new_blocks = self._allocate_or_preempt(request, num_new)
+            if new_blocks is None:
+                preempted_any = True
+                continue
+            self._emit(out, request, num_new, [b.block_id for b in new_blocks])
+            budget -= num_new
+        return budget, preempted_any
 
     def _look_ahead(self, out: SchedulerOutput) -> None:
         """Multi-step: a batch of decode rows with nothing waiting runs up to num_scheduler_steps
@@ -161,7 +194,7 @@ class Scheduler:
             new_blocks = self.kv.allocate_slots(request, num_new)
             if new_blocks is not None:
                 return new_blocks
-            victim = self.running[-1]  # the youngest running request
+            victim = max(reversed(self.running), key=lambda r: r.priority)  # the youngest of the worst
             self._preempt(victim)
             if victim is request:
                 return None
@@ -173,7 +206,9 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        # first of its priority: it was admitted before every waiting request of that priority
+        at = next((i for i, r in enumerate(self.waiting) if r.priority >= request.priority), len(self.waiting))
+        self.waiting.insert(at, request)
 
     def _release(self, request: Request) -> None:
         self.kv.free(request)
@@ -214,12 +249,13 @@ class Scheduler:
             request = self.requests.get(sampled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            request.output_token_ids.append(sampled.token_id)
+            if sampled.error is None:
+                request.output_token_ids.append(sampled.token_id)
             if sampled.finish_reason is not None:
                 request.is_on_worker = False  # the worker dropped it itself
                 self.running.remove(request)
                 self.requests.pop(request.request_id)
                 request.status = RequestStatus.FINISHED
                 self.kv.free(request)
-                finished.append(FinishedRequest(request, sampled.finish_reason))
+                finished.append(FinishedRequest(request, sampled.finish_reason, sampled.error))
         return finished

@@ -13,12 +13,15 @@ from services.scheduler.pool import PoolLoop
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.router import Router
+from services.scheduler.validate import submit_error
 from shared import subjects
 from shared.config import EngineConfig, context_length_error
 from shared.hashing import hash_block_chain, max_cacheable_blocks
+from shared.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, Heartbeats
 from shared.log import get_logger
 from shared.messages import (
     ABORT_DECODER,
+    CLIENT_HEARTBEAT_DECODER,
     SUBMIT_DECODER,
     WORKER_ANNOUNCE_DECODER,
     Accepted,
@@ -35,8 +38,7 @@ from shared.messages import (
 )
 
 log = get_logger("scheduler")
-WORKER_SILENCE_S = 5.0  # no heartbeat for this long: the worker is gone
-WATCH_INTERVAL_S = 0.25  # how often silent workers and passed deadlines are looked for
+WATCH_INTERVAL_S = 0.25  # how often silent workers and clients, and passed deadlines, are looked for
 
 
 def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
@@ -54,19 +56,24 @@ def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
 
 
 class SchedulerService:
-    def __init__(self, nc: Client, config: EngineConfig):
+    def __init__(self, nc: Client, config: EngineConfig, scheduler_id: str = ""):
+        """scheduler_id: the process's (SchedulerHost's), whose heartbeats tell bus clients it is alive."""
         self.nc = nc
+        self.scheduler_id = scheduler_id
         self.config = config
         self.model = config.model
         self.pools: dict[str, PoolLoop] = {}
         self.router = Router(nc, config.model)
-        self._routing: set[str] = set()  # accepted, not yet in a pool (the KV lookup is in flight)
+        self._routing: dict[str, Request] = {}  # accepted, not yet in a pool (the KV lookup is in flight)
         self._aborted_while_routing: set[str] = set()
         self._refused_workers: set[str] = set()
+        self.workers = Heartbeats(nc, WORKER_SILENCE_S)
+        self.clients = Heartbeats(nc, CLIENT_SILENCE_S)  # those with requests here
         self._subs = []
         self._watchdog: asyncio.Task | None = None
         self.is_draining = False
         self.num_deadline_exceeded = 0
+        self.num_migrations = 0  # requests moved off a dead worker
 
     async def start(self) -> None:
         on = self.nc.subscribe
@@ -77,6 +84,7 @@ class SchedulerService:
             await on(subjects.WORKERS_HELLO, cb=self._on_announce),
             await on(subjects.WORKERS_HEARTBEAT, cb=self._on_announce),
             await on(subjects.KV_RESYNC, cb=self._on_resync),
+            await on(subjects.CLIENTS_HEARTBEAT, cb=self._on_client_heartbeat),
             await on(subjects.scheduler_stats(self.model), cb=self._on_stats),
         ]
         await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
@@ -117,7 +125,7 @@ class SchedulerService:
             return
         reply = self.admit(submit)
         if isinstance(reply, Accepted):
-            reply.received_at = received_at
+            reply.received_at, reply.scheduler_id = received_at, self.scheduler_id
         await msg.respond(encode(reply))
 
     def admit(self, submit: Submit) -> Accepted | Rejected:
@@ -132,10 +140,10 @@ class SchedulerService:
             return reject(RejectCode.UNAVAILABLE, "the scheduler is shutting down")
         if not pools:
             return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
-        if not submit.prompt_token_ids:
-            return reject(RejectCode.INVALID, "the prompt is empty")
-        if submit.sampling.max_tokens < 1:
-            return reject(RejectCode.INVALID, f"max_tokens must be at least 1, got {submit.sampling.max_tokens}")
+        if (invalid := submit_error(submit, self.vocab_size)) is not None:
+            return reject(RejectCode.INVALID, invalid)
+        if submit.request_id in self._routing or any(submit.request_id in p.scheduler.requests for p in pools):
+            return reject(RejectCode.INVALID, f"request_id {submit.request_id!r} is already in flight")
         num_prompt, max_tokens = len(submit.prompt_token_ids), submit.sampling.max_tokens
         too_long = context_length_error(self.max_model_len, num_prompt, max_tokens)
         if too_long:
@@ -149,7 +157,9 @@ class SchedulerService:
         if not pools:
             return reject(RejectCode.INVALID, f"{total} tokens can never fit in the KV cache")
         request = Request.from_submit(submit)
-        self._routing.add(request.request_id)
+        if request.client_id:
+            self.clients.heard(request.client_id)
+        self._routing[request.request_id] = request
         asyncio.get_running_loop().create_task(self._route(request, pools))
         return Accepted(request_id=submit.request_id, num_waiting=sum(len(p.scheduler.waiting) for p in pools))
 
@@ -161,7 +171,7 @@ class SchedulerService:
                 pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, pool0.hello.block_size)]
         pool = await self.router.choose([p for p in pools if p.is_alive] or pools, lookup)
-        self._routing.discard(request.request_id)
+        self._routing.pop(request.request_id, None)
         if request.request_id in self._aborted_while_routing:
             self._aborted_while_routing.discard(request.request_id)
             return
@@ -173,6 +183,11 @@ class SchedulerService:
         """The longest any of its workers takes (worker_mismatch keeps workers of one kind agreeing
         on it; slots workers may take less, and get only the requests that fit them)."""
         return max(p.hello.max_model_len for p in self.pools.values())
+
+    @property
+    def vocab_size(self) -> int:
+        """The narrowest vocabulary of the model's workers (0 while none has said)."""
+        return min((p.hello.vocab_size for p in self.pools.values() if p.hello.vocab_size), default=0)
 
     @property
     def devices(self) -> list[str]:
@@ -187,14 +202,44 @@ class SchedulerService:
         return self.num_running < self.config.max_concurrent_batch_size
 
     async def _on_abort(self, msg: Msg) -> None:
-        for request_id in ABORT_DECODER.decode(msg.data).request_ids:
-            if request_id in self._routing:
-                self._aborted_while_routing.add(request_id)
+        """An Abort ends the requests whose Submit carried its abort_key; each gets its final entry."""
+        abort = ABORT_DECODER.decode(msg.data)
+        for request_id in abort.request_ids:
+            request = self._find(request_id)
+            if request is None:
                 continue
-            for pool in self.pools.values():
-                if pool.abort(request_id) is not None:
-                    log.info("request_aborted", request_id=request_id, worker_id=pool.worker_id)
-                    break
+            if request.abort_key != abort.abort_key:
+                log.warning("abort_refused", request_id=request_id, reason="the abort_key is not the submitter's")
+                continue
+            if self._abort(request_id) is not None:
+                await publish_error(self.nc, request, None, FinishReason.ABORT)
+
+    def _find(self, request_id: str) -> Request | None:
+        return self._routing.get(request_id) or next(
+            (r for p in self.pools.values() if (r := p.scheduler.requests.get(request_id)) is not None), None)
+
+    def _abort(self, request_id: str) -> Request | None:
+        if (request := self._routing.get(request_id)) is not None:
+            self._aborted_while_routing.add(request_id)
+            return request
+        for pool in self.pools.values():
+            if (request := pool.abort(request_id)) is not None:
+                log.info("request_aborted", request_id=request_id, worker_id=pool.worker_id)
+                return request
+        return None
+
+    async def _on_client_heartbeat(self, msg: Msg) -> None:
+        client_id = CLIENT_HEARTBEAT_DECODER.decode(msg.data).client_id
+        if client_id in self.clients:
+            self.clients.heard(client_id)
+
+    def _abort_client(self, client_id: str) -> None:
+        """A client that stopped heartbeating (a dead gateway) wants none of its requests any more."""
+        self.clients.forget(client_id)
+        pending = [r for p in self.pools.values() for r in p.scheduler.requests.values() if r.client_id == client_id]
+        for request in pending:
+            self._abort(request.request_id)
+        log.warning("client_gone", client_id=client_id, num_aborted=len(pending))
 
     # ---- workers -------------------------------------------------------------------------------
 
@@ -209,14 +254,15 @@ class SchedulerService:
             return
         pool = self.pools.get(announce.worker_id)
         if pool is not None and pool.is_alive:
-            pool.last_seen = time.monotonic()
+            self.workers.heard(announce.worker_id)
         elif isinstance(announce, WorkerHello):
             self._add_pool(announce)
         elif isinstance(announce, WorkerHeartbeat):
             await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
 
     def _add_pool(self, hello: WorkerHello) -> None:
-        pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more)
+        pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more,
+                        workers=self.workers)
         self.pools[hello.worker_id] = pool
         pool.start()
         log.info("worker_joined", worker_id=hello.worker_id, backend=hello.backend.label, device=hello.device,
@@ -231,21 +277,29 @@ class SchedulerService:
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
         self.pools.pop(pool.worker_id, None)
+        self.workers.forget(pool.worker_id)
         await self.publish_limits()
         alive = [p for p in self.pools.values() if p.is_alive]
         for request in requeue:
             fitting = [p for p in alive if p.can_take(request.num_prompt_tokens + request.sampling.max_tokens)]
             if fitting:
-                min(fitting, key=lambda p: p.load).add(request)
+                pool = min(fitting, key=lambda p: p.load)
+                pool.add(request)
+                if request.num_migrations:
+                    self.num_migrations += 1
+                    log.info("request_migrated", request_id=request.request_id, worker_id=pool.worker_id)
             else:
                 await publish_error(self.nc, request, f"no worker left for model {self.model!r}")
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            now, wall = time.monotonic(), time.time()
+            wall = time.time()
+            for client_id in self.clients.silent():
+                self._abort_client(client_id)
+            silent = set(self.workers.silent())
             for pool in list(self.pools.values()):
-                if pool.is_alive and now - pool.last_seen > WORKER_SILENCE_S:
+                if pool.is_alive and pool.worker_id in silent:
                     await pool.fail_over(f"worker {pool.worker_id} stopped sending heartbeats")
                     continue
                 for request in [r for r in pool.scheduler.requests.values() if r.is_past_deadline(wall)]:
@@ -285,6 +339,6 @@ class SchedulerService:
             iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in self.pools.values()), strict=True)],
             iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
-            devices=self.devices,
+            devices=self.devices, num_migrations=self.num_migrations,
         )
         await msg.respond(encode(stats))
