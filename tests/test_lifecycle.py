@@ -121,7 +121,7 @@ def test_no_scheduler_is_503(life_stack, client, model_name):
         client.completions.create(model=model_name, prompt="Hi")
     assert err.value.status_code == 503 and err.value.body["type"] == "service_unavailable"
     assert httpx.get(life_stack.base_url + "/health").status_code == 503
-    scheduler.start(life_stack._env())
+    scheduler.start(life_stack._env("scheduler"))
     life_stack.wait_ready(timeout=60)
 
 

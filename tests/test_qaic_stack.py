@@ -51,9 +51,9 @@ def stack(tmp_path_factory, model_name):
     log = open(stack.log_dir / "worker-qaic.log", "wb")  # noqa: SIM115 (closed below)
     qaic = subprocess.Popen([sys.executable, "-m", "services.worker", "--nats-url", stack.nats_url,
                              "--worker-id", "qaic-0", "--device", "qaic", "--qaic-config", json.dumps(QAIC_WORKER)],
-                            env=stack._env(), stdout=log, stderr=subprocess.STDOUT)
+                            env=stack._env("worker-qaic"), stdout=log, stderr=subprocess.STDOUT)
     try:
-        asyncio.run(_wait_for_workers(stack.nats_url, model_name, 2))
+        asyncio.run(_wait_for_workers(stack.admin_url, model_name, 2))
         yield stack
     finally:
         qaic.terminate()
@@ -75,7 +75,7 @@ def wl(stack):
 
 
 async def test_what_fits_the_static_shapes_goes_to_the_slots(stack, model_name):
-    nc = await nats.connect(stack.nats_url)
+    nc = await nats.connect(stack.admin_url)
     bus = BusClient(nc)
     await bus.start()
     try:

@@ -82,7 +82,8 @@ def main() -> None:
     backend.warm_up()
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar)
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
-                        max_model_len=max_model_len, **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
+                        max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
+                        **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
     executor = MainThreadExecutor()
 
     async def serve_bus(signalled: asyncio.Event) -> None:

@@ -25,7 +25,16 @@ from nats.aio.client import Client
 from services.worker.replicas import Replicas
 from shared import log as sylog
 from shared import subjects
-from shared.agents import default_labels, fits, free_resources, host_accels, host_accepts, needs, qaic_runtime
+from shared.agents import (
+    default_labels,
+    fits,
+    free_resources,
+    host_accels,
+    host_accepts,
+    host_address,
+    needs,
+    qaic_runtime,
+)
 from shared.bus import connect
 from shared.config import ConfigError, add_agent_args, add_nats_arg, add_worker_args
 from shared.deploy_config import check_label, parse_memory
@@ -182,7 +191,7 @@ def main() -> None:
                          qaic_socs=args.qaic_socs if "qaic" in accels else 0,
                          qaic_emulated="qaic" in accels and qaic_runtime() is None,
                          labels=default_labels(socket.gethostname()) + [
-                             check_label("--label", label) for label in args.labels])
+                             check_label("--label", label) for label in args.labels], ip=host_address())
     log_dir = Path(args.agent_log_dir or tempfile.mkdtemp(prefix="switchyard-agent-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     worker_args = ["--dtype", args.dtype, "--nice", str(args.nice)] + (["--compile"] if args.compile else [])

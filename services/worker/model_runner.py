@@ -1,7 +1,7 @@
 """Runs one Step on a backend: apply its deltas to the sequence table, one ragged forward, sample.
 
 What is the same on every accelerator lives here (the sequence table, which rows sample, prompt
-logprobs, the multi-step loop); the backend (services/worker/backends/) does the rest.
+logprobs, the multi-step loop, a row that fails failing alone); the backend does the rest.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.grammar = grammar
         self.seqs: dict[str, SeqState] = {}
+        self._row_errors: dict[str, str] = {}  # this iteration's rows that failed on their own
 
     # ---- deltas ------------------------------------------------------------------------------
 
@@ -51,8 +52,12 @@ class ModelRunner:
         for new in step.new_seqs:
             state = SeqState.from_new(new)
             if new.sampling.guided is not None:
-                state.matcher = self._grammar().matcher(new.sampling.guided)
-                state.matcher.advance(state.output_ids)  # recomputed after preemption: catch up
+                try:
+                    state.matcher = self._grammar().matcher(new.sampling.guided)
+                    state.matcher.advance(state.output_ids)  # recomputed after preemption: catch up
+                except Exception as exc:  # this request's grammar: it fails alone
+                    self._row_errors[new.request_id] = _describe(exc)
+                    continue
             self.seqs[new.request_id] = state
             batch.append((state, new.num_new_tokens))
         for sched in step.scheduled:
@@ -68,9 +73,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: Step) -> StepOutput:
+        """A failure of the forward fails the step; a failure of one row's grammar or sampling
+        fails that row's sequence only (a Sampled with finish_reason ERROR), and the others go on."""
+        self._row_errors = {}
         batch = self.apply_deltas(step)
         if not batch:
-            return StepOutput(sampled=[], finished={})
+            return self._record([], [], [])
         hidden = self.backend.forward(self.backend.prepare(batch))
         # only sequences whose every known token is now computed produce a token
         rows, to_sample, end = [], [], 0
@@ -83,10 +91,29 @@ class ModelRunner:
                 rows.append(end - 1)
                 to_sample.append(seq)
         if not to_sample:
-            return StepOutput(sampled=[], finished={})
-        logits = self.backend.compute_logits(_select(hidden, rows))
-        token_ids, logprobs = self.backend.sample(logits, [s.sample_row(self.eos_token_ids) for s in to_sample])
+            return self._record([], [], [])
+        hidden = _select(hidden, rows)
+        try:
+            rows_in = [s.sample_row(self.eos_token_ids) for s in to_sample]
+            token_ids, logprobs = self.backend.sample(self.backend.compute_logits(hidden), rows_in)
+        except Exception:  # some row's processors raised: sample each row alone, to find which
+            token_ids, logprobs = self._sample_each(to_sample, hidden)
         return self._record(to_sample, token_ids, logprobs)
+
+    def _sample_each(self, seqs: list[SeqState], hidden: torch.Tensor) -> tuple[list[int], list[Logprobs | None]]:
+        """The slow path after a failed batch draw (the logits are recomputed: processors work in
+        place). A row that raises gets token -1 and its error; the others draw as they would have."""
+        token_ids, logprobs = [], []
+        for i, seq in enumerate(seqs):
+            try:
+                ids, lps = self.backend.sample(self.backend.compute_logits(hidden[i : i + 1]),
+                                               [seq.sample_row(self.eos_token_ids)])
+            except Exception as exc:
+                self._row_errors[seq.request_id] = _describe(exc)
+                ids, lps = [-1], [None]
+            token_ids += ids
+            logprobs += lps
+        return token_ids, logprobs
 
     def iterations(self, step: Step) -> Iterator[Step]:
         """The Step, then (multi-step) its next decode iterations over the rows still running.
@@ -111,7 +138,15 @@ class ModelRunner:
 
     def _record(self, seqs: list[SeqState], token_ids: list[int], logprobs: list[Logprobs | None]) -> StepOutput:
         out = StepOutput(sampled=[], finished={})
+        for request_id, error in self._row_errors.items():
+            out.sampled.append(Sampled(request_id=request_id, token_id=-1, finish_reason=FinishReason.ERROR,
+                                       error=error))
+            state = self.seqs.pop(request_id, None)
+            if state is not None:
+                out.finished[request_id] = state
         for seq, token_id, lp in zip(seqs, token_ids, logprobs, strict=True):
+            if seq.request_id in self._row_errors:
+                continue
             seq.token_ids.append(token_id)
             if seq.matcher is not None:
                 seq.matcher.advance([token_id])
@@ -129,6 +164,10 @@ class ModelRunner:
         if self.grammar is None:
             raise RuntimeError("this worker was started without a tokenizer: response_format is unavailable")
         return self.grammar
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _select(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

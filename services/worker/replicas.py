@@ -8,6 +8,7 @@ marked failed (with the last line it logged) and started again after RESTART_BAC
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -72,7 +73,8 @@ class Replicas:
         argv = [sys.executable, "-m", "services.worker", "--nats-url", self.nats_url, "--worker-id", worker_id,
                 "--pipeline", pipeline.name, "--generation", str(pipeline.generation), *self.worker_args]
         with open(log_path, "ab") as out:  # its own session: only the agent signals it, and drains it
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=_worker_env())
         replica = Replica(worker_id, proc, log_path)
         self.replicas.append(replica)
         return replica
@@ -125,3 +127,11 @@ class Replicas:
     def states(self) -> list[WorkerState]:
         return [WorkerState(worker_id=r.worker_id, deployment=self.deployed.name, generation=self.generation,
                             pid=r.proc.pid, state=r.state, error=r.error) for r in self.replicas]
+
+
+def _worker_env() -> dict[str, str]:
+    """The agent's environment, but a replica connects to a locked bus as a worker, not as the agent."""
+    env = dict(os.environ)
+    if env.get("SY_NATS_USER"):
+        env["SY_NATS_USER"] = "worker"
+    return env

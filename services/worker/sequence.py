@@ -25,6 +25,14 @@ class SeqState:
     matcher: GuidedMatcher | None = None
     # prompt logprobs gathered chunk by chunk; sent with the first token, then dropped
     prompt_logprobs: list[Logprobs | None] | None = None
+    # what was published, so it can be sent again (services/worker/resend.py): output tokens
+    # [0, num_sent), their logprobs from logprobs_from on (a recomputed sequence lost the earlier
+    # ones, and only the latest KEEP_LOGPROBS or so are kept)
+    num_sent: int = 0
+    logprobs_from: int = 0
+    sent_logprobs: list[Logprobs] = field(default_factory=list)
+    sent_prompt_logprobs: list[Logprobs | None] | None = None
+    finish_reason: FinishReason | None = None  # once the final entry was published
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:
@@ -34,6 +42,7 @@ class SeqState:
             block_table=list(new.block_ids), sampling=new.sampling, reply_to=new.reply_to,
             num_cached_tokens=new.num_cached_tokens, first_scheduled_at=new.first_scheduled_at,
         )
+        state.num_sent = state.logprobs_from = state.num_output_tokens  # an earlier life published those
         if new.sampling.seed is not None:
             state.seed = new.sampling.seed
         if new.sampling.prompt_logprobs is not None and state.num_output_tokens == 0:

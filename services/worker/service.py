@@ -1,4 +1,8 @@
-"""The worker on the bus: announce itself, run each Step, publish tokens straight to reply subjects."""
+"""The worker on the bus: announce itself, run each Step, publish tokens straight to reply subjects.
+
+A Step sent again (the scheduler lost our reply in a bus outage) gets the same reply without being
+run twice; a client that lost tokens asks for them again (services/worker/resend.py).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,14 @@ from concurrent.futures import Executor
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.worker import memory
 from services.worker.model_runner import ModelRunner, StepOutput
+from services.worker.resend import SentTokens
 from shared import subjects
 from shared.log import get_logger
 from shared.messages import (
     DISCOVER_DECODER,
+    RESEND_DECODER,
     STEP_DECODER,
     StepResult,
     TokenBatch,
@@ -38,10 +45,13 @@ class WorkerService:
         self._subs = []
         self.last_step_at = 0.0  # monotonic
         self.executor = executor  # where the forward runs: the main thread (see main_thread.py)
+        self.sent = SentTokens(runner.seqs)
+        self._last_reply: tuple[int, bytes] | None = None  # (step_id, the encoded StepResult)
 
     async def start(self) -> None:
         self._subs.append(await self.nc.subscribe(subjects.worker_step(self.hello.worker_id), cb=self._on_step))
         self._subs.append(await self.nc.subscribe(subjects.WORKERS_DISCOVER, cb=self._on_discover))
+        self._subs.append(await self.nc.subscribe(subjects.WORKERS_RESEND, cb=self._on_resend))
         await self.say_hello()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
         log.info("worker_ready", worker_id=self.hello.worker_id, model=self.hello.model,
@@ -70,14 +80,27 @@ class WorkerService:
 
     async def _heartbeat_loop(self) -> None:
         beat = WorkerHeartbeat(worker_id=self.hello.worker_id, model=self.hello.model)
+        next_trim = time.monotonic() + memory.TRIM_INTERVAL_S
         while True:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            if time.monotonic() >= next_trim:  # off the loop: the trim takes a few ms and frees the GIL
+                next_trim = time.monotonic() + memory.TRIM_INTERVAL_S
+                await asyncio.get_running_loop().run_in_executor(None, memory.trim)
             beat.num_running = len(self.runner.seqs)
-            await self.nc.publish(subjects.WORKERS_HEARTBEAT, encode(beat))
+            try:
+                await self.nc.publish(subjects.WORKERS_HEARTBEAT, encode(beat))
+            except Exception as exc:  # the bus is down: the next beat will tell
+                log.warning("heartbeat_failed", error=str(exc))
 
     async def _on_step(self, msg: Msg) -> None:
         step = STEP_DECODER.decode(msg.data)
         self.last_step_at = time.monotonic()
+        if step.reset:
+            self._last_reply = None
+        elif self._last_reply is not None and self._last_reply[0] == step.step_id:
+            log.info("step_repeated", step_id=step.step_id)  # our reply was lost: the same one again
+            await msg.respond(self._last_reply[1])
+            return
         sampled, forward_seconds = [], 0.0
         for iteration in self.runner.iterations(step):  # one, or step.num_steps of them (multi-step)
             started = time.perf_counter()
@@ -88,13 +111,26 @@ class WorkerService:
                 log.exception("step_failed", step_id=step.step_id)
                 for seq in [*step.new_seqs, *step.scheduled]:
                     self.runner.seqs.pop(seq.request_id, None)
-                await msg.respond(encode(StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}")))
+                await self._respond(msg, StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}"))
                 return
             forward_seconds += time.perf_counter() - started  # the step itself, not the publishing after it
             await self._publish_tokens(out)
             sampled.extend(out.sampled)
-        await msg.respond(encode(StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds)))
+        await self._respond(msg, StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds))
         self.last_step_at = time.monotonic()
+
+    async def _respond(self, msg: Msg, result: StepResult) -> None:
+        reply = encode(result)
+        self._last_reply = (result.step_id, reply)
+        await msg.respond(reply)
+
+    async def _on_resend(self, msg: Msg) -> None:
+        resend = RESEND_DECODER.decode(msg.data)
+        entries = [e for rid, offset in resend.offsets.items()
+                   if (e := self.sent.entry_from(rid, resend.reply_to, offset)) is not None]
+        if entries:
+            log.info("tokens_resent", reply_to=resend.reply_to, num_requests=len(entries))
+            await self.nc.publish(resend.reply_to, encode(TokenBatch(entries=entries, worker_id=self.hello.worker_id)))
 
     async def _publish_tokens(self, out: StepOutput) -> None:
         """One TokenBatch per reply subject per step, plus the whole step on the observer subject."""
@@ -103,6 +139,8 @@ class WorkerService:
         now = time.time()
         by_reply: dict[str, list[TokenEntry]] = defaultdict(list)
         for sampled in out.sampled:
+            if sampled.error is not None:
+                continue  # a row that failed alone: the scheduler tells its client
             seq = self.runner.seqs.get(sampled.request_id) or out.finished[sampled.request_id]
             offset = seq.num_output_tokens - 1
             entry = TokenEntry(request_id=seq.request_id, offset=offset, token_ids=[sampled.token_id],
@@ -114,6 +152,8 @@ class WorkerService:
                 entry.first_scheduled_at = seq.first_scheduled_at
                 entry.prompt_logprobs = out.prompt_logprobs.get(seq.request_id)
             by_reply[seq.reply_to].append(entry)
+            self.sent.record(seq, entry)
+        self.sent.remember_finished(out.finished)
         all_entries = []
         for reply_to, entries in by_reply.items():
             all_entries.extend(entries)
