@@ -49,9 +49,10 @@ def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list
     from switchyard.launcher import Stack
     from switchyard.nats_server import NatsServer, free_port
 
-    nats = NatsServer(store_dir=nats_store).start()
+    nats = NatsServer(store_dir=nats_store, auth=True).start()  # the bus locked, as `make run` has it
     log_dir = tmp_path_factory.mktemp(name)
-    stack = Stack(nats_url=nats.url, api_port=free_port(), num_workers=num_workers, log_dir=log_dir,
+    stack = Stack(nats_url=nats.url, auth_dir=nats.auth_dir, api_port=free_port(), num_workers=num_workers,
+                  log_dir=log_dir,
                   service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", *extra_args])
     stack.nats = nats  # stopped with the stack
     stack.start()

@@ -27,6 +27,7 @@ class InProcessEngine:
                                                 num_scheduler_steps=num_scheduler_steps)
         self.outputs: dict[str, list[int]] = {}
         self.num_cached_tokens: dict[str, int] = {}
+        self.errors: dict[str, str] = {}  # requests whose row failed on the worker
         self.num_steps = 0
 
     def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, **sampling) -> None:
@@ -42,6 +43,8 @@ class InProcessEngine:
         for f in finished:
             self.outputs[f.request.request_id] = f.request.output_token_ids
             self.num_cached_tokens[f.request.request_id] = f.request.num_cached_tokens
+            if f.error is not None:
+                self.errors[f.request.request_id] = f.error
         self.num_steps += 1
 
     def run(self, max_steps: int = 10_000) -> dict[str, list[int]]:

@@ -80,7 +80,7 @@ def complete(base_url: str, model_name: str) -> str:
 @pytest.fixture()
 def gateway(stack, tmp_path):
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    env = stack._env("api")  # a gateway's login on the locked bus
     log = open(tmp_path / "api.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "services.api", "--nats-url", stack.nats_url, "--port", str(port),
                              "--api-processes", "2", *stack.service_args], env=env, stdout=log,

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.stack
 
 
 async def test_fifty_dropped_streams_leave_the_engine_idle(stack, model_name):
-    nc = await nats.connect(stack.nats_url)
+    nc = await nats.connect(stack.admin_url)
     body = {"model": model_name, "prompt": "Tell me a very long story", "max_tokens": 4000,
             "ignore_eos": True, "stream": True}
     limits = httpx.Limits(max_connections=64)

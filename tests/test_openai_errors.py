@@ -70,7 +70,7 @@ CORRUPTIONS = [
     ("min_tokens", -2), ("stream", "maybe"), ("stream_options", 3), ("response_format", {"type": "xml"}),
     ("response_format", {"type": "json_schema"}), ("response_format", {"type": "json_schema",
                                                                        "json_schema": {"schema": {"type": 7}}}),
-    ("model", 42), ("model", None), ("model", "no-such-model"), ("model", ["a"]),
+    ("model", 42), ("model", ""), ("model", "no-such-model"), ("model", ["a"]),  # null: the served model
 ]
 COMPLETION_ONLY = [("prompt", 5), ("prompt", None), ("prompt", ""), ("prompt", []), ("prompt", [[]]),
                    ("prompt", [-1, 5]), ("prompt", [10**9]), ("prompt", {"text": "x"}), ("prompt", [1.5, 2]),

@@ -31,14 +31,57 @@ async def read_json(request: Request, max_bytes: int, allow_list: bool = False) 
         if size > max_bytes:
             raise APIError(413, f"the request body is over the limit of {max_bytes} bytes")
         chunks.append(chunk)
-    try:
-        raw = msgspec.json.decode(b"".join(chunks))
-    except (msgspec.DecodeError, UnicodeDecodeError):
-        raise APIError(400, "the request body is not valid JSON (UTF-8)") from None
+    raw = decode_json(b"".join(chunks), "the request body")
     if not isinstance(raw, dict) and not (allow_list and isinstance(raw, list)):
         raise APIError(400, "the request body must be a JSON object")
     request.state.json_body = raw
     return raw
+
+
+MAX_JSON_DEPTH = 64  # objects and arrays inside one another; deeper is refused before anything walks it
+
+
+def decode_json(data: bytes | str, what: str, param: str | None = None):
+    """JSON, or a 400 that says why: not JSON, not UTF-8, or nested deeper than MAX_JSON_DEPTH."""
+    too_deep = APIError(400, f"{what} nests objects and arrays more than {MAX_JSON_DEPTH} deep", param=param)
+    try:
+        value = msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        raise APIError(400, f"{what} is not valid JSON (UTF-8)", param=param) from None
+    except RecursionError:
+        raise too_deep from None
+    deep, huge = _shape(value)
+    if deep:
+        raise too_deep
+    if huge and (path := _huge_int(value)) is not None:  # nothing downstream (msgpack, torch) takes them
+        raise APIError(400, f"{path or what}: integers must fit in 64 bits", param=path or param)
+    return value
+
+
+def _huge_int(value, path: str = "") -> str | None:
+    """The path of the first integer outside int64 (walked only when `_shape` found one)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return path if not -(2**63) <= value < 2**63 else None
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        if (found := _huge_int(child, f"{path}.{key}" if path and isinstance(key, str) else
+                               f"{path}[{key}]" if isinstance(key, int) else str(key))) is not None:
+            return found
+    return None
+
+
+def _shape(value) -> tuple[bool, bool]:
+    """(nested past MAX_JSON_DEPTH, holds an integer outside int64), in one walk of the body."""
+    stack, huge = [(value, 1)], False
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return True, huge
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, int) and not -(2**63) <= item < 2**63:
+            huge = True
+    return False, huge
 
 
 def served_model(ctx: ApiContext, raw: dict) -> ServedModel | None:
@@ -67,6 +110,8 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     raw = await read_json(request, ctx.max_body_bytes)
     if model_name is not None:
         raw["model"] = model_name
+    elif raw.get("model") is None and len(ctx.models) == 1:  # vLLM's rule: the one model served
+        raw["model"] = next(iter(ctx.models))
     model = served_model(ctx, raw)
     if model is not None and not model.max_model_len and ctx.limits is not None:
         await ctx.limits.refresh(model.name)  # its workers joined before the scheduler's word reached us

@@ -6,6 +6,8 @@ here, so a request the engine receives is one it can run.
 
 from __future__ import annotations
 
+import re
+
 from services.api.chat_template import ChatTemplateError, render_chat
 from services.api.context import ServedModel
 from services.api.errors import APIError
@@ -22,6 +24,7 @@ from services.api.tool_prompt import template_messages, template_tools, tool_tem
 from shared.config import context_length_error
 from shared.messages import SamplingParams
 
+_TOKEN_ID = re.compile(r"-?[0-9]{1,20}")  # ASCII digits: isdigit() and int() take other scripts too
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI's values range over [-100, 100]
 _SEED_MIX = 0x9E3779B97F4A7C15
 
@@ -34,6 +37,12 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 
 def encode_text(model: ServedModel, text: str, param: str) -> list[int]:
+    """Refuses, before tokenizing it, a text too long for the model's context whatever its tokens
+    (each token covers at most max_token_bytes bytes, and a character at least one byte)."""
+    at_least = len(text) // model.tokenizer.max_token_bytes
+    if model.max_model_len and at_least > model.max_model_len:
+        raise APIError(400, f"{param} is {len(text)} characters: at least {at_least} tokens, more than the model's "
+                            f"context of {model.max_model_len} tokens", param=param, code="context_length_exceeded")
     try:
         return model.tokenizer.encode(text)
     except Exception as exc:  # e.g. lone surrogates the tokenizer cannot take
@@ -135,7 +144,7 @@ def logit_bias(raw: dict[str, float] | None, model: ServedModel) -> dict[int, fl
                        param="logit_bias")
     bias = {}
     for key, value in raw.items():
-        if not key.lstrip("-").isdigit() or not 0 <= int(key) < model.tokenizer.vocab_size:
+        if not _TOKEN_ID.fullmatch(key) or not 0 <= int(key) < model.tokenizer.vocab_size:
             raise APIError(400, f"logit_bias keys must be token ids in [0, {model.tokenizer.vocab_size}), "
                                 f"got {key!r}", param="logit_bias")
         if not -100.0 <= value <= 100.0:
