@@ -97,7 +97,7 @@ def test_bad_bodies_are_400_with_openai_shape(stack, model_name):
         b'{"model": "%s", "prompt": 5}' % model_name.encode(),
         b'{"model": "%s", "prompt": "x", "max_tokens": "many"}' % model_name.encode(),
         b'{"model": "%s", "prompt": "x", "temperature": -1}' % model_name.encode(),
-        b'{"prompt": "x"}',
+        b'{"model": 7, "prompt": "x"}',  # (a body with no model takes the one served: vLLM's rule)
     ]
     for body in cases:
         r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
@@ -112,3 +112,13 @@ def test_models_and_health(stack, model_name):
     assert httpx.get(stack.base_url + "/health").status_code == 200
     models = httpx.get(stack.base_url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [model_name]
+
+
+def test_chat_stream_finish_reason_rides_on_the_last_content_chunk(openai_client, model_name):
+    """As vLLM and the product's examples send it: no empty chunk after the text."""
+    chunks = list(openai_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=6, stream=True,
+        extra_body={"ignore_eos": True}))
+    with_choices = [c for c in chunks if c.choices]
+    assert with_choices[-1].choices[0].finish_reason == "length" and with_choices[-1].choices[0].delta.content
+    assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])

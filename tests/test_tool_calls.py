@@ -9,6 +9,7 @@ import json
 import llguidance
 import pytest
 
+from services.api.body import validate
 from services.api.chat_template import render_chat
 from services.api.errors import APIError
 from services.api.protocol import ChatCompletionRequest
@@ -145,3 +146,13 @@ def test_only_calls_the_client_can_act_on_leave_the_text():
     content, calls = _parse_in_pieces(parser, good + bad + invented + loose, 5)
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
     assert content == bad + invented
+
+
+def test_litellm_provider_fields_are_read_as_the_message_own_fields():
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "provider_specific_fields": {"refusal": "I cannot."}}]
+    body = validate(ChatCompletionRequest, {"model": "m", "messages": history})
+    assert body.messages[1].refusal == "I cannot." and body.messages[1].text() == "I cannot."
+    history[1]["provider_specific_fields"] = {"refusal": None, "mood": "sunny"}
+    with pytest.raises(APIError, match=r"messages\[1\]\.mood"):
+        validate(ChatCompletionRequest, {"model": "m", "messages": history})

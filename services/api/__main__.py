@@ -40,6 +40,8 @@ def main() -> None:
     sylog.configure("api")
     if args.api_processes < 1:
         parser.error(f"--api-processes must be at least 1, got {args.api_processes}")
+    if args.batch_concurrency < 1:
+        parser.error(f"--batch-concurrency must be at least 1, got {args.batch_concurrency}")
     if args.api_processes > 1:
         sys.exit(Supervisor(sys.argv[1:], args.api_processes).run())
     tokenizer = load_tokenizer(resolve_model_path(config.model_path))
@@ -54,7 +56,7 @@ def main() -> None:
         ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s,
                          request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
                          api_keys=api_keys, registry=await Registry(nc).open(),
-                         tool_call_parser=args.tool_call_parser)
+                         tool_call_parser=args.tool_call_parser, batch_concurrency=args.batch_concurrency)
         ctx.limits = LimitsWatcher(ctx)
         await ctx.limits.start()
         await ctx.limits.refresh(served.name)

@@ -10,10 +10,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.api.batch_runner import BatchRunner
 from services.api.body import validation_error
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import Guards
+from services.api.routes_batches import router as batches_router
+from services.api.routes_files import router as files_router
 from services.api.routes_infer import router as infer_router
 from services.api.routes_models import router as models_router
 from services.api.routes_openai import router as openai_router
@@ -30,12 +33,17 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.ctx = await make_context()
+        app.state.batch_runner = BatchRunner(app.state.ctx, app, app.state.ctx.batch_concurrency)
+        app.state.batch_runner.start()
         yield
+        await app.state.batch_runner.stop()
         await close_context(app.state.ctx)
 
     app = FastAPI(title="Switchyard", lifespan=lifespan)
     app.include_router(openai_router)
     app.include_router(responses_router)
+    app.include_router(files_router)
+    app.include_router(batches_router)
     app.include_router(server_router)
     app.include_router(models_router)
     app.include_router(pipelines_router)

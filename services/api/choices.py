@@ -30,6 +30,12 @@ class Choices:
                     await accepted.stream.abort()
                 raise
 
+    async def abort(self) -> None:
+        """The engine lets go of every accepted choice that has not finished."""
+        for gen in self.generations:
+            if gen.stream is not None:
+                await gen.stream.abort()
+
     @property
     def request_id(self) -> str:
         return self.generations[0].stream.request_id

@@ -51,6 +51,9 @@ class ApiContext:
     max_model_lens: dict[str, int] = field(default_factory=dict)  # model -> as last published
     tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (tool_parsers.py)
     responses: object = None  # the ResponseStore (JetStream) of the Responses API, made on first use
+    files: object = None  # the FileStore (JetStream object store) of the Files API, made on first use
+    batches: object = None  # the BatchStore (JetStream key-value) of the Batch API, made on first use
+    batch_concurrency: int = 16  # lines of one batch in flight at once (batch_runner.py)
 
     def resolve(self, name: str) -> ServedModel | None:
         """A served model by its name, or by its pipeline's or model's name."""

@@ -32,10 +32,12 @@ class Generation:
     def __init__(self, bus: BusClient, model: str, prompt_ids: list[int], sampling: SamplingParams,
                  detokenizer: IncrementalDetokenizer, metrics: ApiMetrics, *, cache_salt: str | None,
                  idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float],
-                 user: str | None = None):
+                 user: str | None = None, priority: int = 0):
         """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival).
-        user: OpenAI's end-user identifier, logged with the request for monitoring."""
+        user: OpenAI's end-user identifier, logged with the request for monitoring.
+        priority: the scheduler serves lower first (vLLM's meaning)."""
         self.bus = bus
+        self.priority = priority
         self.user = user
         self.model = model
         self.prompt_ids = prompt_ids
@@ -61,7 +63,8 @@ class Generation:
         deadline = self.arrival_wall + self.request_timeout_s if self.request_timeout_s > 0 else 0.0
         try:
             self.stream = await self.bus.submit(self.model, self.prompt_ids, self.sampling,
-                                                cache_salt=self.cache_salt, deadline=deadline)
+                                                cache_salt=self.cache_salt, deadline=deadline,
+                                                priority=self.priority)
         except EngineUnavailable as exc:
             raise APIError(503, str(exc), code="engine_unavailable") from None
         except SubmitRejected as exc:

@@ -142,6 +142,8 @@ _ENGINE_SERIES = [
     (CounterMetricFamily, "switchyard_worker_forward_seconds", "Time workers spent in steps.", "forward_seconds"),
     (CounterMetricFamily, "switchyard_scheduler_deadline_exceeded", "Requests ended by their deadline.",
      "num_deadline_exceeded"),
+    (CounterMetricFamily, "switchyard_scheduler_migrations", "Requests moved off a worker that died.",
+     "num_migrations"),
 ]
 
 

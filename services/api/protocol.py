@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_N = 128  # OpenAI's own cap on choices per request
 
@@ -73,6 +73,7 @@ class _Sampling(_Request):
     return_tokens_as_token_ids: bool = False
     prompt_logprobs: int | None = Field(default=None, ge=0)  # vLLM: each prompt token's logprob, rank, top-k
     use_beam_search: bool = False  # refused when true: the engine samples, it has no beam search
+    priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # vLLM: lower is served first (scheduler.py)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -134,10 +135,22 @@ class ChatMessage(_Request):
     tool_calls: list[ToolCall] | None = None  # an assistant's calls, in the history
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None
+    refusal: str | None = None  # an assistant's refusal, in the history (OpenAI's field): its text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unpack_provider_fields(cls, data):
+        """LiteLLM hands back the fields of our answer it does not model (`refusal`) inside
+        `provider_specific_fields`, and sends them so in the history: read them as the message's
+        own fields (one no message declares is still refused by name)."""
+        if isinstance(data, dict) and isinstance(data.get("provider_specific_fields"), dict):
+            data = {**data["provider_specific_fields"], **data}
+            del data["provider_specific_fields"]
+        return data
 
     def text(self) -> str:
         if self.content is None:
-            return ""
+            return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)

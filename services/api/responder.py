@@ -124,6 +124,7 @@ class ChatResponder(Responder):
             for choice in self.choices:
                 choice.logprobs = []
         self.parsers = [parser_for(tools.parser, tools.accepts) for _ in range(num_choices)] if tools else None
+        self.is_forced = bool(tools and tools.is_forced)
 
     def first_chunks(self, request_id: str, created: int) -> list[dict]:
         return [fmt.chunk(request_id, created, self.model.name, True,
@@ -145,7 +146,8 @@ class ChatResponder(Responder):
             content, calls = self.parsers[index].feed(delta.text)
             if delta.finish_reason:
                 rest, more = self.parsers[index].finish()
-                content, calls = content + rest, calls + more
+                # a forced answer is all call syntax: a call cut short (max_tokens) is not content
+                content, calls = content + ("" if self.is_forced else rest), calls + more
         choice.text.append(content)
         choice.tool_calls.extend(calls)
         if delta.finish_reason:
@@ -160,14 +162,18 @@ class ChatResponder(Responder):
             return fmt.chunk(request_id, created, self.model.name, True,
                              [fmt.chat_delta_choice(index, body, finish_reason, logprobs_)])
 
-        out = [chunk({"content": content}, None, logprobs)] if content or logprobs else []
+        # the finish reason rides on the last content chunk (as vLLM and the product send it), or
+        # on a chunk of its own after tool calls or when the last token had no text
+        last = delta.finish_reason is not None and not calls
+        out = [chunk({"content": content}, self.choices[index].finish_reason if last else None, logprobs)] \
+            if content or logprobs else []
         first = len(self.choices[index].tool_calls) - len(calls)
         for k, call in enumerate(calls, start=first):
             fn = call["function"]
             out.append(chunk({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
                                               "function": {"name": fn["name"], "arguments": ""}}]}))
             out.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]}))
-        if delta.finish_reason:
+        if delta.finish_reason and not (last and out):
             out.append(chunk({}, self.choices[index].finish_reason))
         return out
 

@@ -56,7 +56,10 @@ class ResponsesRequest(_Request):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None  # kept with the response and returned with it
     user: str | None = None
-    background: bool = False  # refused when true (no background responses yet)
+    background: bool = False  # answered after the POST returns (background.py); needs store
+    priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # as on the chat route (vLLM's extension)
+    include: list[Literal["message.output_text.logprobs"]] | None = None  # the only include with an effect here
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 def _text(content) -> str:
@@ -96,8 +99,11 @@ def input_messages(items: str | list[dict]) -> list[dict]:
 
 def chat_body(body: ResponsesRequest, conversation: list[dict]) -> dict:
     """The chat completion request that answers this response."""
-    if body.background:
-        raise APIError(400, "background responses are not supported yet", param="background")
+    if body.background and not body.store:
+        raise APIError(400, "background can only be used when `store` is true", param="background")
+    if body.background and body.stream:
+        raise APIError(400, "a background response cannot be streamed here; poll GET /v1/responses/{id}",
+                       param="stream")
     chat: dict[str, Any] = {"model": body.model, "messages": conversation, "parallel_tool_calls": body.parallel_tool_calls}
     if body.instructions:
         chat["messages"] = [{"role": "system", "content": body.instructions}, *conversation]
@@ -114,8 +120,10 @@ def chat_body(body: ResponsesRequest, conversation: list[dict]) -> dict:
                                                                           "schema": fmt.schema_ or {}}}
     elif fmt is not None and fmt.type == "json_object":
         chat["response_format"] = {"type": "json_object"}
+    if body.top_logprobs is not None or "message.output_text.logprobs" in (body.include or []):
+        chat["logprobs"], chat["top_logprobs"] = True, body.top_logprobs or 0
     for ours, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                         ("user", "user")):
+                         ("user", "user"), ("priority", "priority")):
         if getattr(body, ours) is not None:
             chat[theirs] = getattr(body, ours)
     return chat
@@ -125,17 +133,18 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def output_items(text: str, tool_calls: list[dict]) -> list[dict]:
+def output_items(text: str, tool_calls: list[dict], logprobs: list[dict] | None = None) -> list[dict]:
     items = []
     if text:
-        items.append(message_item(new_id("msg"), text, "completed"))
+        items.append(message_item(new_id("msg"), text, "completed", logprobs))
     items += [function_call_item(call, "completed") for call in tool_calls]
     return items
 
 
-def message_item(item_id: str, text: str, status: str) -> dict:
+def message_item(item_id: str, text: str, status: str, logprobs: list[dict] | None = None) -> dict:
+    """logprobs: chat's logprobs.content entries (the same shape), when the request included them."""
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}] if text or
             status == "completed" else []}
 
 
@@ -161,6 +170,7 @@ def response_object(response_id: str, body: ResponsesRequest, output: list[dict]
         "tool_choice": tool_choice, "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
         "text": {"format": fmt}, "previous_response_id": body.previous_response_id, "store": body.store,
         "metadata": body.metadata or {}, "error": None, "incomplete_details": incomplete,
+        "background": body.background, "top_logprobs": body.top_logprobs,
         "usage": None if usage is None else {
             "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,

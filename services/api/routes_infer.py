@@ -19,14 +19,15 @@ from services.api.body import read_json, validate
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import arrival
+from services.api.off_loop import off_loop
 from services.api.params import completion_prompts, sampling_params
 from services.api.protocol import CompletionRequest
 from services.api.routes_openai import chat, choices_for, complete
 from shared.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row
 
 router = APIRouter(prefix="/v1/api/pipelines/infer/{deployment}/{pipeline}")
-MULTI_ROW_ERROR = ("Continuous batching is not supported with more than one batch at a time, "
-                   "please send requests with a single batch size")
+MULTI_ROW_ERROR = ("Continuous batching is not supported with more than one batch at a time, please send "
+                   "requests with a single batch size or contact your Switchyard operator for support")
 
 
 def _deployment(request: Request, deployment: str, pipeline: str) -> str:
@@ -74,7 +75,7 @@ async def records(request: Request, deployment: str, pipeline: str) -> JSONRespo
         if row.get("max_tokens") is not None:
             fields["max_tokens"] = row["max_tokens"]
         body = validate(CompletionRequest, fields, model.openai.completion)
-        prompts = completion_prompts(body, model)
+        prompts = await off_loop(completion_prompts, body, model)
         sampling = sampling_params(body, model, len(prompts[0]), max_tokens=body.max_tokens or 16, logprobs=None)
         # rows run one after another: each one's clock starts when it does (row 0's at the request's arrival)
         started = arrival(request) if i == 0 else (time.monotonic(), time.time())

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 
-from services.api.body import read_json
+from services.api.body import decode_json, read_json
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai_defaults import openai_defaults_from
@@ -40,7 +40,9 @@ from shared.registry import ModelVersion
 
 router = APIRouter(prefix="/v1/api/models")
 MAX_METADATA_BYTES = 1 << 20
-SINGLE_BATCH_ERROR = "Continuous batching is not supported with single batch mode"
+_CONVERTING: set[asyncio.Task] = set()  # background conversions, held until they finish
+SINGLE_BATCH_ERROR = ("Continuous batching is not supported with single batch mode. Please update the model "
+                      "configuration or contact your Switchyard operator for support")  # the product's text, whole
 
 
 def registry_of(request: Request):
@@ -68,31 +70,56 @@ async def upload_and_convert(request: Request) -> JSONResponse:
             raise APIError(400, "the upload needs a `file` part with the model", param="file")
         if not isinstance(metadata, str):
             raise APIError(400, "the upload needs a `metadata` part (JSON)", param="metadata")
-        record = _new_version(metadata, os.path.basename(upload.filename or "model.gguf"))
+        record, convert_wait = _new_version(metadata, os.path.basename(upload.filename or "model.gguf"))
         record = await registry.create_version(record)
         try:
             record.sha256, record.size = await registry.put_artifact(record.object_name, upload.file)
-            await _inspect(upload, record)
-            record.status = "ready"
-        except (ValueError, OSError) as exc:
-            record.status, record.error = "error", str(exc)
+            if convert_wait:
+                await _inspect(upload, record)
+                record.status = "ready"
+            else:  # stored; converted in the background, from the Object Store (the SDK's convert_wait=False)
+                record.status = "converting"
+        except Exception as exc:  # whatever is wrong with the file, the version says so: never left 'uploading'
+            _failed(record, exc)
         await registry.put_version(record)
     finally:
         await form.close()
+    if record.status == "converting":  # after its record is stored, on a copy: the answer says "converting"
+        task = asyncio.get_running_loop().create_task(_convert_later(registry, msgspec.structs.replace(record)))
+        _CONVERTING.add(task)
+        task.add_done_callback(_CONVERTING.discard)
     if record.status == "error":
         raise APIError(400, f"model {record.name!r} version {record.version}: {record.error}", param="file")
     return JSONResponse({"model": as_json(record)})
 
 
-def _new_version(metadata: str, file_name: str) -> ModelVersion:
+def _failed(record: ModelVersion, exc: Exception) -> None:
+    record.status, record.error = "error", str(exc) if isinstance(exc, ValueError | OSError) \
+        else f"{type(exc).__name__}: {exc}"
+
+
+async def _convert_later(registry, record: ModelVersion) -> None:
+    """converting -> ready, or error with the reason, whatever happens."""
     try:
-        meta = msgspec.json.decode(metadata)
-    except msgspec.DecodeError:
-        raise APIError(400, "metadata is not valid JSON", param="metadata") from None
+        path = await registry.model_path(record)
+        record.architecture, record.context_length = await asyncio.to_thread(inspect_artifact, path)
+        _check_context(record)
+        record.status = "ready"
+    except Exception as exc:
+        _failed(record, exc)
+    await registry.put_version(record)
+
+
+def _new_version(metadata: str, file_name: str) -> tuple[ModelVersion, bool]:
+    meta = decode_json(metadata, "metadata", param="metadata")
     if not isinstance(meta, dict):
         raise APIError(400, "metadata must be a JSON object", param="metadata")
     conversion = meta.get("conversion") or {}
     try:
+        if not isinstance(conversion, dict):
+            raise ConfigError(f"conversion must be an object, got {type(conversion).__name__}")
+        if not isinstance(conversion.get("framework_config") or {}, dict):
+            raise ConfigError("conversion.framework_config must be an object")
         name = check_name("model", meta.get("name"))
         framework = conversion.get("framework", "vllm")
         if framework != "vllm":
@@ -114,10 +141,14 @@ def _new_version(metadata: str, file_name: str) -> ModelVersion:
                               "model; send []")
     except ConfigError as exc:
         raise config_error(exc) from None
+    convert_wait = meta.get("convert_wait", True)
+    if not isinstance(convert_wait, bool):
+        raise APIError(400, f"convert_wait must be true or false, got {convert_wait!r}", param="convert_wait")
     return ModelVersion(name=name, version=0, file_name=file_name, sha256="", size=0, status="uploading",
                         created_at=time.time(), framework=framework, framework_config=framework_config,
                         accel=accel, visibility=shown_to,
-                        workspace_id=workspace, python_version=conversion.get("python_version"), **schemas)
+                        workspace_id=workspace, python_version=conversion.get("python_version"), **schemas), \
+        convert_wait
 
 
 def check_schemas(schemas: dict) -> None:
@@ -139,6 +170,10 @@ async def _inspect(upload: UploadFile, record: ModelVersion) -> None:
                 out.write(chunk)
         record.architecture, record.context_length = await asyncio.to_thread(
             lambda: inspect_artifact(unpacked(path)))
+    _check_context(record)
+
+
+def _check_context(record: ModelVersion) -> None:
     limit = record.framework_config.max_model_len
     if limit is not None and record.context_length and limit > record.context_length:
         raise ValueError(f"framework_config.max_model_len = {limit} is out of range: allowed 2 to "
@@ -156,13 +191,19 @@ async def _named(request: Request, registry) -> tuple[dict, str]:
     name = body.get("name")
     if not isinstance(name, str):
         raise APIError(400, "name: a model name is required", param="name")
-    return body, name
+    try:
+        return body, check_name("model", name)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="name") from None
 
 
 async def _version(request: Request, registry) -> tuple[dict, ModelVersion]:
     """The version a body names (`name`, and `version` or the latest); 404 if there is none."""
     body, name = await _named(request, registry)
-    record = await registry.version(name, body.get("version"))
+    version = body.get("version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+        raise APIError(400, f"version must be a version number (1, 2, ...) or null, got {version!r}", param="version")
+    record = await registry.version(name, version)
     if record is None:
         raise APIError(404, f"model {name!r} (version {body.get('version') or 'latest'}) does not exist",
                        param="name", code="model_not_found")

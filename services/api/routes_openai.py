@@ -17,6 +17,7 @@ from services.api.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.generation import Generation
 from services.api.guards import arrival
+from services.api.off_loop import off_loop
 from services.api.params import (
     chat_logprobs,
     choice_seed,
@@ -48,7 +49,7 @@ async def chat_completions(request: Request):
 async def complete(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
     """model_name: set by a route whose path names the model (a pipeline's inference URL)."""
     ctx, model, body = await parse(request, CompletionRequest, lambda m: m.openai.completion, model_name)
-    prompts = completion_prompts(body, model)
+    prompts = await off_loop(completion_prompts, body, model)
     echoed = body.logprobs if body.echo and body.logprobs is not None else None
     prompt_logprobs = max((n for n in (echoed, body.prompt_logprobs) if n is not None), default=None)
     samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
@@ -60,7 +61,7 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
 
 async def chat(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
     ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat, model_name)
-    choices, responder = chat_generation(ctx, model, body, arrival(request))
+    choices, responder = await off_loop(chat_generation, ctx, model, body, arrival(request))
     return await _respond(choices, responder, body, request, usage_every_chunk)
 
 
@@ -93,7 +94,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
             generations.append(Generation(
                 ctx.bus, model.name, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
                 idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s, arrival=arrived,
-                user=body.user))
+                user=body.user, priority=body.priority))
             prompt_index.append(p)
     return Choices(generations, prompt_index)
 
@@ -130,10 +131,14 @@ async def collect(choices: Choices, responder: Responder, request: Request) -> N
             responder.add(index, delta)
 
     task = asyncio.create_task(consume())
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+    except asyncio.CancelledError:  # the handler itself was cancelled (a Batch API line, say): abort too
+        task.cancel()
+        raise
     await task  # re-raises APIError or CancelledError
 
 

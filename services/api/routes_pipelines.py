@@ -18,7 +18,7 @@ from services.api.body import read_json
 from services.api.errors import APIError
 from services.api.routes_models import as_json, config_error, registry_of
 from shared import subjects
-from shared.agents import ENGINE_HOST, fits, free_resources, host_accepts, needs
+from shared.agents import ENGINE_HOST, fits, free_resources, host_accepts, host_address, needs
 from shared.config import ConfigError
 from shared.deploy_config import DeploymentConfig, check_name, convert
 from shared.deployment import load_deployed
@@ -37,6 +37,10 @@ async def _pipeline(registry: Registry, body: dict) -> Pipeline:
     name = body.get("pipeline") or body.get("name")
     if not isinstance(name, str):
         raise APIError(400, "pipeline: a pipeline name is required", param="pipeline")
+    try:
+        check_name("pipeline", name)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="pipeline") from None
     pipeline = await registry.pipeline(name)
     if pipeline is None:
         raise APIError(404, f"pipeline {name!r} does not exist", param="pipeline", code="pipeline_not_found")
@@ -157,7 +161,8 @@ async def get(request: Request) -> JSONResponse:
 
 @router.post("/status")
 async def status(request: Request) -> JSONResponse:
-    """The seed product's pipeline.status(): overall status, engines, sidekicks, models."""
+    """The seed product's pipeline.status(): overall status, engines (with their pipeline and model
+    statuses), engine_lbs (the gateway), sidekicks (the workers); plus replicas and models."""
     body, registry = await _body(request)
     pipeline = await _pipeline(registry, body)
     ctx = request.app.state.ctx
@@ -183,18 +188,29 @@ async def status(request: Request) -> JSONResponse:
         overall = "Error"
     else:
         overall = "Starting"
-    engines = [] if engine is None else [{
-        "name": f"engine-{pipeline.deployment}", "status": "Running" if ready else "Starting",
+    steps = [(step, await registry.version(step.model, step.version)) for step in pipeline.steps]
+    model_status = overall if pipeline.deployed else "Undeployed"
+    models = [{"name": step.model, "version": step.version, "status": model_status} for step, _ in steps]
+    engines = [] if engine is None else [{  # the product's shape, and what only this build knows in "info"
+        "ip": next((a.ip for a in agents if a.accel == ENGINE_HOST and a.ip), ""),
+        "name": f"engine-{pipeline.deployment}", "status": "Running" if ready else "Starting", "reason": None,
+        "details": refusals,
+        "pipeline_statuses": {"pipelines": [{"id": pipeline.name, "status": overall,
+                                             "version": str(pipeline.generation)}]},
+        "model_statuses": {"models": [{"model_version_id": step.version, "name": step.model,
+                                       "sha": record.sha256 if record else "", "status": model_status,
+                                       "version": str(step.version)} for step, record in steps]},
         "info": {"num_workers": engine.num_workers, "num_running": engine.num_running,
                  "num_waiting": engine.num_waiting, "kv_cache_usage": engine.kv_cache_usage,
                  "devices": engine.devices}}]
-    sidekicks = [{"name": w.worker_id, "pid": w.pid, "status": w.state.capitalize(), "reason": w.error}
-                 for w in workers]
-    models = [{"name": s.model, "version": s.version, "status": overall if pipeline.deployed else "Undeployed"}
-              for s in pipeline.steps]
+    engine_lbs = [{"ip": host_address(), "name": f"engine-lb-{ctx.bus.client_id}", "status": "Running",
+                   "reason": None, "details": []}] if pipeline.deployed else []  # the gateway answering
+    host_of = {w.worker_id: a.ip for a in agents for w in a.workers}
+    sidekicks = [{"ip": host_of.get(w.worker_id, ""), "name": w.worker_id, "pid": w.pid,
+                  "status": w.state.capitalize(), "reason": w.error, "details": []} for w in workers]
     config = pipeline.deployment_config
     replicas = {"min": config.replicas_min, "max": config.replicas_max,
                 "running": sum(w.state == "running" for w in workers)} if config else None
     return JSONResponse({"status": overall, "deployment": pipeline.deployment, "generation": pipeline.generation,
-                         "details": refusals, "replicas": replicas, "engines": engines, "sidekicks": sidekicks,
-                         "models": models})
+                         "details": refusals, "replicas": replicas, "engines": engines, "engine_lbs": engine_lbs,
+                         "sidekicks": sidekicks, "models": models})

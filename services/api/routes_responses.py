@@ -9,12 +9,16 @@ import time
 import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
+from services.api import background
 from services.api.body import parse, validate
 from services.api.choices import Choices
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import arrival
+from services.api.off_loop import off_loop
 from services.api.protocol import ChatCompletionRequest
 from services.api.responder import ChatResponder
 from services.api.response_store import ResponseStore
@@ -30,8 +34,10 @@ from services.api.responses import (
     response_object,
 )
 from services.api.routes_openai import EventStream, chat_generation, collect
+from shared import subjects
 
 router = APIRouter()
+CANCEL_TIMEOUT_S = 10.0
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
 _json = msgspec.json.Encoder()
 
@@ -57,15 +63,22 @@ async def create_response(request: Request):
         conversation = (await _stored(ctx, body.previous_response_id, "previous_response_id"))["conversation"]
     conversation = conversation + input_messages(body.input)
     chat = validate(ChatCompletionRequest, chat_body(body, conversation), model.openai.chat)
-    choices, responder = chat_generation(ctx, model, chat, arrival(request))
+    choices, responder = await off_loop(chat_generation, ctx, model, chat, arrival(request))
     response_id = new_id("resp")
+    if body.background:
+        queued = response_object(response_id, body, [], "queued", None)
+        await _keep(ctx, body, queued, conversation)
+        background.start(ctx, lambda response, history: _keep(ctx, body, response, history),
+                         lambda: _store(ctx).get(response_id), choices, responder, body, response_id, conversation,
+                         queued["created_at"])
+        return JSONResponse(queued)
     await choices.submit()
     if body.stream:
         return EventStream(_events(ctx, choices, responder, body, response_id, conversation), sep="\n")
     await collect(choices, responder, request)
     choice = responder.choices[0]
     text = "".join(choice.text)
-    response = response_object(response_id, body, output_items(text, choice.tool_calls), "completed",
+    response = response_object(response_id, body, output_items(text, choice.tool_calls, choice.logprobs), "completed",
                                choices.usage(), choice.finish_reason)
     await _keep(ctx, body, response, conversation + assistant_messages(text, choice.tool_calls))
     return JSONResponse(response)
@@ -74,6 +87,32 @@ async def create_response(request: Request):
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str):
     return JSONResponse((await _stored(request.app.state.ctx, response_id))["response"])
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(request: Request, response_id: str):
+    """A background response still running is cancelled by the gateway running it (output so far
+    kept); one already finished is returned as it is."""
+    ctx: ApiContext = request.app.state.ctx
+    record = await _stored(ctx, response_id)
+    response = record["response"]
+    if not response.get("background"):
+        raise APIError(400, "Cannot cancel a synchronous response.", param="response_id", code="not_background")
+    if response["status"] not in ("queued", "in_progress"):
+        return JSONResponse(response)
+    try:
+        msg = await ctx.nc.request(subjects.background_cancel(response_id), b"", timeout=CANCEL_TIMEOUT_S)
+        return JSONResponse(msgspec.json.decode(msg.data))
+    except NoRespondersError:  # the gateway that ran it stopped, or it finished just now
+        record = await _stored(ctx, response_id)
+        response = record["response"]
+        if response["status"] in ("queued", "in_progress"):
+            response["status"] = "cancelled"
+            await _store(ctx).put(response_id, {**record, "response": response})
+        return JSONResponse(response)
+    except (TimeoutError, NatsTimeoutError):
+        raise APIError(503, "the gateway running this response did not answer; try again",
+                       param="response_id", code="busy") from None
 
 
 async def _keep(ctx: ApiContext, body: ResponsesRequest, response: dict, conversation: list[dict]) -> None:
@@ -87,7 +126,7 @@ async def _events(ctx: ApiContext, choices: Choices, responder: ChatResponder, b
     numbers = itertools.count()
     created = int(time.time())
     output: list[dict] = []
-    text_id, texts = None, []
+    text_id, texts, text_logprobs = None, [], []
 
     def event(kind: str, **fields) -> bytes:
         data = _json.encode({"type": kind, "sequence_number": next(numbers), **fields})
@@ -95,10 +134,10 @@ async def _events(ctx: ApiContext, choices: Choices, responder: ChatResponder, b
 
     def close_text() -> list[bytes]:
         text, index = "".join(texts), len(output)
-        item = message_item(text_id, text, "completed")
+        item = message_item(text_id, text, "completed", text_logprobs)
         output.append(item)
         return [event("response.output_text.done", item_id=text_id, output_index=index, content_index=0, text=text,
-                      logprobs=[]),
+                      logprobs=text_logprobs),
                 event("response.content_part.done", item_id=text_id, output_index=index, content_index=0,
                       part=item["content"][0]),
                 event("response.output_item.done", output_index=index, item=item)]
@@ -108,17 +147,18 @@ async def _events(ctx: ApiContext, choices: Choices, responder: ChatResponder, b
     yield event("response.in_progress", response=started)
     try:
         async for index, delta in choices.deltas():
-            _, content, calls = responder.add(index, delta)
+            logprobs, content, calls = responder.add(index, delta)
             if content:
                 if text_id is None:
-                    text_id, texts = new_id("msg"), []
+                    text_id, texts, text_logprobs = new_id("msg"), [], []
                     yield event("response.output_item.added", output_index=len(output),
                                 item=message_item(text_id, "", "in_progress"))
                     yield event("response.content_part.added", item_id=text_id, output_index=len(output),
                                 content_index=0, part={"type": "output_text", "text": "", "annotations": []})
                 texts.append(content)
+                text_logprobs.extend(logprobs or [])
                 yield event("response.output_text.delta", item_id=text_id, output_index=len(output), content_index=0,
-                            delta=content, logprobs=[])
+                            delta=content, logprobs=logprobs or [])
             for call in calls:
                 if text_id is not None:
                     for e in close_text():

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.api.body import parse, read_json
 from services.api.context import ApiContext
 from services.api.errors import APIError
+from services.api.off_loop import off_loop
 from services.api.params import check_token_ids, encode_text, render_messages
 from services.api.protocol import DetokenizeRequest, TokenizeRequest
 from services.api.routes_openai import chat, complete
@@ -96,9 +97,9 @@ async def tokenize(request: Request) -> JSONResponse:
     if body.prompt is not None:
         text = body.prompt
     else:
-        text = render_messages(model, body.messages, body.add_generation_prompt,
-                               continue_final_message=body.continue_final_message)
-    ids = encode_text(model, text, "prompt")
+        text = await off_loop(render_messages, model, body.messages, body.add_generation_prompt,
+                              continue_final_message=body.continue_final_message)
+    ids = await off_loop(encode_text, model, text, "prompt")
     answer = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
     if body.return_token_strs:
         answer["token_strs"] = [model.tokenizer.token_text(i) for i in ids]

@@ -4,8 +4,9 @@
 - "auto" (the default with tools): the model sees the tools and may call them; its text is parsed.
 - "required", or a named function: the call is guaranteed by constrained decoding. A grammar in
   the tool-call parser's format admits only calls of the allowed functions whose arguments are
-  valid against their JSON schemas, as given (so `additionalProperties: false` where extra keys are
-  not wanted), so even a small model returns a valid call. A named function is called once;
+  valid against their JSON schemas, objects closed unless they say otherwise (xgrammar's strict
+  mode, as vLLM has it), so even a small model returns a valid call; one cut short by max_tokens
+  is neither a call nor content. A named function is called once;
   "required" may call several when parallel_tool_calls is true.
 """
 
@@ -86,16 +87,17 @@ def forced_grammar(plan: ToolPlan) -> Guided | None:
     """The grammar of the calls a forced plan allows, in the parser's format."""
     if not plan.is_forced:
         return None
-    call = {"anyOf": [_call_schema(t) for t in plan.allowed()], "x-guidance": json_layout()}
+    defs: dict = {}
+    call = {"anyOf": [_call_schema(t, defs) for t in plan.allowed()], "x-guidance": json_layout()}
     if plan.parser == "hermes":
         block = "TC_OPEN call TC_CLOSE"
         start = f"start: {block} (\"\\n\" {block})*" if plan.allows_several else f"start: {block}"
         lark = "\n".join([start, f'TC_OPEN: "{TOOL_CALL_OPEN}\\n"', f'TC_CLOSE: "\\n{TOOL_CALL_CLOSE}"',
-                          f"call: %json {json.dumps(call)}", ""])
+                          f"call: %json {json.dumps(_with_defs(call, defs))}", ""])
     else:  # json: the whole answer is a call, or a list of calls
         schema = {"type": "array", "items": call, "minItems": 1, "x-guidance": json_layout()} \
             if plan.allows_several else call
-        lark = f"start: %json {json.dumps(schema)}\n"
+        lark = f"start: %json {json.dumps(_with_defs(schema, defs))}\n"
     guided = Guided(GuidedKind.LARK, lark)
     try:
         grammar_for(guided)
@@ -104,7 +106,51 @@ def forced_grammar(plan: ToolPlan) -> Guided | None:
     return guided
 
 
-def _call_schema(tool: Tool) -> dict:
-    return {"type": "object", "properties": {"name": {"const": tool.function.name},
-                                             "arguments": tool.function.parameters},
+def _call_schema(tool: Tool, defs: dict) -> dict:
+    arguments = _closed(_hoisted(tool.function.parameters, tool.function.name, defs))
+    return {"type": "object", "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _closed(node):
+    """Objects that do not say otherwise take no keys beyond their properties (xgrammar's strict
+    mode, vLLM's default): a small model otherwise fills an open object until max_tokens."""
+    if isinstance(node, list):
+        return [_closed(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _closed(v) if k != "const" and k != "enum" and k != "default" else v for k, v in node.items()}
+    if "properties" in out and isinstance(out["properties"], dict):
+        out["properties"] = {k: _closed(v) for k, v in node["properties"].items()}
+    if (out.get("type") == "object" or "properties" in out) and not {"additionalProperties", "patternProperties",
+                                                                      "unevaluatedProperties"} & set(out):
+        out["additionalProperties"] = False
+    return out
+
+
+def _with_defs(schema: dict, defs: dict) -> dict:
+    return {**schema, "$defs": {name: _closed(d) for name, d in defs.items()}} if defs else schema
+
+
+def _hoisted(parameters: dict, name: str, defs: dict) -> dict:
+    """A function's schema nested in the call's: its own `$defs` (or `definitions`) move to the
+    root, renamed `<function>.<def>`, and its local `$ref`s follow them."""
+    local = {**parameters.get("definitions", {}), **parameters.get("$defs", {})}
+    if not local:
+        return parameters
+    renames = {}
+    for key in ("$defs", "definitions"):
+        for def_name in parameters.get(key, {}):
+            renames[f"#/{key}/{def_name}"] = f"#/$defs/{name}.{def_name}"
+
+    def walk(node):
+        if isinstance(node, dict):
+            return {k: renames.get(v, v) if k == "$ref" and isinstance(v, str) else walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    for key in ("$defs", "definitions"):
+        for def_name, schema in parameters.get(key, {}).items():
+            defs[f"{name}.{def_name}"] = walk(schema)
+    return walk({k: v for k, v in parameters.items() if k not in ("$defs", "definitions")})

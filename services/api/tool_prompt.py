@@ -70,7 +70,8 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
         message = {"role": m.role, "content": m.text()}
         if m.tool_calls:
             message["tool_calls"] = [{"id": c.id, "type": c.type,
-                                      "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                      "function": {"name": c.function.name,
+                                                   "arguments": c.function.arguments or "{}"}}  # "": no arguments
                                      for c in m.tool_calls]
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
