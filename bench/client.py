@@ -85,6 +85,10 @@ async def send(session: aiohttp.ClientSession, spec: LoadSpec, prompt: Prompt) -
                     result.server = chunk["usage"].get("timings") or {}
                 if not chunk.get("choices"):
                     continue
+                choice = chunk["choices"][0]
+                delta = choice.get("delta") or {}
+                if not (choice.get("text") or delta.get("content") or delta.get("tool_calls")):
+                    continue  # a chat stream's first chunk (the role) and last (the finish reason) carry no token
                 num_chunks += 1
                 if num_chunks == 1:
                     result.ttft = now - started

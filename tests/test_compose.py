@@ -8,13 +8,15 @@ from pathlib import Path
 
 import yaml
 
+from shared import nats_auth
 from shared.deploy_config import QaicConfig, convert
 
 
 def test_compose_runs_every_service_module():
     compose = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"nats", "kvcache", "worker", "worker-gpu", "worker-qaic", "agent", "scheduler", "api"}
+    assert set(services) == {"nats-auth", "nats", "kvcache", "worker", "worker-gpu", "worker-qaic", "agent",
+                             "scheduler", "api"}
     qaic = services["worker-qaic"]  # only under `--profile qaic`: the same model on the QAIC emulator
     assert qaic["profiles"] == ["qaic"] and qaic["command"][-2:] == ["--device", "qaic"]
     convert(json.loads(qaic["environment"]["SY_QAIC_CONFIG"]), QaicConfig, "SY_QAIC_CONFIG").validate()
@@ -29,3 +31,33 @@ def test_compose_runs_every_service_module():
         assert command[:3] == ["python", "-m", f"services.{name}"]
         assert importlib.util.find_spec(f"services.{name}.__main__") is not None
         assert services[name]["environment"]["NATS_URL"] == "nats://nats:4222"
+        assert services[name]["environment"]["SY_NATS_USER"] == nats_auth.user_of(name)  # its own login
+        assert services[name]["environment"]["SY_NATS_AUTH_FILE"] == "/auth/nats-users.json"
+
+
+def test_compose_binds_to_localhost_drains_and_builds_small():
+    root = Path(__file__).parent.parent
+    services = yaml.safe_load((root / "compose.yaml").read_text())["services"]
+    for name in ("api", "nats"):  # published ports: 127.0.0.1 unless SY_BIND says otherwise
+        assert all(port.startswith("${SY_BIND:-127.0.0.1}:") for port in services[name]["ports"]), name
+    assert services["nats"]["command"][:2] == ["-c", "/auth/nats-auth.conf"]
+    assert services["nats"]["depends_on"]["nats-auth"]["condition"] == "service_completed_successfully"
+    assert services["nats-auth"]["command"] == ["python", "-m", "shared.nats_auth", "/auth"]
+    grace = {name: int(services[name]["stop_grace_period"].rstrip("s")) for name in ("worker", "agent", "api")}
+    assert grace["worker"] >= 45 and grace["agent"] >= 45 and grace["api"] >= 35  # past drain_grace_s (30 s)
+    assert ".venv" in (root / ".dockerignore").read_text().split()
+    dockerfile = (root / "Dockerfile").read_text()
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in dockerfile
+    assert "FROM ${PYTHON_IMAGE}" in dockerfile
+
+
+def test_nats_auth_keeps_what_compose_already_made(tmp_path):
+    import subprocess
+    import sys
+
+    first = subprocess.run([sys.executable, "-m", "shared.nats_auth", str(tmp_path)], capture_output=True, check=True)
+    users = (tmp_path / nats_auth.USERS_FILE).read_text()
+    subprocess.run([sys.executable, "-m", "shared.nats_auth", str(tmp_path)], capture_output=True, check=True)
+    assert (tmp_path / nats_auth.USERS_FILE).read_text() == users and first.stdout
+    assert oct((tmp_path / nats_auth.USERS_FILE).stat().st_mode)[-3:] == "600"
+    assert set(json.loads(users)) == set(nats_auth.PERMISSIONS)
