@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
+from services.api.streams import RecordStream
 from shared import subjects
 from shared.log import get_logger
 
@@ -25,25 +25,19 @@ MAX_RESPONSE_BYTES = 4 * 2**20
 class ResponseStore:
     def __init__(self, nc: Client):
         self.js = nc.jetstream()
-        self._ready = False
-
-    async def _ensure(self) -> None:
-        if not self._ready:
-            await self.js.add_stream(StreamConfig(
-                name=STREAM, subjects=[subjects.STORED_RESPONSES], max_age=MAX_AGE_S, max_bytes=MAX_BYTES,
-                max_msgs_per_subject=1, discard=DiscardPolicy.OLD, storage=StorageType.FILE))
-            self._ready = True
+        self.stream = RecordStream(self.js, STREAM, [subjects.STORED_RESPONSES], MAX_AGE_S, MAX_BYTES,
+                                   max_msgs_per_subject=1)
 
     async def put(self, response_id: str, record: dict) -> bool:
         data = msgspec.json.encode(record)
         if len(data) > MAX_RESPONSE_BYTES:
             return False
-        await self._ensure()
+        await self.stream.ensure()
         await self.js.publish(subjects.stored_response(response_id), data, stream=STREAM)
         return True
 
     async def get(self, response_id: str) -> dict | None:
-        await self._ensure()
+        await self.stream.ensure()
         try:
             msg = await self.js.get_last_msg(STREAM, subjects.stored_response(response_id))
         except NotFoundError:
