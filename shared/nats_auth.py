@@ -26,7 +26,8 @@ REPLIES = "allow_responses"  # may answer requests sent to it (the reply subject
 PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "api": {
         "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.kv.stats", subjects.WORKERS_RESEND,
-                subjects.CLIENTS_HEARTBEAT, f"{P}.responses.>", f"{P}.batches.>", f"{P}.background.>", *JETSTREAM],
+                subjects.CLIENTS_HEARTBEAT, f"{P}.responses.>", f"{P}.batches.>", f"{P}.background.>",
+                subjects.INFERENCE_LOGS, *JETSTREAM],
         "sub": [f"{P}.background.>", f"{P}.out.>", subjects.SCHEDULERS_HEARTBEAT, subjects.MODEL_LIMITS, INBOX, *JETSTREAM],
         REPLIES: True,  # a gateway answers the cancel of a background response it runs
     },

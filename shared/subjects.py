@@ -62,6 +62,14 @@ def batch_lines(batch_id: str) -> str:
 BATCH_LINES = f"{PREFIX}.batches.*.lines"
 
 
+def inference_log(pipeline: str, log_id: str) -> str:
+    """JetStream (stream SY_INFERENCE_LOGS): one engine request served for a deployed pipeline."""
+    return f"{PREFIX}.inference_logs.{pipeline}.{log_id}"
+
+
+INFERENCE_LOGS = f"{PREFIX}.inference_logs.>"
+
+
 def background_cancel(response_id: str) -> str:
     """Request/reply: cancel a background response; the gateway running it answers with the Response."""
     return f"{PREFIX}.background.{response_id}.cancel"

@@ -57,6 +57,9 @@ class Generation:
         self.stream: RequestStream | None = None
         self.num_cached_tokens = 0
         self.finish_reason = "abort"  # until the stream says otherwise: disconnect or timeout
+        self.output_ids: list[int] = []  # what the client was sent, as token ids and as text
+        self.output_text: list[str] = []
+        self.on_finished = None  # called with this generation at its end (a pipeline's inference log)
 
     async def submit(self) -> None:
         """Raises APIError with the right status if the engine does not take the request."""
@@ -134,19 +137,18 @@ class Generation:
                 delta = Delta(text, None, tuple(entry.token_ids), entry.logprobs, entry.prompt_logprobs)
                 if self.detokenizer.is_stopped:
                     self.finish_reason = delta.finish_reason = "stop"
-                    self._mark_first_byte()
-                    yield delta
+                    yield self._sent(delta)
                     return
                 if entry.finish_reason is not None:
                     is_done = True
                     self.finish_reason = delta.finish_reason = entry.finish_reason.openai_name
                     delta.text += self.detokenizer.flush()
-                    self._mark_first_byte()
-                    yield delta
+                    yield self._sent(delta)
                     return
                 if text or delta.logprobs or delta.prompt_logprobs:
-                    self._mark_first_byte()
-                    yield delta
+                    yield self._sent(delta)
+                else:
+                    self.output_ids.extend(delta.token_ids)
         except TimeoutError:
             raise APIError(504, f"no token for {self.idle_timeout_s}s; the request was aborted",
                            code="timeout") from None
@@ -155,9 +157,12 @@ class Generation:
                 await self.stream.abort()
             self._log_finished()
 
-    def _mark_first_byte(self) -> None:
+    def _sent(self, delta: Delta) -> Delta:
         if self.first_byte_at is None:
             self.first_byte_at = time.monotonic()
+        self.output_ids.extend(delta.token_ids)
+        self.output_text.append(delta.text)
+        return delta
 
     def _visible(self, entry) -> list[int]:
         """A stop token id ends the text as a stop string does: its own text is not returned."""
@@ -175,6 +180,8 @@ class Generation:
         if self.queue_time is not None and self.first_token_produced_at and self.finish_reason in ("stop", "length"):
             self.metrics.observe_phases(self.model, self.arrival_wall + self.queue_time, self.first_token_produced_at,
                                         self.last_token_produced_at)
+        if self.on_finished is not None:
+            self.on_finished(self)
         log.info("request_finished", request_id=self.stream.request_id, model=self.model, user=self.user,
                  prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                  cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)

@@ -17,6 +17,7 @@ from services.api.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.generation import Generation
 from services.api.guards import arrival
+from services.api.inference_log import recorder
 from services.api.off_loop import off_loop
 from services.api.params import (
     chat_logprobs,
@@ -86,6 +87,7 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
                 samplings: list[SamplingParams], arrived: tuple[float, float]) -> Choices:
     generations, prompt_index = [], []
+    log = recorder(ctx.inference_log, model, body)
     for p, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
         ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
         for j in range(body.n):
@@ -95,6 +97,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
                 ctx.bus, model.name, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
                 idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s, arrival=arrived,
                 user=body.user, priority=body.priority))
+            generations[-1].on_finished = log
             prompt_index.append(p)
     return Choices(generations, prompt_index)
 
