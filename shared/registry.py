@@ -74,6 +74,21 @@ class PipelineStep(msgspec.Struct):
     version: int
 
 
+class Publish(msgspec.Struct, kw_only=True):
+    """A pipeline pushed to an OCI registry (pipeline.publish()), as the product lists them."""
+    id: int
+    pipeline_name: str
+    pipeline_version: int  # the pipeline's generation when it was published
+    status: str  # "Published" or "Error"
+    created_at: float
+    updated_at: float
+    pipeline_url: str = ""  # the reference pushed, host/repository:tag (`switchyard serve --from` it)
+    digest: str = ""  # the manifest's digest: exactly this artifact
+    engine_version: str = ""
+    deployment_config: DeploymentConfig | None = None
+    error: str | None = None
+
+
 class Pipeline(msgspec.Struct, kw_only=True):
     name: str
     id: int
@@ -82,6 +97,7 @@ class Pipeline(msgspec.Struct, kw_only=True):
     deployed: bool = False
     generation: int = 0  # bumped by every deploy: a changed generation means "restart with the new state"
     deployment_config: DeploymentConfig | None = None
+    publishes: list[Publish] = []
 
     @property
     def deployment(self) -> str:

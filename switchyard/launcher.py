@@ -191,11 +191,12 @@ def check_service_args(service_args: list[str]) -> None:
     parser.parse_args(service_args)  # exits with a usage message on an unknown flag
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, after_ready=None) -> None:
+    """after_ready(stack, service_args), once the stack is healthy (`switchyard serve` deploys there)."""
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Run the whole Switchyard stack")
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SY_WORKERS", "1")))
-    args, service_args = parser.parse_known_args()
+    args, service_args = parser.parse_known_args(argv)
     check_service_args(service_args)
     users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/nats_auth.py's users
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
@@ -220,6 +221,8 @@ def main() -> None:
         if stack.bus_file is not None:
             print(f"[launcher] bus: {stack.nats_url}, locked; a script connects with "
                   f"shared.bus.connect_running() ({stack.bus_file})", flush=True)
+        if after_ready is not None:
+            after_ready(stack, service_args)
         while not stack.is_stopping:
             stack.supervise_once()
             time.sleep(0.5)
