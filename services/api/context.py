@@ -54,6 +54,8 @@ class ApiContext:
     files: object = None  # the FileStore (JetStream object store) of the Files API, made on first use
     batches: object = None  # the BatchStore (JetStream key-value) of the Batch API, made on first use
     batch_concurrency: int = 16  # lines of one batch in flight at once (batch_runner.py)
+    inference_log: object = None  # the deployed pipelines' InferenceLog (JetStream)
+    oci_registry: str | None = None  # where pipeline.publish() pushes (--oci-registry)
 
     def resolve(self, name: str) -> ServedModel | None:
         """A served model by its name, or by its pipeline's or model's name."""

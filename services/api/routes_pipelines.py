@@ -28,12 +28,12 @@ from shared.registry import Pipeline, PipelineStep, Registry
 router = APIRouter(prefix="/v1/api/pipelines")
 
 
-async def _body(request: Request) -> tuple[dict, Registry]:
+async def read_body(request: Request) -> tuple[dict, Registry]:
     _, registry = registry_of(request)
     return await read_json(request, 1 << 20), registry
 
 
-async def _pipeline(registry: Registry, body: dict) -> Pipeline:
+async def find_pipeline(registry: Registry, body: dict) -> Pipeline:
     name = body.get("pipeline") or body.get("name")
     if not isinstance(name, str):
         raise APIError(400, "pipeline: a pipeline name is required", param="pipeline")
@@ -53,7 +53,7 @@ def _described(pipeline: Pipeline) -> dict:
 
 @router.post("/create")
 async def create(request: Request) -> JSONResponse:
-    body, registry = await _body(request)
+    body, registry = await read_body(request)
     try:
         name = check_name("pipeline", body.get("name"))
     except ConfigError as exc:
@@ -64,8 +64,8 @@ async def create(request: Request) -> JSONResponse:
 @router.post("/add_step")
 async def add_step(request: Request) -> JSONResponse:
     """Append a model step (a version; the latest if none is named). Takes effect at the next deploy."""
-    body, registry = await _body(request)
-    pipeline = await _pipeline(registry, body)
+    body, registry = await read_body(request)
+    pipeline = await find_pipeline(registry, body)
     model, version = body.get("model"), body.get("version")
     record = await registry.version(model, version) if isinstance(model, str) else None
     if record is None:
@@ -78,8 +78,8 @@ async def add_step(request: Request) -> JSONResponse:
 
 @router.post("/clear_steps")
 async def clear_steps(request: Request) -> JSONResponse:
-    body, registry = await _body(request)
-    pipeline = await _pipeline(registry, body)
+    body, registry = await read_body(request)
+    pipeline = await find_pipeline(registry, body)
     pipeline.steps = []
     await registry.put_pipeline(pipeline)
     return JSONResponse(_described(pipeline))
@@ -87,8 +87,8 @@ async def clear_steps(request: Request) -> JSONResponse:
 
 @router.post("/deploy")
 async def deploy(request: Request) -> JSONResponse:
-    body, registry = await _body(request)
-    pipeline = await _pipeline(registry, body)
+    body, registry = await read_body(request)
+    pipeline = await find_pipeline(registry, body)
     try:
         raw = body.get("deployment_config")
         config = convert(raw, DeploymentConfig, "deployment_config").validate() if raw else DeploymentConfig()
@@ -140,8 +140,8 @@ async def _check_placement(registry: Registry, deployed) -> None:
 
 @router.post("/undeploy")
 async def undeploy(request: Request) -> JSONResponse:
-    body, registry = await _body(request)
-    pipeline = await _pipeline(registry, body)
+    body, registry = await read_body(request)
+    pipeline = await find_pipeline(registry, body)
     pipeline.deployed = False
     await registry.put_pipeline(pipeline)
     return JSONResponse(_described(pipeline))
@@ -149,22 +149,22 @@ async def undeploy(request: Request) -> JSONResponse:
 
 @router.post("/list")
 async def list_pipelines(request: Request) -> JSONResponse:
-    _, registry = await _body(request)
+    _, registry = await read_body(request)
     return JSONResponse({"pipelines": [_described(p)["pipeline"] for p in await registry.pipelines()]})
 
 
 @router.post("/get")
 async def get(request: Request) -> JSONResponse:
-    body, registry = await _body(request)
-    return JSONResponse(_described(await _pipeline(registry, body)))
+    body, registry = await read_body(request)
+    return JSONResponse(_described(await find_pipeline(registry, body)))
 
 
 @router.post("/status")
 async def status(request: Request) -> JSONResponse:
     """The seed product's pipeline.status(): overall status, engines (with their pipeline and model
     statuses), engine_lbs (the gateway), sidekicks (the workers); plus replicas and models."""
-    body, registry = await _body(request)
-    pipeline = await _pipeline(registry, body)
+    body, registry = await read_body(request)
+    pipeline = await find_pipeline(registry, body)
     ctx = request.app.state.ctx
     agents = await registry.agent_records()
     workers = [w for a in agents for w in a.workers
