@@ -18,7 +18,10 @@ from shared.config import ConfigError
 INPUTS = {"prompt": ("string", "large_string"), "max_tokens": ("int8", "int16", "int32", "int64", "uint8",
                                                                 "uint16", "uint32", "uint64")}
 OUTPUTS = {"generated_text": INPUTS["prompt"], "num_output_tokens": INPUTS["max_tokens"]}
-PY_TYPES = {"string": str, "large_string": str}  # every other accepted type is an integer
+PY_TYPES = {"string": str, "large_string": str, "bool": bool, "halffloat": (int, float), "float": (int, float),
+            "double": (int, float)}  # every other accepted type is an integer
+# a custom model's columns are its own: any name, any of these types
+ANY_TYPES = (*INPUTS["prompt"], *INPUTS["max_tokens"], "bool", "halffloat", "float", "double")
 
 
 def to_wire(schema) -> str | None:
@@ -28,8 +31,10 @@ def to_wire(schema) -> str | None:
     return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
 
-def fields_of(field: str, encoded: str | None, allowed: dict[str, tuple[str, ...]]) -> list[tuple[str, str, bool]]:
-    """[(name, arrow type, nullable)] of a base64 schema, each checked against `allowed`."""
+def fields_of(field: str, encoded: str | None,
+              allowed: dict[str, tuple[str, ...]] | None) -> list[tuple[str, str, bool]]:
+    """[(name, arrow type, nullable)] of a base64 schema, each checked against `allowed` (None: a
+    custom model's, any name of ANY_TYPES)."""
     if encoded is None:
         return []
     import pyarrow as pa
@@ -40,11 +45,12 @@ def fields_of(field: str, encoded: str | None, allowed: dict[str, tuple[str, ...
         raise ConfigError(f"{field} is not a base64 Arrow schema: {exc}") from None
     out = []
     for f in schema:
-        if f.name not in allowed:
+        if allowed is not None and f.name not in allowed:
             raise ConfigError(f"{field} field {f.name!r} is not one the records route has: "
                               f"{', '.join(allowed)}")
-        if str(f.type) not in allowed[f.name]:
-            raise ConfigError(f"{field} field {f.name!r} is {f.type}: allowed {', '.join(allowed[f.name])}")
+        types = ANY_TYPES if allowed is None else allowed[f.name]
+        if str(f.type) not in types:
+            raise ConfigError(f"{field} field {f.name!r} is {f.type}: allowed {', '.join(types)}")
         out.append((f.name, str(f.type), f.nullable))
     return out
 
@@ -64,7 +70,7 @@ def check_row(fields: list[tuple[str, str, bool]], row: dict, index: int) -> Non
                 raise ValueError(f"row {index}: {name!r} is required by the model's input_schema")
             continue
         expected = PY_TYPES.get(arrow_type, int)
-        if not isinstance(value, expected) or isinstance(value, bool):
+        if not isinstance(value, expected) or (isinstance(value, bool) and arrow_type != "bool"):
             raise ValueError(f"row {index}: {name!r} must be {arrow_type}, got {type(value).__name__}")
 
 

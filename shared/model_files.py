@@ -92,3 +92,23 @@ def inspect_artifact(path: str) -> tuple[str, int]:
         except Exception as exc:
             raise ValueError(f"config.json cannot be read ({type(exc).__name__}: {exc})") from None
     raise ValueError("the file is neither a GGUF model nor a zip of a Hugging Face model directory")
+
+
+def artifact_root(zip_path: str | Path) -> Path:
+    """Where `unpacked` extracted a zip (a custom model's: its script, requirements.txt, model/)."""
+    return Path(str(zip_path) + ".d")
+
+
+def model_in(root: Path) -> str:
+    """A custom model's engine model: a GGUF file or an HF directory under its zip's `model/`."""
+    folder = root / "model"
+    if not folder.is_dir():
+        raise ValueError("a custom model's zip needs its model in a `model/` folder (a GGUF file or an HF "
+                         "directory with config.json), beside its .py script and requirements.txt")
+    ggufs = sorted(folder.rglob("*.gguf"))
+    if ggufs:
+        return str(ggufs[0])
+    configs = sorted(folder.rglob("config.json"), key=lambda p: len(p.parts))
+    if configs:
+        return str(configs[0].parent)
+    raise ValueError("the zip's `model/` folder has neither a .gguf file nor an HF config.json")

@@ -27,7 +27,7 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "api": {
         "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.kv.stats", subjects.WORKERS_RESEND,
                 subjects.CLIENTS_HEARTBEAT, f"{P}.responses.>", f"{P}.batches.>", f"{P}.background.>",
-                subjects.INFERENCE_LOGS, *JETSTREAM],
+                f"{P}.custom.*.predict", subjects.INFERENCE_LOGS, *JETSTREAM],
         "sub": [f"{P}.background.>", f"{P}.out.>", subjects.SCHEDULERS_HEARTBEAT, subjects.MODEL_LIMITS, INBOX, *JETSTREAM],
         REPLIES: True,  # a gateway answers the cancel of a background response it runs
     },
@@ -35,6 +35,11 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
         "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", subjects.WORKERS_RESEND,
                 subjects.CLIENTS_HEARTBEAT],
         "sub": [f"{P}.out.>", subjects.SCHEDULERS_HEARTBEAT, subjects.MODEL_LIMITS, INBOX],
+    },
+    "custom": {  # a custom model's runtime, running the user's code: its engine requests, its predicts
+        "pub": [f"{P}.*.submit", f"{P}.*.abort", subjects.WORKERS_RESEND, subjects.CLIENTS_HEARTBEAT],
+        "sub": [f"{P}.out.>", f"{P}.custom.*.predict", subjects.SCHEDULERS_HEARTBEAT, INBOX],
+        REPLIES: True,
     },
     "scheduler": {
         "pub": [f"{P}.worker.*.step", f"{P}.out.>", f"{P}.kv.events.*", subjects.KV_LOOKUP, subjects.MODEL_LIMITS,

@@ -33,7 +33,7 @@ from shared.deploy_config import (
     OpenaiConfig,
 )
 from shared.log import get_logger
-from shared.model_files import cache_root, unpacked
+from shared.model_files import artifact_root, cache_root, model_in, unpacked
 
 ARTIFACTS_BUCKET = "sy-artifacts"
 REGISTRY_BUCKET = "sy-registry"
@@ -232,7 +232,8 @@ class Registry:
     async def model_path(self, record: ModelVersion) -> str:
         """The version as a loadable path: its artifact fetched into the cache, a zip extracted."""
         path = await self.fetch_artifact(record, cache_root())
-        return await asyncio.to_thread(unpacked, str(path))
+        loadable = await asyncio.to_thread(unpacked, str(path))
+        return model_in(artifact_root(path)) if record.framework == "custom" else loadable
 
     async def fetch_artifact(self, record: ModelVersion, cache_root: Path) -> Path:
         """The artifact as a local file (cached by sha256, checked after download)."""

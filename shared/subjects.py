@@ -62,6 +62,11 @@ def batch_lines(batch_id: str) -> str:
 BATCH_LINES = f"{PREFIX}.batches.*.lines"
 
 
+def custom_predict(deployment: str) -> str:
+    """Request/reply, queue group: a custom model's records, answered by its runtime process."""
+    return f"{PREFIX}.custom.{deployment}.predict"
+
+
 def inference_log(pipeline: str, log_id: str) -> str:
     """JetStream (stream SY_INFERENCE_LOGS): one engine request served for a deployed pipeline."""
     return f"{PREFIX}.inference_logs.{pipeline}.{log_id}"

@@ -9,8 +9,8 @@ from shared.deploy_config import FrameworkConfig
 
 # vLLM's engine arguments as the product's VLLMConfig carries them (validated by the server)
 VLLMConfig = FrameworkConfig
-# the product's custom-runtime config has the same fields; the server refuses Framework.CUSTOM
-# uploads by name until custom runtimes exist
+# the product's custom-runtime config has the same fields: they configure the engine the custom
+# model's script gets (docs/deploy.md, "Custom runtimes")
 CustomConfig = FrameworkConfig
 
 

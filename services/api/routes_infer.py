@@ -5,7 +5,8 @@
   `stream_options.include_usage` every chunk carries the usage so far, `ttft` and `tps` included.
 - `/v1/api/pipelines/infer/{deployment}/{pipeline}`: the records route, one row
   `{"prompt", "max_tokens"}` in, `{"generated_text", "num_output_tokens"}` out; the model's Arrow
-  input_schema checks each row, its output_schema picks and orders the output's fields.
+  input_schema checks each row, its output_schema picks and orders the output's fields. A custom
+  model's rows go to its own predict (custom_records.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from services.api.body import read_json, validate
 from services.api.context import ApiContext
+from services.api.custom_records import custom_records
 from services.api.errors import APIError
 from services.api.guards import arrival
 from services.api.off_loop import off_loop
@@ -61,6 +63,8 @@ async def records(request: Request, deployment: str, pipeline: str) -> JSONRespo
     if len(raw) > 1 and model.deployed.version.continuous_batching_config is not None:
         raise APIError(400, MULTI_ROW_ERROR, code="batch_size")
     version = model.deployed.version
+    if version.framework == "custom":
+        return JSONResponse(await custom_records(ctx, model, raw))
     inputs = fields_of("input_schema", version.input_schema, INPUTS)
     outputs = fields_of("output_schema", version.output_schema, OUTPUTS)
     out = []

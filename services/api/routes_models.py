@@ -12,6 +12,7 @@ import asyncio
 import os
 import tempfile
 import time
+import zipfile
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -22,6 +23,8 @@ from services.api.body import decode_json, read_json
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai_defaults import openai_defaults_from
+from services.custom_runtime.environment import python_for
+from services.custom_runtime.layout import scripts_in
 from shared.arrow_schema import INPUTS, OUTPUTS, fields_of
 from shared.config import ConfigError
 from shared.deploy_config import (
@@ -35,11 +38,12 @@ from shared.deploy_config import (
     visibility,
     workspace_id,
 )
-from shared.model_files import inspect_artifact, unpacked
+from shared.model_files import artifact_root, cache_root, inspect_artifact, model_in, unpacked
 from shared.registry import ModelVersion
 
 router = APIRouter(prefix="/v1/api/models")
 MAX_METADATA_BYTES = 1 << 20
+FRAMEWORKS = ("vllm", "custom")  # a custom model's own Python runs beside the engine (services/custom_runtime)
 _CONVERTING: set[asyncio.Task] = set()  # background conversions, held until they finish
 SINGLE_BATCH_ERROR = ("Continuous batching is not supported with single batch mode. Please update the model "
                       "configuration or contact your Switchyard operator for support")  # the product's text, whole
@@ -101,9 +105,7 @@ def _failed(record: ModelVersion, exc: Exception) -> None:
 async def _convert_later(registry, record: ModelVersion) -> None:
     """converting -> ready, or error with the reason, whatever happens."""
     try:
-        path = await registry.model_path(record)
-        record.architecture, record.context_length = await asyncio.to_thread(inspect_artifact, path)
-        _check_context(record)
+        await asyncio.to_thread(_inspect_file, await registry.fetch_artifact(record, cache_root()), record)
         record.status = "ready"
     except Exception as exc:
         _failed(record, exc)
@@ -122,23 +124,24 @@ def _new_version(metadata: str, file_name: str) -> tuple[ModelVersion, bool]:
             raise ConfigError("conversion.framework_config must be an object")
         name = check_name("model", meta.get("name"))
         framework = conversion.get("framework", "vllm")
-        if framework != "vllm":
-            raise ConfigError(f"conversion.framework = {framework!r} is not allowed: allowed 'vllm'")
+        if framework not in FRAMEWORKS:
+            raise ConfigError(f"conversion.framework = {framework!r} is not allowed: allowed 'vllm' or 'custom'")
         accel = parse_accel(conversion.get("accel", "cpu"))
         fc = conversion.get("framework_config") or {}
-        if fc.get("framework", "vllm") != "vllm":
-            raise ConfigError(f"framework_config.framework = {fc.get('framework')!r} is not allowed: allowed 'vllm'")
+        if fc.get("framework", framework) != framework:
+            raise ConfigError(f"framework_config.framework = {fc.get('framework')!r} is not allowed: allowed "
+                              f"{framework!r} (conversion.framework)")
         framework_config = convert(fc.get("config") or {}, FrameworkConfig, "framework_config").validate(accel.kind)
         if accel.qaic is not None:
             check_qaic_framework(framework_config, accel.qaic)
         workspace = workspace_id(meta.get("workspace_id"))
         shown_to = visibility(meta.get("visibility", "private"))
         schemas = {"input_schema": meta.get("input_schema"), "output_schema": meta.get("output_schema")}
-        check_schemas(schemas)
+        check_schemas(schemas, framework)
         if conversion.get("requirements"):
             raise ConfigError(f"conversion.requirements = {conversion['requirements']!r} is not supported: a vLLM "
-                              "model runs in the server's own pinned environment, which installs nothing per "
-                              "model; send []")
+                              "model runs in the server's own pinned environment, and a custom model's "
+                              "requirements are its zip's requirements.txt; send []")
     except ConfigError as exc:
         raise config_error(exc) from None
     convert_wait = meta.get("convert_wait", True)
@@ -151,12 +154,13 @@ def _new_version(metadata: str, file_name: str) -> tuple[ModelVersion, bool]:
         convert_wait
 
 
-def check_schemas(schemas: dict) -> None:
-    """input_schema / output_schema: base64 Arrow schemas of what the records route reads and writes."""
+def check_schemas(schemas: dict, framework: str) -> None:
+    """input_schema / output_schema: base64 Arrow schemas of what the records route reads and writes
+    (a custom model's columns are its script's own)."""
     for key, allowed in (("input_schema", INPUTS), ("output_schema", OUTPUTS)):
         if schemas.get(key) is not None and not isinstance(schemas[key], str):
             raise ConfigError(f"{key} must be a base64 Arrow schema (a string), got {type(schemas[key]).__name__}")
-        fields_of(key, schemas.get(key), allowed)
+        fields_of(key, schemas.get(key), None if framework == "custom" else allowed)
 
 
 async def _inspect(upload: UploadFile, record: ModelVersion) -> None:
@@ -168,8 +172,21 @@ async def _inspect(upload: UploadFile, record: ModelVersion) -> None:
         with open(path, "wb") as out:
             while chunk := await upload.read(1 << 20):
                 out.write(chunk)
-        record.architecture, record.context_length = await asyncio.to_thread(
-            lambda: inspect_artifact(unpacked(path)))
+        await asyncio.to_thread(_inspect_file, path, record)
+
+
+def _inspect_file(path, record: ModelVersion) -> None:
+    """What the model is, and its context checked; a custom model's zip also has its script found
+    and its environment made (its requirements installed), so an upload that cannot run says so."""
+    loadable = unpacked(str(path))
+    if record.framework == "custom":
+        if not zipfile.is_zipfile(path):
+            raise ValueError("a custom model is a zip: its .py script, requirements.txt and model/")
+        root = artifact_root(path)
+        loadable = model_in(root)
+        scripts_in(root)
+        python_for(record.sha256, root)
+    record.architecture, record.context_length = inspect_artifact(loadable)
     _check_context(record)
 
 
@@ -243,7 +260,7 @@ async def configure(request: Request) -> JSONResponse:
         record.continuous_batching_config = (
             convert(cb, ContinuousBatchingConfig, "continuous_batching_config").validate() if cb is not None else None)
         schemas = {k: body[k] for k in ("input_schema", "output_schema") if k in body}
-        check_schemas(schemas)
+        check_schemas(schemas, record.framework)
         for key, value in schemas.items():
             setattr(record, key, value)
         oc = body.get("openai_config")

@@ -11,6 +11,7 @@ import uuid
 
 import torch
 
+from services.custom_runtime.supervisor import supervise
 from services.worker.backends import create_backend
 from services.worker.backends.spec import WorkerSpec
 from services.worker.deployment import drain_when_orphaned, fetch_deployment
@@ -47,9 +48,9 @@ def main() -> None:
     args = parse_args()
     worker_id = args.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     sylog.configure("worker")
-    deployed = None
+    deployed, custom = None, None
     if args.pipeline:  # started by an agent for a deployed pipeline: its configs come from the registry
-        deployed, model_path = fetch_deployment(args.nats_url, args.pipeline, args.generation)
+        deployed, model_path, custom = fetch_deployment(args.nats_url, args.pipeline, args.generation)
         config = deployed.engine_config()
         args.threads = deployed.worker_threads
     else:
@@ -90,9 +91,26 @@ def main() -> None:
         nc = await connect(args.nats_url, f"worker-{worker_id}")
         if deployed is not None:  # an agent's replica: it must not outlive the agent that counts it
             asyncio.get_running_loop().create_task(drain_when_orphaned(signalled))
+        runtime = None
+        if custom is not None:  # the user's code, in a process and environment of its own; ready first
+            ready, stopping = asyncio.Event(), asyncio.Event()
+            runtime = asyncio.get_running_loop().create_task(supervise(custom.python, [
+                "--nats-url", args.nats_url, "--deployment", config.model, "--artifact-dir", custom.artifact_dir,
+                "--model-path", model_path], stopping, ready))
+            asyncio.get_running_loop().create_task(_set_when(signalled, stopping))  # its predicts end in the drain
+            await asyncio.wait([runtime, asyncio.ensure_future(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
+            if runtime.done():
+                runtime.result()  # it could not start: the worker fails, saying why
         await serve(nc, WorkerService(nc, runner, hello, executor), signalled, config.drain_grace_s)
+        if runtime is not None:
+            await runtime
 
     run_with_bus_thread(serve_bus, executor)
+
+
+async def _set_when(first: asyncio.Event, then: asyncio.Event) -> None:
+    await first.wait()
+    then.set()
 
 
 def worker_spec(args: argparse.Namespace, config, model_path: str, deployed) -> WorkerSpec:

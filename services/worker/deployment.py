@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 
+from services.custom_runtime.environment import python_for
 from shared.bus import close, connect
 from shared.config import ConfigError
 from shared.deployment import DeployedModel, load_deployed
+from shared.model_files import artifact_root, cache_root
 from shared.registry import Registry
 
 
-async def _fetch(nats_url: str, pipeline_name: str, generation: int) -> tuple[DeployedModel, str]:
+@dataclass
+class CustomRuntime:
+    python: str  # the model's own environment (services/custom_runtime/environment.py)
+    artifact_dir: str  # the unpacked zip: the user's script, requirements.txt, model/
+
+
+async def _fetch(nats_url: str, pipeline_name: str, generation: int):
     nc = await connect(nats_url, f"worker-fetch-{pipeline_name}")
     try:
         registry = await Registry(nc).open()
@@ -19,14 +28,20 @@ async def _fetch(nats_url: str, pipeline_name: str, generation: int) -> tuple[De
         if pipeline is None or not pipeline.deployed or pipeline.generation != generation:
             raise ConfigError(f"pipeline {pipeline_name!r} generation {generation} is no longer deployed")
         deployed = await load_deployed(registry, pipeline)
+        custom = None
         path = await registry.model_path(deployed.version)
+        if deployed.version.framework == "custom":
+            root = artifact_root(await registry.fetch_artifact(deployed.version, cache_root()))
+            custom = CustomRuntime(await asyncio.to_thread(python_for, deployed.version.sha256, root), str(root))
     finally:
         await close(nc)
-    return deployed, path
+    return deployed, path, custom
 
 
-def fetch_deployment(nats_url: str, pipeline_name: str, generation: int) -> tuple[DeployedModel, str]:
-    """(the deployment's records, the local path to load) — before the worker's bus thread starts."""
+def fetch_deployment(nats_url: str, pipeline_name: str, generation: int) -> tuple[DeployedModel, str,
+                                                                                  CustomRuntime | None]:
+    """(the deployment's records, the local path to load, a custom model's runtime) — before the
+    worker's bus thread starts."""
     return asyncio.run(_fetch(nats_url, pipeline_name, generation))
 
 
