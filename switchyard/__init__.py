@@ -6,6 +6,14 @@ The SDK imports as the product's notebooks import theirs, with only the package 
 `switchyard.object`; `switchyard.config` holds them all in one place.
 """
 
+from switchyard import (  # noqa: F401 - `switchyard.framework.Framework.CUSTOM` after `import switchyard`
+    continuous_batching_config,
+    deployment_config,
+    engine_config,
+    framework,
+    object,
+    openai_config,
+)
 from switchyard.client import Client, EntityNotFoundError, ModelVersion, Pipeline, SwitchyardError
 
 __all__ = ["Client", "EntityNotFoundError", "ModelVersion", "Pipeline", "SwitchyardError"]
