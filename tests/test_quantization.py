@@ -80,3 +80,56 @@ def test_quantized_model_agrees_with_float32(loaded_model, default_model_path, h
     # int4 and w8a8 are the lossier: 44/49 of the prompt positions for int4 on one VM, more on
     # another (the bf16 kernels differ by CPU), so their floor is lower
     assert agree / total >= (0.9 if method == "int8" else 0.85), f"{agree}/{total}"
+
+
+TEXT = ("The river rose slowly through the night, and by morning the low fields on the east bank were under "
+        "water. The farmers had moved their animals to the hill the day before, so nothing was lost but a "
+        "week of work. In the village the talk was of the new bridge, which had stood against the flood "
+        "while the old ford disappeared. Children walked along the bank to see how high the water had come, "
+        "and the miller wrote the level on his wall beside the marks of earlier years.")
+
+
+def _perplexity(runner, ids: list[int]) -> float:
+    from tests.model_helpers import prefill_logits
+
+    logits = prefill_logits(runner, ids).float()
+    nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]))
+    return float(nll.exp())
+
+
+def test_int4_on_a_gguf_keeps_the_files_blocks_and_its_perplexity(loaded_model, default_model_path, hf_tokenizer):
+    """The default GGUF is Q4_1: int4 takes its values, scales and minimums as they are (the dense
+    path's weights equal the file's; the kernel stores scale and zero point in bfloat16), keeps its
+    Q8_0 head at 8 bits, and the perplexity of a fixed text stays within 0.5% of float32's."""
+    from services.worker.backends.torch_cpu.quantization import native_int4_blocks
+    from services.worker.loader import load_model
+    from services.worker.loader.gguf_blocks import for_module
+    from tests.model_helpers import make_runner
+
+    quant = load_model(default_model_path)
+    float_weights = {n: m.weight.detach().clone() for n, m in quant.model.named_modules() if isinstance(m, nn.Linear)}
+    blocks = native_int4_blocks(quant, "int4")
+    quantize(quant.model, "int4", blocks)
+    layers = dict(quant.model.named_modules())
+    assert isinstance(layers["output"], Int8Linear)  # the file's head is Q8_0: not cut to 4 bits
+    for name in ("layers.0.attention.wqkv", "layers.0.feed_forward.w13", "layers.29.feed_forward.w2"):
+        q, b = layers[name], for_module(blocks, name)
+        assert isinstance(q, Int4Linear) and torch.equal(q.dequantized, float_weights[name])
+        scale, zero = q.scales_and_zeros.transpose(0, 1).float().unbind(-1)  # [n, k / 32] each
+        assert torch.equal(scale, b.scale.to(torch.bfloat16).float())
+        assert torch.equal(zero, (b.low + 8 * b.scale).to(torch.bfloat16).float())
+        n, k = q.dequantized.shape
+        stored = ((b.q.view(n, k // INT4_GROUP, INT4_GROUP).float() - 8) * scale[..., None] + zero[..., None])
+        through_kernel = q.kernel(torch.eye(k, dtype=torch.bfloat16)).float().t()  # W, row by row
+        torch.testing.assert_close(through_kernel, stored.view(n, k), rtol=2**-8, atol=1e-6)
+    ids = hf_tokenizer.encode(TEXT)
+    reference = _perplexity(make_runner(loaded_model), ids)
+    runner = make_runner(quant, num_blocks=64, max_model_len=1024)
+    dense = _perplexity(runner, ids)  # a prefill's rows take the dense path: the file's weights in float32
+    for module in quant.model.modules():
+        if isinstance(module, (Int4Linear, Int8Linear)):
+            module.small_batch = 10**9  # every row through the int4 / int8 kernels, as decode steps go
+    kernels = _perplexity(runner, ids)
+    print(f"\nperplexity: float32 {reference:.4f}, int4 dense {dense:.4f}, int4 kernels {kernels:.4f}")
+    for ppl in (dense, kernels):
+        assert abs(ppl / reference - 1) < 0.005, (reference, dense, kernels)

@@ -11,7 +11,7 @@ from services.worker.backends.torch_cpu.compiled import compile_decode_layers, w
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import quantize
+from services.worker.backends.torch_cpu.quantization import native_int4_blocks, quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
@@ -44,7 +44,7 @@ class TorchCpuBackend:
         if spec.quantization == "mxfp6":
             raise ConfigError("quantization 'mxfp6' is a QAIC format: it needs the qaic backend (--device qaic)")
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, TORCH_OPS)
-        quantize(loaded.model, spec.quantization)
+        quantize(loaded.model, spec.quantization, native_int4_blocks(loaded, spec.quantization))
         if spec.compile:
             compile_decode_layers(loaded.model, spec.max_num_seqs)
         else:  # compiled layers cannot take oneDNN's packed weights (dense.py)

@@ -3,7 +3,7 @@
 - int8: each Linear's weight as int8 with one scale per output channel (symmetric).
 - int4: 4-bit values in groups of 32 along the input dimension, each group with its own scale and
   zero point (asymmetric), in torch's packed layout; the same scheme as the Q4_1 blocks of the
-  default GGUF, so re-quantizing those weights loses little.
+  default GGUF, whose own values, scales and minimums are kept (loader/gguf_blocks.py).
 
 Small batches (decode at low concurrency, bound by reading the weights) run torch's int8 / int4
 GEMV kernels over the packed bytes; larger batches (bound by arithmetic) run a dense GEMM over the
@@ -22,6 +22,8 @@ from torch import nn
 
 from services.worker.backends.torch_cpu import dense
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
+from services.worker.loader import gguf_blocks
+from services.worker.loader.gguf_blocks import Int4Blocks, for_module
 
 # rows up to which the kernels beat the dense GEMM (bench/profile_step.py): a float32 GEMM reads twice
 # the bytes of a bfloat16 one, so against it the kernels win for more rows
@@ -77,13 +79,17 @@ class Int8Linear(_WeightOnlyLinear):
 
 
 class Int4Linear(_WeightOnlyLinear):
-    def __init__(self, linear: nn.Linear):
-        weight = linear.weight.detach().float()
-        n, k = weight.shape
-        groups = weight.view(n, k // INT4_GROUP, INT4_GROUP)
-        low = groups.amin(-1, keepdim=True)
-        scale = (groups.amax(-1, keepdim=True) - low).clamp(min=1e-8) / 15
-        q = torch.round((groups - low) / scale).clamp(0, 15)
+    def __init__(self, linear: nn.Linear, blocks: Int4Blocks | None = None):
+        """blocks: the GGUF's own 4-bit values, scales and minimums for this weight, kept as they are."""
+        n, k = linear.weight.shape
+        if blocks is None:
+            groups = linear.weight.detach().float().view(n, k // INT4_GROUP, INT4_GROUP)
+            low = groups.amin(-1, keepdim=True)
+            scale = (groups.amax(-1, keepdim=True) - low).clamp(min=1e-8) / 15
+            q = torch.round((groups - low) / scale).clamp(0, 15)
+        else:
+            q = blocks.q.view(n, k // INT4_GROUP, INT4_GROUP).float()
+            scale, low = blocks.scale[..., None], blocks.low[..., None]
         super().__init__(linear, (q * scale + low).view(n, k))
         # torch's convention: w = (q - 8) * scale + zero, scales and zeros as [k / group, n, 2]
         zero = low + 8 * scale
@@ -96,22 +102,36 @@ class Int4Linear(_WeightOnlyLinear):
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
 
 
-def quantize(model: nn.Module, method: str) -> nn.Module:
+def quantize(model: nn.Module, method: str, gguf_blocks: dict[str, Int4Blocks] | None = None) -> nn.Module:
     """Every Linear, the output head included, becomes a quantized one (the embedding table stays).
     int4 needs the input size to be a multiple of 32; a Linear that is not stays int8. w8a8 (int8
-    activations too) is w8a8.py's."""
+    activations too) is w8a8.py's. gguf_blocks (int4 on a GGUF with 4-bit tensors): those weights
+    keep the file's own blocks, and a weight the file holds in more bits (the Q8_0 head of the
+    default model) becomes int8, not a coarser second quantization."""
     if method == "none":
         return model
-    for module in list(model.modules()):
+    for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, child_name, _quantized(child, method))
+                where = f"{path}.{child_name}" if path else child_name
+                setattr(module, child_name, _quantized(child, method, gguf_blocks, where))
     return model
 
 
-def _quantized(linear: nn.Linear, method: str) -> nn.Module:
+def _quantized(linear: nn.Linear, method: str, gguf_blocks: dict | None, path: str) -> nn.Module:
     if method == "w8a8":
         return W8A8Linear(linear)
+    if method == "int4" and gguf_blocks is not None:
+        blocks = for_module(gguf_blocks, path)
+        return Int4Linear(linear, blocks) if blocks is not None else Int8Linear(linear)
     if method == "int4" and linear.in_features % INT4_GROUP == 0:
         return Int4Linear(linear)
     return Int8Linear(linear)
+
+
+def native_int4_blocks(loaded, method: str) -> dict[str, Int4Blocks] | None:
+    """int4 on a GGUF that has Q4_0 / Q4_1 tensors: the file's own blocks (loader/gguf_blocks.py)."""
+    kind, _, path = loaded.source.partition(":")
+    if method != "int4" or kind != "gguf":
+        return None
+    return gguf_blocks.read(path, loaded.config) or None

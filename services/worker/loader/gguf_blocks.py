@@ -1,0 +1,81 @@
+"""A GGUF's own 4-bit blocks, kept: Q4_0 and Q4_1 tensors as int4 values with the file's scales (and
+minimums), for `--quantization int4` rather than a second quantization of the dequantized floats.
+
+A block is 32 weights along the input dimension. Q4_1: fp16 d, fp16 m, 16 bytes of nibbles (the low
+nibbles are weights 0-15, the high ones 16-31), w = d * q + m. Q4_0: fp16 d and the nibbles,
+w = d * (q - 8). Either is (q, scale, low) with w = q * scale + low, computed in float32 exactly as
+gguf's own dequantize does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+
+from services.worker.loader.gguf_file import our_name, unpermute_rotary
+from services.worker.model_config import ModelConfig
+
+BLOCK = 32
+_HEADER = {"Q4_0": 2, "Q4_1": 4}  # bytes before the 16 bytes of nibbles: d, or d and m
+# after load_model fuses projections (models/llama.py), a Linear's rows are these weights' rows in order
+FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
+         "feed_forward.w13": ("feed_forward.w1", "feed_forward.w3")}
+
+
+@dataclass
+class Int4Blocks:
+    q: torch.Tensor  # [out, in] uint8, 0..15
+    scale: torch.Tensor  # [out, in / 32] float32 (the file's fp16 d)
+    low: torch.Tensor  # [out, in / 32] float32: m (Q4_1) or -8 d (Q4_0)
+
+    @property
+    def dequantized(self) -> torch.Tensor:
+        n, k = self.q.shape
+        groups = self.q.view(n, k // BLOCK, BLOCK).float() * self.scale[..., None] + self.low[..., None]
+        return groups.view(n, k)
+
+    @staticmethod
+    def cat(parts: list[Int4Blocks]) -> Int4Blocks:
+        return Int4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "low")))
+
+
+def decode(kind: str, raw: np.ndarray) -> Int4Blocks:
+    """raw: [rows, row bytes] as GGUFReader gives a Q4_0 / Q4_1 tensor."""
+    header = _HEADER[kind]
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, header + 16)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., header:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1)
+    low = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "Q4_1" else -8 * d
+    return Int4Blocks(torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(d), torch.from_numpy(low))
+
+
+def read(path: str, config: ModelConfig) -> dict[str, Int4Blocks]:
+    """Every Q4_0 / Q4_1 weight of the file by our weight name (Q and K rows unpermuted as the floats are)."""
+    out = {}
+    for tensor in GGUFReader(path).tensors:
+        kind = tensor.tensor_type.name
+        if kind not in _HEADER:
+            continue
+        blocks = decode(kind, np.asarray(tensor.data))
+        heads = {"attn_q.weight": config.num_heads, "attn_k.weight": config.num_kv_heads}
+        for suffix, num_heads in heads.items():
+            if tensor.name.endswith(suffix):
+                blocks = Int4Blocks(*(torch.from_numpy(np.ascontiguousarray(unpermute_rotary(t.numpy(), num_heads)))
+                                      for t in (blocks.q, blocks.scale, blocks.low)))
+        out[our_name(tensor.name)] = blocks
+    return out
+
+
+def for_module(blocks: dict[str, Int4Blocks], path: str) -> Int4Blocks | None:
+    """The blocks of a Linear at `path` (fused ones joined), or None if any part is not 4-bit."""
+    for fused, parts in FUSED.items():
+        if path.endswith(fused):
+            prefix = path[: -len(fused)]
+            found = [blocks.get(f"{prefix}{p}.weight") for p in parts]
+            return None if any(b is None for b in found) else Int4Blocks.cat(found)
+    return blocks.get(f"{path}.weight")
