@@ -57,9 +57,10 @@ class Generation:
         self.stream: RequestStream | None = None
         self.num_cached_tokens = 0
         self.finish_reason = "abort"  # until the stream says otherwise: disconnect or timeout
-        self.output_ids: list[int] = []  # what the client was sent, as token ids and as text
-        self.output_text: list[str] = []
         self.on_finished = None  # called with this generation at its end (a pipeline's inference log)
+        self.keeps_output = False  # then output_ids and output_text hold what the client was sent
+        self.output_ids: list[int] = []
+        self.output_text: list[str] = []
 
     async def submit(self) -> None:
         """Raises APIError with the right status if the engine does not take the request."""
@@ -147,7 +148,7 @@ class Generation:
                     return
                 if text or delta.logprobs or delta.prompt_logprobs:
                     yield self._sent(delta)
-                else:
+                elif self.keeps_output:
                     self.output_ids.extend(delta.token_ids)
         except TimeoutError:
             raise APIError(504, f"no token for {self.idle_timeout_s}s; the request was aborted",
@@ -160,8 +161,9 @@ class Generation:
     def _sent(self, delta: Delta) -> Delta:
         if self.first_byte_at is None:
             self.first_byte_at = time.monotonic()
-        self.output_ids.extend(delta.token_ids)
-        self.output_text.append(delta.text)
+        if self.keeps_output:  # only where something reads it: an inference log, a replay
+            self.output_ids.extend(delta.token_ids)
+            self.output_text.append(delta.text)
         return delta
 
     def _visible(self, entry) -> list[int]:

@@ -97,7 +97,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
                 ctx.bus, model.name, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
                 idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s, arrival=arrived,
                 user=body.user, priority=body.priority))
-            generations[-1].on_finished = log
+            generations[-1].on_finished, generations[-1].keeps_output = log, log is not None
             prompt_index.append(p)
     return Choices(generations, prompt_index)
 

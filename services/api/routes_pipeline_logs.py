@@ -69,6 +69,7 @@ async def replay(request: Request) -> JSONResponse:
                      IncrementalDetokenizer(model.tokenizer.tokenizer, record.stop), ctx.metrics, cache_salt=None,
                      idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s,
                      arrival=arrival(request))
+    gen.keeps_output = True
     await gen.submit()
     async for _ in gen.deltas():
         pass
