@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -10,5 +10,3 @@ from pathlib import Path
 class CustomInferenceConfig:
     model_path: Path  # the unpacked artifact: the script, requirements.txt and the model's files
     framework: str = "custom"
-    model_version: str = ""
-    modules_to_include: set[str] = field(default_factory=lambda: {"*.py"})

@@ -22,7 +22,7 @@ class AsyncLLMEngine:
         self.streams = {}
 
     @classmethod
-    def from_engine_args(cls, engine_args: AsyncEngineArgs, **_start_options) -> AsyncLLMEngine:
+    def from_engine_args(cls, engine_args: AsyncEngineArgs) -> AsyncLLMEngine:
         ctx = context.CURRENT
         if ctx is None:
             raise RuntimeError("this vLLM engine API runs inside a Switchyard custom runtime")
@@ -33,8 +33,9 @@ class AsyncLLMEngine:
         return cls(ctx)
 
     async def generate(self, prompt, sampling_params: SamplingParams, request_id: str | None = None,
-                       **_unused) -> AsyncIterator[RequestOutput]:
-        """prompt: text, {"prompt": text} or {"prompt_token_ids": [...]}; yields the output so far."""
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """prompt: text, {"prompt": text} or {"prompt_token_ids": [...]}; yields the output so far.
+        priority: the scheduler serves lower first (vLLM's meaning)."""
         text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
         ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
         if ids is None:
@@ -47,7 +48,7 @@ class AsyncLLMEngine:
                                   ignore_eos=p.ignore_eos, min_tokens=p.min_tokens, min_p=p.min_p,
                                   presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                                   repetition_penalty=p.repetition_penalty)
-        stream = await self.ctx.bus.submit(self.ctx.model, ids, sampling,
+        stream = await self.ctx.bus.submit(self.ctx.model, ids, sampling, priority=priority,
                                            request_id=f"custom-{request_id or uuid.uuid4().hex}")
         detok = IncrementalDetokenizer(self.ctx.tokenizer.tokenizer, p.stop, p.skip_special_tokens)
         out = CompletionOutput(index=0, text="", token_ids=[])
