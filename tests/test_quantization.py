@@ -86,7 +86,17 @@ TEXT = ("The river rose slowly through the night, and by morning the low fields 
         "water. The farmers had moved their animals to the hill the day before, so nothing was lost but a "
         "week of work. In the village the talk was of the new bridge, which had stood against the flood "
         "while the old ford disappeared. Children walked along the bank to see how high the water had come, "
-        "and the miller wrote the level on his wall beside the marks of earlier years.")
+        "and the miller wrote the level on his wall beside the marks of earlier years. When the water went down, "
+        "the bridge was the first thing the engineers from the town came to look at. They measured the stones of "
+        "its piers, tapped the mortar with small hammers and wrote numbers in a book, and at the end of the second "
+        "day they said it would stand for another hundred years. The miller did not believe them. He had seen the "
+        "river take the mill race twice, and he knew that a flood did its damage slowly, under the surface, where "
+        "no hammer could reach. That winter he built a wall of sandbags along the lane behind the mill, and the "
+        "younger men laughed at him until the spring rains came. In March the river rose again, higher than anyone "
+        "remembered, and the water stopped a hand's width below the top of his wall. After that, people listened "
+        "when he talked about the river, and the council asked him to write down everything he knew about the "
+        "floods of the past fifty years, which he did in a small green notebook that is kept today in the village "
+        "library.")  # 308 tokens: over 100, a logit's bfloat16 rounding alone moved the perplexity by 0.4%
 
 
 def _perplexity(runner, ids: list[int]) -> float:
@@ -97,39 +107,48 @@ def _perplexity(runner, ids: list[int]) -> float:
     return float(nll.exp())
 
 
-def test_int4_on_a_gguf_keeps_the_files_blocks_and_its_perplexity(loaded_model, default_model_path, hf_tokenizer):
-    """The default GGUF is Q4_1: int4 takes its values, scales and minimums as they are (the dense
-    path's weights equal the file's; the kernel stores scale and zero point in bfloat16), keeps its
-    Q8_0 head at 8 bits, and the perplexity of a fixed text stays within 0.5% of float32's."""
+@pytest.mark.parametrize(("method", "dtype"), [("gguf", torch.float32), ("gguf", torch.bfloat16),
+                                               ("int4", torch.float32)])
+def test_a_ggufs_own_blocks_are_kept_and_its_perplexity(loaded_model, default_model_path, hf_tokenizer, method, dtype):
+    """The default GGUF is Q4_1 with a Q8_0 head (tied to the embedding). `gguf` (what
+    --quantization auto picks) and int4 take the file's values, scales and minimums as they are:
+    the dense path's weights equal the file's; the kernel stores scale and zero point in bfloat16,
+    its only rounding; the Q8_0 head keeps its 8 bits as two 4-bit halves. The perplexity of a
+    fixed text stays within 0.5% of float32's, in a float32 model (AVX2's default) and a bfloat16
+    one (AVX-512 BF16's), through the dense path and through the kernels."""
     from services.worker.backends.torch_cpu.quantization import native_int4_blocks
     from services.worker.loader import load_model
     from services.worker.loader.gguf_blocks import for_module
     from tests.model_helpers import make_runner
 
-    quant = load_model(default_model_path)
+    quant = load_model(default_model_path, dtype=dtype)
     float_weights = {n: m.weight.detach().clone() for n, m in quant.model.named_modules() if isinstance(m, nn.Linear)}
-    blocks = native_int4_blocks(quant, "int4")
-    quantize(quant.model, "int4", blocks)
+    blocks = native_int4_blocks(quant, method)
+    quantize(quant.model, method, blocks)
     layers = dict(quant.model.named_modules())
-    assert isinstance(layers["output"], Int8Linear)  # the file's head is Q8_0: not cut to 4 bits
-    for name in ("layers.0.attention.wqkv", "layers.0.feed_forward.w13", "layers.29.feed_forward.w2"):
+    assert not any(isinstance(m, nn.Linear) for m in quant.model.modules())  # every weight of this file is kept
+    for name in ("layers.0.attention.wqkv", "layers.0.feed_forward.w13", "layers.29.feed_forward.w2", "output"):
         q, b = layers[name], for_module(blocks, name)
-        assert isinstance(q, Int4Linear) and torch.equal(q.dequantized, float_weights[name])
-        scale, zero = q.scales_and_zeros.transpose(0, 1).float().unbind(-1)  # [n, k / 32] each
+        assert isinstance(q, Int4Linear) and q.folds == (2 if name == "output" else 1)
+        assert torch.equal(q.dequantized, float_weights[name])  # the file's weights, in the model's dtype
+        scale, zero = q.scales_and_zeros.transpose(0, 1).float().unbind(-1)  # [n, folds * k / 32] each
         assert torch.equal(scale, b.scale.to(torch.bfloat16).float())
         assert torch.equal(zero, (b.low + 8 * b.scale).to(torch.bfloat16).float())
         n, k = q.dequantized.shape
-        stored = ((b.q.view(n, k // INT4_GROUP, INT4_GROUP).float() - 8) * scale[..., None] + zero[..., None])
+        groups = (b.q.view(n, -1, INT4_GROUP).float() - 8) * scale[..., None] + zero[..., None]
+        stored = groups.view(n, q.folds, k).sum(1)  # the file's weights with bfloat16 scales
         through_kernel = q.kernel(torch.eye(k, dtype=torch.bfloat16)).float().t()  # W, row by row
-        torch.testing.assert_close(through_kernel, stored.view(n, k), rtol=2**-8, atol=1e-6)
+        torch.testing.assert_close(through_kernel, stored, rtol=2**-8, atol=1e-6)
     ids = hf_tokenizer.encode(TEXT)
     reference = _perplexity(make_runner(loaded_model), ids)
-    runner = make_runner(quant, num_blocks=64, max_model_len=1024)
-    dense = _perplexity(runner, ids)  # a prefill's rows take the dense path: the file's weights in float32
+    runner = make_runner(quant, num_blocks=64, max_model_len=1024, kv_dtype=dtype)
+    dense = _perplexity(runner, ids)  # a prefill's rows take the dense path: the file's weights
     for module in quant.model.modules():
         if isinstance(module, (Int4Linear, Int8Linear)):
-            module.small_batch = 10**9  # every row through the int4 / int8 kernels, as decode steps go
+            module.small_batch = 10**9  # every row through the int4 kernel, as decode steps go
     kernels = _perplexity(runner, ids)
-    print(f"\nperplexity: float32 {reference:.4f}, int4 dense {dense:.4f}, int4 kernels {kernels:.4f}")
+    print(f"\nperplexity: float32 {reference:.4f}, {method} {dtype} dense {dense:.4f}, kernels {kernels:.4f}")
+    if dtype == torch.float32:
+        assert dense == pytest.approx(reference, rel=1e-5)  # the same weights
     for ppl in (dense, kernels):
         assert abs(ppl / reference - 1) < 0.005, (reference, dense, kernels)

@@ -4,6 +4,8 @@
 - int4: 4-bit values in groups of 32 along the input dimension, each group with its own scale and
   zero point (asymmetric), in torch's packed layout; the same scheme as the Q4_1 blocks of the
   default GGUF, whose own values, scales and minimums are kept (loader/gguf_blocks.py).
+- gguf (the default on a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): exactly those weights keep the
+  file's blocks, on the int4 kernel (Q8_0 as two 4-bit halves); the others stay as the file has them.
 
 Small batches (decode at low concurrency, bound by reading the weights) run torch's int8 / int4
 GEMV kernels over the packed bytes; larger batches (bound by arithmetic) run a dense GEMM over the
@@ -80,34 +82,41 @@ class Int8Linear(_WeightOnlyLinear):
 
 class Int4Linear(_WeightOnlyLinear):
     def __init__(self, linear: nn.Linear, blocks: Int4Blocks | None = None):
-        """blocks: the GGUF's own 4-bit values, scales and minimums for this weight, kept as they are."""
+        """blocks: the GGUF's own values, scales and minimums for this weight, kept as they are (a Q8_0
+        weight as two 4-bit halves, `folds` = 2: the kernel takes each row twice)."""
         n, k = linear.weight.shape
+        folds = 1 if blocks is None else blocks.folds
         if blocks is None:
             groups = linear.weight.detach().float().view(n, k // INT4_GROUP, INT4_GROUP)
             low = groups.amin(-1, keepdim=True)
             scale = (groups.amax(-1, keepdim=True) - low).clamp(min=1e-8) / 15
             q = torch.round((groups - low) / scale).clamp(0, 15)
+            dequantized = (q * scale + low).view(n, k)
         else:
-            q = blocks.q.view(n, k // INT4_GROUP, INT4_GROUP).float()
+            q = blocks.q.view(n, -1, INT4_GROUP).float()
             scale, low = blocks.scale[..., None], blocks.low[..., None]
-        super().__init__(linear, (q * scale + low).view(n, k))
+            dequantized = blocks.dequantized
+        super().__init__(linear, dequantized)
+        self.folds = folds
         # torch's convention: w = (q - 8) * scale + zero, scales and zeros as [k / group, n, 2]
         zero = low + 8 * scale
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            q.view(n, k).to(torch.int32), 2))
+            q.view(n, -1).to(torch.int32), 2))
         self.register_buffer("scales_and_zeros", torch.stack(
             [scale.view(n, -1), zero.view(n, -1)], dim=-1).transpose(0, 1).contiguous().to(KERNEL_DTYPE))
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.folds > 1:
+            rows = rows.repeat(1, self.folds)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
 
 
 def quantize(model: nn.Module, method: str, gguf_blocks: dict[str, Int4Blocks] | None = None) -> nn.Module:
     """Every Linear, the output head included, becomes a quantized one (the embedding table stays).
     int4 needs the input size to be a multiple of 32; a Linear that is not stays int8. w8a8 (int8
-    activations too) is w8a8.py's. gguf_blocks (int4 on a GGUF with 4-bit tensors): those weights
-    keep the file's own blocks, and a weight the file holds in more bits (the Q8_0 head of the
-    default model) becomes int8, not a coarser second quantization."""
+    activations too) is w8a8.py's. gguf_blocks (a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): those
+    weights keep the file's own blocks (Q8_0's at 8 bits); under int4 a weight the file holds as
+    floats becomes int8, under `gguf` (the default, --quantization auto) it stays as it is."""
     if method == "none":
         return model
     for path, module in list(model.named_modules()):
@@ -121,17 +130,21 @@ def quantize(model: nn.Module, method: str, gguf_blocks: dict[str, Int4Blocks] |
 def _quantized(linear: nn.Linear, method: str, gguf_blocks: dict | None, path: str) -> nn.Module:
     if method == "w8a8":
         return W8A8Linear(linear)
-    if method == "int4" and gguf_blocks is not None:
+    if method in ("int4", "gguf") and gguf_blocks is not None:
         blocks = for_module(gguf_blocks, path)
-        return Int4Linear(linear, blocks) if blocks is not None else Int8Linear(linear)
+        if blocks is not None:
+            return Int4Linear(linear, blocks)
+        return linear if method == "gguf" else Int8Linear(linear)
+    if method == "gguf":
+        return linear
     if method == "int4" and linear.in_features % INT4_GROUP == 0:
         return Int4Linear(linear)
     return Int8Linear(linear)
 
 
 def native_int4_blocks(loaded, method: str) -> dict[str, Int4Blocks] | None:
-    """int4 on a GGUF that has Q4_0 / Q4_1 tensors: the file's own blocks (loader/gguf_blocks.py)."""
+    """int4 or gguf on a GGUF that has Q4_0 / Q4_1 / Q8_0 tensors: the file's own blocks (loader/gguf_blocks.py)."""
     kind, _, path = loaded.source.partition(":")
-    if method != "int4" or kind != "gguf":
+    if method not in ("int4", "gguf") or kind != "gguf":
         return None
     return gguf_blocks.read(path, loaded.config) or None
