@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.backends.torch_cpu.compiled import MAX_BATCH, compile_decode_layers, warm_up
+from services.worker.backends.torch_cpu.compiled import MAX_BATCH, CompiledLayers, compile_in_background
 from services.worker.backends.torch_cpu.quantization import quantize
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
@@ -58,10 +58,16 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
     quantize(loaded.model, quantization)
     model = loaded.model
     compiled_runner, eager_runner = (make_runner(loaded, 256, kv_dtype=dtype, max_model_len=4096) for _ in range(2))
-    compiled_layers = compile_decode_layers(model, max_num_seqs=16)
+    # as a worker does it: the compile runs on a thread of its own while the model serves eagerly
+    compiling = compile_in_background(model, compiled_runner.backend.kv_caches, BLOCK_SIZE, max_num_seqs=16)
+    assert model.layer_runner is run_layers
+    _start(eager_runner, [hf_tokenizer.encode(PROMPTS[0])])
+    _decode_logits(eager_runner, 1, None)
+    compiling.join()
+    compiled_layers = model.layer_runner  # installed once every graph is compiled
+    assert isinstance(compiled_layers, CompiledLayers)
     compiled_max_batch = compiled_layers.max_batch  # MAX_BATCH; every batch up to 16 for w8a8
     assert compiled_max_batch == (16 if quantization == "w8a8" else MAX_BATCH)
-    warm_up(model, compiled_runner.backend.kv_caches, BLOCK_SIZE)
     compiled_calls = []
     compiled_fn = compiled_layers.compiled
 

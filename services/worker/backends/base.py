@@ -73,7 +73,8 @@ class Backend(Protocol):
         """One token per row (and its logprobs when asked); the sampled ids are the only host sync."""
 
     def warm_up(self) -> float:
-        """Compile or capture what serving needs before the worker says hello; returns seconds."""
+        """Compile or capture what serving needs before the worker says hello (the CPU backend
+        compiles in the background instead); returns seconds."""
 
     def hello_fields(self) -> dict:
         """What the worker announces about its backend (WorkerHello's backend, kind, KV geometry, dtype)."""

@@ -7,7 +7,7 @@ import torch
 
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
-from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
+from services.worker.backends.torch_cpu.compiled import compile_in_background
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
@@ -24,8 +24,10 @@ class TorchCpuBackend:
     kind = WorkerKind.PAGED
     device = torch.device("cpu")
 
-    def __init__(self, loaded: LoadedModel, kv: KVSpec, num_blocks: int, is_compiled: bool = False):
-        """`loaded`'s model already in its final form (quantized, packed or compiled)."""
+    def __init__(self, loaded: LoadedModel, kv: KVSpec, num_blocks: int, compile_max_seqs: int = 0,
+                 quantization: str = "none"):
+        """`loaded`'s model already in its final form (quantized or packed); compile_max_seqs > 0:
+        warm_up() compiles its decode layers in the background (compiled.py)."""
         self.model = loaded.model
         self.config = loaded.config
         self.kv = kv
@@ -33,7 +35,9 @@ class TorchCpuBackend:
         self.num_blocks = num_blocks
         self.kv_caches = kv.allocate(num_blocks)
         self.null_block = null_block(self.kv_caches)
-        self.is_compiled = is_compiled
+        self.compile_max_seqs = compile_max_seqs
+        self.quantization = quantization
+        self.compiling = None  # the background compile's thread, once started
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
@@ -45,13 +49,12 @@ class TorchCpuBackend:
             raise ConfigError("quantization 'mxfp6' is a QAIC format: it needs the qaic backend (--device qaic)")
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, TORCH_OPS)
         quantize(loaded.model, spec.quantization, native_int4_blocks(loaded, spec.quantization))
-        if spec.compile:
-            compile_decode_layers(loaded.model, spec.max_num_seqs)
-        else:  # compiled layers cannot take oneDNN's packed weights (dense.py)
+        if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
         num_blocks = spec.num_kv_blocks or kv.num_blocks_for_budget(spec.kv_budget(loaded.model))
-        return cls(loaded, kv, num_blocks, is_compiled=spec.compile)
+        return cls(loaded, kv, num_blocks, compile_max_seqs=spec.max_num_seqs if spec.compile else 0,
+                   quantization=spec.quantization)
 
     def prepare(self, batch) -> TorchInputs:
         return build_inputs(batch, self.block_size, self.null_block)
@@ -66,11 +69,14 @@ class TorchCpuBackend:
         return sample(logits, rows)
 
     def warm_up(self) -> float:
-        if self.is_compiled:
-            return warm_up(self.model, self.kv_caches, self.block_size)
+        """Starts the background compile (the worker serves eagerly meanwhile); returns at once."""
+        if self.compile_max_seqs and self.compiling is None:
+            self.compiling = compile_in_background(self.model, self.kv_caches, self.block_size, self.compile_max_seqs)
         return 0.0
 
     def hello_fields(self) -> dict:
+        dtype = str(self.model.tok_embeddings.weight.dtype).removeprefix("torch.")
+        how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
+            ["compiled decode"] * bool(self.compile_max_seqs)
         return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks,
-                "block_size": self.block_size, "dtype": str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
-                "device": "cpu"}
+                "block_size": self.block_size, "dtype": dtype, "device": f"cpu ({', '.join(how)})"}

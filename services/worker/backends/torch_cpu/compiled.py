@@ -22,15 +22,20 @@ compile once per number of chunks.
 The KV pool's shape is fixed for a worker's life and marked static. The rest is dynamic, but
 dynamo specializes sizes 0 and 1 and the quantized Linears branch on the row count, so `warm_up`
 compiles every graph a decode step can need (batch 1, small batches, int4's dense path) before the
-worker takes traffic; tests/test_compiled.py checks that nothing compiles after it. (A shape that did would stall one step for the compile, not
+compiled layers take traffic; tests/test_compiled.py checks that nothing compiles after it. (A shape that did would stall one step for the compile, not
 fail it. torch's "eager_on_recompile" stance would avoid the stall, but slowed every step by half
 here.) Block tables are padded to at least two blocks (`MIN_DECODE_BLOCKS`), so a short context
 never meets a one-block graph. Inductor caches what it compiled on disk (`TORCHINDUCTOR_CACHE_DIR`),
 so only a worker's first start on a machine pays the full compile.
+
+A worker compiles in the background (`compile_in_background`): it serves eagerly from the start,
+and its decode steps switch to the compiled layers once the warm-up has compiled every graph.
+Dynamo's frame hook is per thread, so the serving thread's eager steps do not meet it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -73,23 +78,43 @@ class CompiledLayers:
         return x, residual
 
 
-def compile_decode_layers(model: torch.nn.Module, max_num_seqs: int) -> CompiledLayers:
-    """Give `model` (a Llama) a compiled layer runner for its decode-only steps."""
+def compile_decode_layers(model: torch.nn.Module, max_num_seqs: int, install: bool = True) -> CompiledLayers:
+    """A compiled layer runner for `model`'s (a Llama's) decode-only steps; `install`: the model uses it now."""
     # dynamo's code cache is keyed by run_layers' code and its module guards are skipped, so a
     # model compiled earlier in this process (tests compile several) would lend this one its graphs
     torch._dynamo.reset()
     w8a8 = any(isinstance(m, W8A8Linear) for m in model.modules())
-    model.layer_runner = CompiledLayers(len(model.layers), max(max_num_seqs, MAX_BATCH) if w8a8 else MAX_BATCH)
-    return model.layer_runner
+    runner = CompiledLayers(len(model.layers), max(max_num_seqs, MAX_BATCH) if w8a8 else MAX_BATCH)
+    if install:
+        model.layer_runner = runner
+    return runner
+
+
+def compile_in_background(model: torch.nn.Module, kv_caches, block_size: int, max_num_seqs: int) -> threading.Thread:
+    """Compile and warm up on a thread of its own; the model's decode steps take the compiled layers
+    when every graph is ready. Until then they run eagerly."""
+    runner = compile_decode_layers(model, max_num_seqs, install=False)
+
+    def work() -> None:
+        try:
+            warm_up(model, kv_caches, block_size, runner)
+        except Exception:  # the worker goes on serving eagerly: slower, never wrong
+            log.exception("compile_failed")
+            return
+        model.layer_runner = runner
+
+    thread = threading.Thread(target=work, name="compile-decode-layers", daemon=True)
+    thread.start()
+    return thread
 
 
 @torch.inference_mode()
-def warm_up(model: torch.nn.Module, kv_caches, block_size: int) -> float:
-    """Run one decode step at each WARM_UP_BATCHES size so every graph compiles now, not under load.
-    `kv_caches` must be the pool the worker serves from. The step reads and writes only the null
-    block. Returns the seconds it took."""
+def warm_up(model: torch.nn.Module, kv_caches, block_size: int, runner: CompiledLayers | None = None) -> float:
+    """Run one decode step at each WARM_UP_BATCHES size through `runner` (the model's own by default)
+    so every graph compiles now, not under load. `kv_caches` must be the pool the worker serves
+    from. The step reads and writes only the null block. Returns the seconds it took."""
     started = time.perf_counter()
-    runner: CompiledLayers = model.layer_runner
+    runner = runner or model.layer_runner
     null = null_block(kv_caches)
     for k_cache, v_cache in kv_caches:
         torch._dynamo.mark_static(k_cache)
@@ -103,7 +128,9 @@ def warm_up(model: torch.nn.Module, kv_caches, block_size: int) -> float:
             decode_context_mask=torch.ones(batch, 1, 1, MIN_DECODE_BLOCKS * block_size, dtype=torch.bool),
             prefills=[],
         )
-        model(torch.zeros(batch, dtype=torch.long), positions, kv_caches, meta)
+        cos, sin = model.rotary.cos_sin(positions)  # the model's forward, with `runner` as its layer runner
+        x = model.tok_embeddings(torch.zeros(batch, dtype=torch.long))
+        runner(model.layers, x, torch.zeros_like(x), cos, sin, kv_caches, meta)
     seconds = time.perf_counter() - started
     log.info("compiled_decode_ready", layers_per_call=runner.layers_per_call, max_batch=runner.max_batch,
              seconds=round(seconds, 1))
