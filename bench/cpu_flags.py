@@ -11,19 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shared.cpu_features import cpu_flags
+
 # ggml's CMake option -> the /proc/cpuinfo flag its instructions need
 GGML_OPTIONS = {
     "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c", "GGML_AVX_VNNI": "avx_vnni",
     "GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512vbmi", "GGML_AVX512_VNNI": "avx512_vnni",
     "GGML_AVX512_BF16": "avx512_bf16",
 }
-
-
-def cpu_flags(cpuinfo: str) -> set[str]:
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def cmake_args(flags: set[str]) -> list[str]:

@@ -14,8 +14,9 @@ import msgspec
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # fp8: the cuda backend only; mxint8: the qaic backend only
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "mxint8")
-# on the CPU: weight-only int8 / int4, or int8 activations too; mxfp6: the qaic backend only
-QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "mxfp6")
+# on the CPU: weight-only int8 / int4, or int8 activations too; mxfp6: the qaic backend only; auto: the
+# model file's own (shared/engine_defaults.py)
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "mxfp6")
 
 
 class ConfigError(ValueError):
@@ -37,9 +38,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
-    num_scheduler_steps: int = 1  # decode iterations per Step when nothing waits (multi-step scheduling)
+    num_scheduler_steps: int = 0  # decode iterations per Step when nothing waits (multi-step); 0: the worker's pick
     long_prefill_token_threshold: int = 0  # a prompt's tokens per step while prompts compete (0: budget / 4)
-    quantization: str = "none"  # or "int8" / "int4" (weight-only) / "w8a8" (services/worker/backends/torch_cpu/quantization.py)
+    quantization: str = "auto"  # the GGUF's own, or "none" / "int8" / "int4" (weight-only) / "w8a8" (torch_cpu/quantization.py)
     step_timeout_s: float = 60.0
     max_migrations: int = 2  # a request on a worker that dies is recomputed on another this many times at most
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
@@ -65,11 +66,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
             raise ConfigError(f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}")
         if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"quantization must be none, int8, int4 or w8a8 (CPU), got {self.quantization!r}")
+            raise ConfigError(f"quantization must be auto, none, int8, int4 or w8a8 (CPU), got {self.quantization!r}")
         if self.batching not in ("continuous", "static"):
             raise ConfigError(f"batching must be continuous or static, got {self.batching!r}")
-        if not 1 <= self.num_scheduler_steps <= 64:
-            raise ConfigError(f"num_scheduler_steps must be in 1..64, got {self.num_scheduler_steps}")
+        if not 0 <= self.num_scheduler_steps <= 64:
+            raise ConfigError(f"num_scheduler_steps must be in 1..64 (0: the worker's pick), got {self.num_scheduler_steps}")
         if self.max_concurrent_batch_size < 1:
             raise ConfigError(f"max_concurrent_batch_size must be at least 1, got {self.max_concurrent_batch_size}")
         if self.max_waiting < 0:
@@ -107,11 +108,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
     parser.add_argument("--quantization", default=_env("quantization", d.quantization),
-                        help="none; int8 or int4: weight-only; w8a8: int8 weights and activations (docs/configuration.md)")
+                        help="auto (default): the GGUF's own Q4_0/Q4_1/Q8_0 blocks kept; none: dense; int8 or int4: "
+                             "weight-only; w8a8: int8 weights and activations (docs/configuration.md)")
     parser.add_argument("--batching", default=_env("batching", d.batching),
                         help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
     parser.add_argument("--num-scheduler-steps", type=int, default=_env("num_scheduler_steps", d.num_scheduler_steps),
-                        help="decode iterations a worker runs per Step while no request waits (1: one per Step)")
+                        help="decode iterations a worker runs per Step while no request waits (1: one per Step; "
+                             "0, the default: the worker's pick, 4 when its decode steps are compiled)")
     parser.add_argument("--long-prefill-token-threshold", type=int,
                         default=_env("long_prefill_token_threshold", d.long_prefill_token_threshold),
                         help="while several prompts are being computed, each takes at most this many tokens a "
@@ -144,7 +147,8 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--qaic-config", default=os.environ.get("SY_QAIC_CONFIG", "{}"),
                         help="qaic: the QaicConfig as JSON, e.g. '{\"full_batch_size\": 8, \"ctx_len\": 256}'")
     parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "auto"), choices=WORKER_DTYPES,
-                        help="the weights' dtype; auto: float32 on the cpu backend (exact), bfloat16 on cuda")
+                        help="the weights' dtype; auto: on the cpu backend bfloat16 where the CPU has AVX-512 BF16 "
+                             "or AMX, else float32 (float32 with --deterministic); bfloat16 on cuda")
     parser.add_argument("--gpu-memory-utilization", type=float,
                         default=float(os.environ.get("SY_GPU_MEMORY_UTILIZATION", "0.9")),
                         help="cuda: the share of the GPU's memory the worker takes (weights, activations, KV pool)")
@@ -157,9 +161,14 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                         help="serve this deployed pipeline (its configs come from the registry); set by the agent")
     parser.add_argument("--generation", type=int, default=0, help="the pipeline's deployment generation")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get("SY_COMPILE", "0") == "1",
-                        help="compile the decode step's layers with torch.compile (Inductor): faster steps, "
-                             "paid for by a compile at start-up (cached on disk after the first)")
+                        default={"1": True, "0": False}.get(os.environ.get("SY_COMPILE", "")),
+                        help="compile the decode step's layers with torch.compile (Inductor), in the background "
+                             "while the worker serves eagerly (cached on disk); default: on unless the model "
+                             "computes in dense float32 or --deterministic")
+    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
+                        default=os.environ.get("SY_DETERMINISTIC", "0") == "1",
+                        help="batch-invariant float32: a request's tokens do not depend on what else is in its "
+                             "batch (dense weights, no compile); slower")
     parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "10")),
                         help="scheduling niceness of the worker (default 10): the gateway, scheduler and "
                              "bus preempt the model's threads when they share cores (0: no preference)")

@@ -103,11 +103,11 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"{p}kv_cache_dtype = 'mxint8' runs on accel 'qaic' only, not on {accel!r}")
         quant = self.quantization or "none"
         _one_of(p + "quantization", quant, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend")
-        if accel == "qaic" and quant not in ("none", "mxfp6"):
+        if accel == "qaic" and quant not in ("none", "auto", "mxfp6"):
             raise ConfigError(f"{p}quantization = {quant!r} is not allowed on accel 'qaic': allowed 'mxfp6' or none")
         if accel != "qaic" and quant == "mxfp6":
             raise ConfigError(f"{p}quantization = 'mxfp6' runs on accel 'qaic' only, not on {accel!r}")
-        if quant not in ("none", "mxfp6") and accel != "cpu":
+        if quant not in ("none", "auto", "mxfp6") and accel != "cpu":
             raise ConfigError(f"{p}quantization = {quant!r} runs on torch's CPU kernels only, not on {accel!r}")
         if self.device_group is not None:
             check_name(p + "device_group", self.device_group)
@@ -210,6 +210,7 @@ class DeploymentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     memory: str = "512Mi"
     sidekicks: dict[str, SidekickResources] = {}  # by model name
     deployment_label: str | None = None  # "key:value": only hosts (agents) with that label run it
+    deterministic: bool | None = None  # batch-invariant float32 workers; None: the stack's --deterministic
 
     def validate(self) -> DeploymentConfig:
         _in_range("deployment_config.replicas_min", self.replicas_min, 1, 16)
@@ -223,6 +224,8 @@ class DeploymentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             parse_memory(p + "memory", side.memory)
         if self.deployment_label is not None:
             check_label("deployment_config.deployment_label", self.deployment_label)
+        if self.deterministic is not None:
+            _is_bool("deployment_config.deterministic", self.deterministic)
         return self
 
     def sidekick(self, model: str) -> SidekickResources:

@@ -39,7 +39,7 @@ class DeployedModel:
         return EngineConfig(
             model=self.name, max_model_len=fc.max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max(512, block_size), block_size=block_size,
-            kv_cache_dtype=fc.kv_cache_dtype, quantization=fc.quantization or "none",
+            kv_cache_dtype=fc.kv_cache_dtype, quantization=fc.quantization or "auto",
             max_concurrent_batch_size=1 if self.is_single_batch else (
                 cb.max_concurrent_batch_size if cb else EngineConfig().max_concurrent_batch_size),
         ).validate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 
 import gguf
@@ -27,4 +28,5 @@ def read_fields(path: str, with_vocab: bool = False) -> dict:
             continue
         fields[name] = field.contents()
     fields["__tensor_names__"] = [t.name for t in reader.tensors]
+    fields["__tensor_types__"] = dict(Counter(t.tensor_type.name for t in reader.tensors))
     return fields

@@ -261,6 +261,7 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     # prefills at most prefill_seq_len tokens of one sequence
     prefill_seq_len: int = 0
     vocab_size: int = 0  # the logits' width: the scheduler checks every token id of a Submit against it
+    num_scheduler_steps: int = 1  # the worker's pick of decode iterations per Step, where the engine leaves it at 0
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):

@@ -94,6 +94,11 @@ class DeploymentConfigBuilder:
         self._config.deployment_label = label
         return self
 
+    def deterministic(self, on: bool = True) -> DeploymentConfigBuilder:
+        """Batch-invariant float32 workers: a request's tokens do not depend on its batch (slower)."""
+        self._config.deterministic = on
+        return self
+
     def build(self) -> DeploymentConfig:
         self._config.sidekicks = dict(self._sidekicks)
         return self._config

@@ -20,8 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared import nats_auth
-from shared.config import add_agent_args, add_api_args, add_engine_args, add_worker_args
-from shared.model_files import cache_root
+from shared.config import (
+    ConfigError,
+    add_agent_args,
+    add_api_args,
+    add_engine_args,
+    add_worker_args,
+    engine_config_from_args,
+)
+from shared.cpu_features import host_cpu_flags
+from shared.engine_defaults import pick
+from shared.gguf_fields import is_gguf, read_fields
+from shared.model_files import cache_root, resolve_model_path
 from switchyard.nats_server import NatsServer
 
 RESTART_BACKOFF_S = 2.0
@@ -191,6 +201,26 @@ def check_service_args(service_args: list[str]) -> None:
     parser.parse_args(service_args)  # exits with a usage message on an unknown flag
 
 
+def engine_defaults_lines(service_args: list[str]) -> list[str]:
+    """What the CPU workers will pick for the settings left on auto, and why (the workers log the same)."""
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_engine_args(parser)
+    add_worker_args(parser)
+    args = parser.parse_known_args(service_args)[0]
+    if args.device != "cpu":
+        return []
+    try:
+        config = engine_config_from_args(args)
+        path = resolve_model_path(config.model_path)
+        types = read_fields(path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(path) else {}
+        defaults = pick(host_cpu_flags(), types, dtype=args.dtype, quantization=config.quantization,
+                        compile=args.compile, num_scheduler_steps=config.num_scheduler_steps,
+                        deterministic=args.deterministic)
+    except (ConfigError, OSError) as exc:
+        return [f"(the worker will refuse its settings: {exc})"]
+    return defaults.lines()
+
+
 def main(argv: list[str] | None = None, after_ready=None) -> None:
     """after_ready(stack, service_args), once the stack is healthy (`switchyard serve` deploys there)."""
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Run the whole Switchyard stack")
@@ -211,6 +241,8 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     print(f"[launcher] starting: nats {'at ' + stack.nats_url if stack.nats_url else '(own)'}, "
           f"{args.workers} worker(s), API on {stack.base_url}", flush=True)
+    for line in engine_defaults_lines(service_args):
+        print(f"[launcher] engine: {line}", flush=True)
     try:
         stack.start()
     except StoreInUse as exc:

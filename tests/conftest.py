@@ -10,6 +10,9 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on the CPU (before triton loads)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# the suite checks exact tokens (against transformers, across batches), so its services compute in
+# batch-invariant float32; the CPU-picked fast defaults have tests of their own (test_engine_defaults.py)
+os.environ.setdefault("SY_DETERMINISTIC", "1")
 
 from shared.model_files import default_model_path as _default_model_path
 

@@ -48,12 +48,13 @@ class WorkerGone(Exception):
 
 def _scheduler_for(hello: WorkerHello, config: EngineConfig, root: bytes, can_run_more) -> Scheduler:
     """Blocks for a paged worker; for a slots worker (static shapes), its slots and chunk size."""
+    num_steps = config.num_scheduler_steps or hello.num_scheduler_steps  # 0: the worker knows its step's cost
     if hello.kind == WorkerKind.SLOTS:
         return SlotScheduler(SlotManager(hello.num_blocks, hello.block_size), hello.prefill_seq_len, can_run_more,
-                             num_scheduler_steps=config.num_scheduler_steps)
+                             num_scheduler_steps=num_steps)
     kv = KVCacheManager(hello.num_blocks, hello.block_size, root, enable_prefix_caching=config.enable_prefix_caching)
     return Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
-                     is_static=config.batching == "static", num_scheduler_steps=config.num_scheduler_steps,
+                     is_static=config.batching == "static", num_scheduler_steps=num_steps,
                      long_prefill_token_threshold=config.long_prefill_token_threshold)
 
 

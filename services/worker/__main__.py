@@ -29,7 +29,10 @@ from shared.config import (
     engine_config_from_args,
     resolve_max_model_len,
 )
+from shared.cpu_features import host_cpu_flags
 from shared.deploy_config import QaicConfig, convert
+from shared.engine_defaults import EngineDefaults, pick
+from shared.gguf_fields import is_gguf, read_fields
 from shared.lifecycle import serve
 from shared.messages import WorkerHello, WorkerKind
 from shared.model_files import resolve_model_path
@@ -64,7 +67,10 @@ def main() -> None:
     device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
     if device != "qaic" and json.loads(args.qaic_config):
         raise ConfigError(f"--qaic-config configures the qaic backend; this worker's device is {device!r}")
-    spec = worker_spec(args, config, model_path, deployed)
+    defaults = engine_defaults(args, config, model_path, deployed) if device == "cpu" else None
+    if defaults is not None:
+        sylog.get_logger("worker").info("engine_defaults", **defaults.as_log())
+    spec = worker_spec(args, config, model_path, deployed, defaults)
     if device == "qaic":  # the program's cores are the emulator's compute threads, as many as the host has
         from services.worker.backends.qaic.backend import compute_threads
 
@@ -84,6 +90,7 @@ def main() -> None:
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar)
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
+                        num_scheduler_steps=defaults.num_scheduler_steps.value if defaults else 1,
                         **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
     executor = MainThreadExecutor()
 
@@ -113,14 +120,32 @@ async def _set_when(first: asyncio.Event, then: asyncio.Event) -> None:
     then.set()
 
 
-def worker_spec(args: argparse.Namespace, config, model_path: str, deployed) -> WorkerSpec:
-    """The backend's settings: from the flags, or from a deployment's framework config."""
+def engine_defaults(args: argparse.Namespace, config, model_path: str, deployed) -> EngineDefaults:
+    """The CPU backend's settings left on auto, for this CPU and model file (shared/engine_defaults.py).
+    A deployment's own `deterministic` wins over the stack's flag; so does its own quantization."""
+    deterministic = args.deterministic
+    if deployed is not None:
+        own = deployed.deployment_config.deterministic
+        deterministic = own if own is not None else deterministic and config.quantization in ("auto", "none")
+    types = read_fields(model_path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(model_path) else {}
+    return pick(host_cpu_flags(), types, dtype=args.dtype, quantization=config.quantization, compile=args.compile,
+                num_scheduler_steps=config.num_scheduler_steps, deterministic=deterministic)
+
+
+def worker_spec(args: argparse.Namespace, config, model_path: str, deployed,
+                defaults: EngineDefaults | None = None) -> WorkerSpec:
+    """The backend's settings: from the flags, or from a deployment's framework config; `defaults`
+    (the CPU backend) settles those left on auto."""
     fixed_kv_bytes = int(config.kv_cache_memory_gib * 2**30)
     framework = deployed.version.framework_config if deployed else None
+    quantization = "none" if config.quantization == "auto" else config.quantization  # other backends: none
     return WorkerSpec(
-        model_path=model_path, load_format=config.load_format, dtype=args.dtype,
-        quantization=config.quantization, kv_cache_dtype=config.kv_cache_dtype, block_size=config.block_size,
-        num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs, compile=args.compile,
+        model_path=model_path, load_format=config.load_format,
+        dtype=defaults.dtype.value if defaults else args.dtype,
+        quantization=defaults.quantization.value if defaults else quantization,
+        kv_cache_dtype=config.kv_cache_dtype, block_size=config.block_size,
+        num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs,
+        compile=defaults.compile.value if defaults else bool(args.compile),
         max_num_batched_tokens=config.max_num_batched_tokens,
         kv_cache_bytes=deployed.kv_cache_bytes if deployed else (lambda _weights: fixed_kv_bytes),
         gpu_memory_utilization=framework.gpu_memory_utilization if framework else args.gpu_memory_utilization,
