@@ -17,7 +17,7 @@ from services.worker.backends.kv_pool import KVSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
-from services.worker.backends.torch_cpu.quantization import quantize
+from services.worker.backends.torch_cpu.quantization import native_int4_blocks, quantize
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from shared.config import QUANTIZATIONS
@@ -67,7 +67,8 @@ def main() -> None:
     p.add_argument("--dtype", default="float32,bfloat16")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
-    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
+    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
+                   help="auto: the GGUF's own blocks, as the worker's default")
     p.add_argument("--compile", action="store_true", help="compile the decode layers (the worker's --compile)")
     p.add_argument("--mkl", action="store_true", help="plain Linears on F.linear (MKL), not oneDNN's packed weights")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
@@ -78,7 +79,8 @@ def main() -> None:
     pool_blocks = max(args.pool_blocks, max(batches) * -(-(args.context + args.steps + 9) // BLOCK_SIZE))
     for dtype in args.dtype.split(","):
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype])
-        quantize(loaded.model, args.quantization)
+        method = "gguf" if args.quantization == "auto" else args.quantization
+        quantize(loaded.model, method, native_int4_blocks(loaded, method))
         if not args.compile and not args.mkl:
             pack_linears(loaded.model)
         if args.compile:

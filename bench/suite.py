@@ -46,11 +46,25 @@ def wait_http(url: str, timeout: float = 300.0) -> None:
     raise TimeoutError(f"{url} not healthy after {timeout}s")
 
 
+def wait_for_compile(log_dir: Path, timeout: float = 900.0) -> None:
+    """The workers serve eagerly while they compile in the background: measure the compiled steps."""
+    deadline = time.monotonic() + timeout
+    for log in sorted(log_dir.glob("worker-*.log")):
+        if '"compile": true' not in log.read_text():
+            continue
+        print(f"waiting for {log.name}'s background compile", flush=True)
+        while "compiled_decode_ready" not in log.read_text():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{log} did not finish compiling in {timeout}s")
+            time.sleep(1)
+
+
 def run_switchyard(label: str, extra: list[str], sweep_args: list[str]) -> Path:
     log_dir = Path(tempfile.mkdtemp(prefix=f"bench-{label}-"))
     stack = Stack(api_port=free_port(), log_dir=log_dir, service_args=["--max-num-seqs", "128", *extra]).start()
     try:
         stack.wait_ready()
+        wait_for_compile(log_dir)
         return sweep(label, stack.base_url, sweep_args)
     finally:
         stack.stop()
@@ -82,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--peers", default="switchyard,switchyard-static,llama.cpp,transformers")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--dtype", default="bfloat16", help="Switchyard's weights: bfloat16 (fast) or float32 "
-                   "(exact and batch-invariant, the default of `make run`)")
-    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS, help="Switchyard's --quantization")
+    p.add_argument("--dtype", default="auto", help="Switchyard's --dtype (auto: `make run`'s pick for this CPU)")
+    p.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                   help="Switchyard's --quantization (auto: the GGUF's own blocks)")
     p.add_argument("--switchyard-args", default="", help="more flags for Switchyard's services, e.g. '--nice 10'")
     p.add_argument("--tag", default="", help="appended to Switchyard's labels and result files, e.g. -nocache")
     args, sweep_args = p.parse_known_args(argv)

@@ -180,7 +180,7 @@ class Agent:
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard worker host (agent)")
     add_nats_arg(parser)
-    add_worker_args(parser)  # --dtype, --nice and --compile go on to the workers it starts
+    add_worker_args(parser)  # --dtype, --nice, --compile and --deterministic go on to the workers it starts
     add_agent_args(parser)
     args, _ = parser.parse_known_args()
     sylog.configure("agent")
@@ -194,7 +194,9 @@ def main() -> None:
                              check_label("--label", label) for label in args.labels], ip=host_address())
     log_dir = Path(args.agent_log_dir or tempfile.mkdtemp(prefix="switchyard-agent-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    worker_args = ["--dtype", args.dtype, "--nice", str(args.nice)] + (["--compile"] if args.compile else [])
+    worker_args = ["--dtype", args.dtype, "--nice", str(args.nice)] + \
+        ({True: ["--compile"], False: ["--no-compile"], None: []}[args.compile]) + \
+        (["--deterministic"] if args.deterministic else [])
 
     async def run() -> None:
         nc = await connect(args.nats_url, f"agent-{record.agent_id}")
