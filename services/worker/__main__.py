@@ -35,7 +35,7 @@ from shared.engine_defaults import EngineDefaults, pick
 from shared.gguf_fields import is_gguf, read_fields
 from shared.lifecycle import serve
 from shared.messages import WorkerHello, WorkerKind
-from shared.model_files import resolve_model_path
+from shared.model_files import cache_root, resolve_model_path
 from shared.tokenizer import load_tokenizer
 
 
@@ -51,6 +51,8 @@ def main() -> None:
     args = parse_args()
     worker_id = args.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     sylog.configure("worker")
+    # compiled decode layers are cached beside the model cache, not in /tmp, so they outlive a reboot
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
     deployed, custom = None, None
     if args.pipeline:  # started by an agent for a deployed pipeline: its configs come from the registry
         deployed, model_path, custom = fetch_deployment(args.nats_url, args.pipeline, args.generation)

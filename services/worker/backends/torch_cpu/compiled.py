@@ -25,8 +25,9 @@ compiles every graph a decode step can need (batch 1, small batches, int4's dens
 compiled layers take traffic; tests/test_compiled.py checks that nothing compiles after it. (A shape that did would stall one step for the compile, not
 fail it. torch's "eager_on_recompile" stance would avoid the stall, but slowed every step by half
 here.) Block tables are padded to at least two blocks (`MIN_DECODE_BLOCKS`), so a short context
-never meets a one-block graph. Inductor caches what it compiled on disk (`TORCHINDUCTOR_CACHE_DIR`),
-so only a worker's first start on a machine pays the full compile.
+never meets a one-block graph. Inductor caches what it compiled on disk (`TORCHINDUCTOR_CACHE_DIR`; the
+worker sets it to ~/.cache/switchyard/inductor), so only a worker's first start on a machine pays the
+full compile.
 
 A worker compiles in the background (`compile_in_background`): it serves eagerly from the start,
 and its decode steps switch to the compiled layers once the warm-up has compiled every graph.
