@@ -18,6 +18,7 @@ import msgspec
 import pyarrow as pa
 import pytest
 
+from shared.cpu_features import host_cpu_flags
 from switchyard import Client, SwitchyardError
 from switchyard.config import (
     Acceleration,
@@ -215,15 +216,18 @@ def test_qaic_and_cpu_deployments_serve_through_the_same_routes(wl, smollm2, def
         max_num_seqs=4, max_model_len=256, quantization="mxfp6", kv_cache_dtype="mxint8"),
         accel=Acceleration.QAIC.with_config(qaic))
     cfg = lambda m, gpus: DeploymentConfigBuilder().sidekick_cpus(m, 1).sidekick_memory(m, "2Gi") \
-        .sidekick_gpus(m, gpus).build()  # noqa: E731
+        .sidekick_gpus(m, gpus)  # noqa: E731
     on_qaic = wl.build_pipeline("on-qaic").clear().add_model_step(llm)
     on_cpu = wl.build_pipeline("on-cpu").clear().add_model_step(smollm2)
-    on_qaic.deploy(deployment_config=cfg(llm, 1), wait_for_status=False)
-    on_cpu.deploy(deployment_config=cfg(smollm2, 0))
+    on_qaic.deploy(deployment_config=cfg(llm, 1).build(), wait_for_status=False)
+    # the suite's stack runs --deterministic; this deployment's own field takes the fast path instead
+    on_cpu.deploy(deployment_config=cfg(smollm2, 0).deterministic(False).build())
     on_qaic.wait_for("Running", 300)
     try:
         assert on_qaic.status()["engines"][0]["info"]["devices"] == ["qaic, emulated on cpu"]
-        assert on_cpu.status()["engines"][0]["info"]["devices"] == ["cpu"]
+        bf16 = any(f in host_cpu_flags() for f in ("avx512_bf16", "amx_bf16"))
+        assert on_cpu.status()["engines"][0]["info"]["devices"] == [
+            f"cpu ({'bfloat16' if bf16 else 'float32'}, gguf weights, compiled decode)"]
         auth = {"Authorization": f"Bearer {API_KEY}"}
         listed = {m["id"]: m for m in httpx.get(f"{wl.api_endpoint}/v1/models", headers=auth).json()["data"]}
         served = listed[on_qaic.deployment]
