@@ -89,7 +89,8 @@ async def test_what_fits_the_static_shapes_goes_to_the_slots(stack, model_name):
         # 28 tokens fit ctx_len 128: two take the slots, the third (every slot taken) the paged worker
         assert sorted(short) == [("qaic-0", 8), ("qaic-0", 8), ("worker-0", 8)]
         assert await served_by(200) == ("worker-0", 8)  # 208 do not fit the slots
-        assert set((await scheduler_stats(nc, model_name)).devices) == {"cpu", "qaic, emulated on cpu"}
+        # the suite's CPU workers run --deterministic: float32, nothing quantized or compiled
+        assert set((await scheduler_stats(nc, model_name)).devices) == {"cpu (float32)", "qaic, emulated on cpu"}
     finally:
         await bus.stop()
         await nc.close()
