@@ -1,11 +1,14 @@
-"""float32 Linears on oneDNN with prepacked weights.
+"""float32 and bfloat16 Linears on oneDNN with prepacked weights.
 
 torch's `F.linear` on float32 goes to MKL's sgemm. On an AMD EPYC with AVX2 (2 cores), oneDNN's
 matmul over a weight reordered once into its blocked layout ran 1.6-2x faster for 1 to 64 rows
 (bench/profile_step.py), the batches a decode step has; `pack_linears` gives the worker's model
-that path. The packed weight is an opaque oneDNN tensor, which torch.compile cannot take as a graph
-input, so a model whose decode layers are compiled keeps its plain Linears (the quantized Linears'
-dense path, never traced, packs either way; quantization.py). bfloat16 stays on `F.linear`.
+that path. On an AMD EPYC with AVX-512 BF16, the same for bfloat16 ran 1.2-1.9x faster than
+`F.linear` for 8 to 64 rows (20 distinct 3072x576 weights, docs/benchmarks.md), so bfloat16 is
+packed too where oneDNN has bf16 instructions to run it on. The packed weight is an opaque oneDNN
+tensor, which torch.compile cannot take as a graph input, so a model whose decode layers are
+compiled keeps its plain Linears (the quantized Linears' dense path, never traced, packs either
+way; quantization.py).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from torch import nn
 
 
 def available(dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] float32 -> the same weight in oneDNN's layout (`.to_dense()` gives it back)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().float().contiguous(), None)
+    """[out, in] float32 or bfloat16 -> the same weight in oneDNN's layout (`.to_dense()` gives it back)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -40,7 +45,7 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
-    """Every float32 nn.Linear becomes a PackedLinear (a tied output head gets its own copy)."""
+    """Every float32 (and bfloat16) nn.Linear becomes a PackedLinear (a tied output head gets its own copy)."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear) and available(child.weight.dtype):
