@@ -1,4 +1,4 @@
-"""oneDNN's packed float32 Linears (what the served float32 model runs) against plain F.linear."""
+"""oneDNN's packed float32 and bfloat16 Linears (what the served models run) against plain F.linear."""
 
 from __future__ import annotations
 
@@ -20,6 +20,18 @@ def test_packed_linear_matches_f_linear_for_every_batch_size():
         x = torch.randn(rows, 96)
         torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
     assert packed(torch.randn(2, 3, 96)).shape == (2, 3, 80)
+
+
+@pytest.mark.skipif(not dense.available(torch.bfloat16), reason="oneDNN has no bf16 instructions on this CPU")
+def test_packed_bfloat16_linear_matches_f_linear():
+    """Both sum in float32 and round the result to bfloat16; the order of the sums may differ."""
+    torch.manual_seed(0)
+    linear = nn.Linear(576, 160, bias=False).to(torch.bfloat16)
+    packed = dense.PackedLinear(linear)
+    assert packed.packed.dtype == torch.bfloat16 and torch.equal(packed.packed.to_dense(), linear.weight)
+    for rows in (1, 8, 16, 64):
+        x = torch.randn(rows, 576).to(torch.bfloat16)
+        torch.testing.assert_close(packed(x).float(), linear(x).float(), atol=2e-2, rtol=2e-2)
 
 
 def test_packed_model_matches_the_plain_one(loaded_model, default_model_path, hf_tokenizer):
