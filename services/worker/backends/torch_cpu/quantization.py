@@ -9,7 +9,7 @@
 
 Small batches (decode at low concurrency, bound by reading the weights) run torch's int8 / int4
 GEMV kernels over the packed bytes; larger batches (bound by arithmetic) run a dense GEMM over the
-same quantized values dequantized once at load, in the model's dtype (float32: on oneDNN's packed
+same quantized values dequantized once at load, in the model's dtype (on oneDNN's packed
 weights, dense.py). Either way the model computes
 with the quantized weights. torch's weight-only kernels are fast only for bfloat16 rows (with
 float32 rows they ran 2-13x slower than the dense GEMM on an AVX2 CPU, bench/profile_step.py), so a
