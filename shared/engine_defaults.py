@@ -9,6 +9,8 @@ import shutil
 from dataclasses import dataclass
 
 from shared.config import ConfigError
+from shared.cpu_features import host_cpu_flags
+from shared.gguf_fields import is_gguf, read_fields
 
 # the GGUF block formats the CPU backend keeps as they are (loader/gguf_blocks.py)
 KEPT_GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -68,6 +70,14 @@ def pick(flags: set[str], gguf_types: dict[str, int], *, dtype: str = "auto", qu
                                     "for batch-invariant float32)"),
         dtype=picked_dtype, quantization=picked_quant, compile=picked_compile,
         num_scheduler_steps=_steps(num_scheduler_steps, picked_compile.value))
+
+
+def pick_for_host(args, config, model_path: str, deterministic: bool) -> EngineDefaults:
+    """`pick` for this host's CPU and the model file at `model_path`, with the worker's flags
+    (`args`: --dtype, --compile) and the engine's config (quantization, num_scheduler_steps)."""
+    types = read_fields(model_path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(model_path) else {}
+    return pick(host_cpu_flags(), types, dtype=args.dtype, quantization=config.quantization, compile=args.compile,
+                num_scheduler_steps=config.num_scheduler_steps, deterministic=deterministic)
 
 
 def _dtype(asked: str, flags: set[str]) -> Choice:

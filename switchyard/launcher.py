@@ -28,9 +28,7 @@ from shared.config import (
     add_worker_args,
     engine_config_from_args,
 )
-from shared.cpu_features import host_cpu_flags
-from shared.engine_defaults import pick
-from shared.gguf_fields import is_gguf, read_fields
+from shared.engine_defaults import pick_for_host
 from shared.model_files import cache_root, resolve_model_path
 from switchyard.nats_server import NatsServer
 
@@ -211,11 +209,7 @@ def engine_defaults_lines(service_args: list[str]) -> list[str]:
         return []
     try:
         config = engine_config_from_args(args)
-        path = resolve_model_path(config.model_path)
-        types = read_fields(path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(path) else {}
-        defaults = pick(host_cpu_flags(), types, dtype=args.dtype, quantization=config.quantization,
-                        compile=args.compile, num_scheduler_steps=config.num_scheduler_steps,
-                        deterministic=args.deterministic)
+        defaults = pick_for_host(args, config, resolve_model_path(config.model_path), args.deterministic)
     except (ConfigError, OSError) as exc:
         return [f"(the worker will refuse its settings: {exc})"]
     return defaults.lines()

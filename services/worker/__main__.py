@@ -29,10 +29,8 @@ from shared.config import (
     engine_config_from_args,
     resolve_max_model_len,
 )
-from shared.cpu_features import host_cpu_flags
 from shared.deploy_config import QaicConfig, convert
-from shared.engine_defaults import EngineDefaults, pick
-from shared.gguf_fields import is_gguf, read_fields
+from shared.engine_defaults import EngineDefaults, pick_for_host
 from shared.lifecycle import serve
 from shared.messages import WorkerHello, WorkerKind
 from shared.model_files import cache_root, resolve_model_path
@@ -69,6 +67,10 @@ def main() -> None:
     device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
     if device != "qaic" and json.loads(args.qaic_config):
         raise ConfigError(f"--qaic-config configures the qaic backend; this worker's device is {device!r}")
+    asked_deterministic = deployed.deployment_config.deterministic if deployed else args.deterministic
+    if device == "cuda" and asked_deterministic:  # qaic: its program runs the same fixed shapes whatever the batch
+        raise ConfigError("--deterministic (batch-invariant float32) runs on the cpu backend; "
+                          "the cuda backend computes in bfloat16 and is not batch-invariant")
     defaults = engine_defaults(args, config, model_path, deployed) if device == "cpu" else None
     if defaults is not None:
         sylog.get_logger("worker").info("engine_defaults", **defaults.as_log())
@@ -129,9 +131,7 @@ def engine_defaults(args: argparse.Namespace, config, model_path: str, deployed)
     if deployed is not None:
         own = deployed.deployment_config.deterministic
         deterministic = own if own is not None else deterministic and config.quantization in ("auto", "none")
-    types = read_fields(model_path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(model_path) else {}
-    return pick(host_cpu_flags(), types, dtype=args.dtype, quantization=config.quantization, compile=args.compile,
-                num_scheduler_steps=config.num_scheduler_steps, deterministic=deterministic)
+    return pick_for_host(args, config, model_path, deterministic)
 
 
 def worker_spec(args: argparse.Namespace, config, model_path: str, deployed,
