@@ -11,6 +11,9 @@ Longer runs mean fewer calls into compiled code (each costs ~60 us of guards and
 but a longer compile: the run is the largest divisor of the layer count up to MAX_LAYERS_PER_CALL
 (30 layers: 5 calls of 6; one layer per call took ~1.2 ms more per batch-1 step).
 
+The graph's wrapper is C++ too (`cpp_wrapper`); called from Python, its ~25 kernels per layer cost
+~1 ms more per batch-1 step. Decode attention is written as loops in compiled code (attention.py).
+
 Only decode-only steps of up to MAX_BATCH rows use it. Above that the step is arithmetic, not op
 launches, and the compiled graph measured slower than eager at batch 64 (bench/profile_step.py):
 compiled, float32 Linears leave oneDNN's packed weights (dense.py). A w8a8 model's GEMM is the same
@@ -67,7 +70,7 @@ class CompiledLayers:
         self.layers_per_call = max(n for n in range(1, MAX_LAYERS_PER_CALL + 1) if num_layers % n == 0)
         self.compiled = torch.compile(
             run_layers, dynamic=True,
-            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
+            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe, "cpp_wrapper": True},
         )
 
     def __call__(self, layers, x, residual, cos, sin, kv_caches, meta: AttentionMetadata):
