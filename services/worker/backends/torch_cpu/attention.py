@@ -89,9 +89,9 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch
 def decode_as_loops(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """`_decode`'s arithmetic as broadcast products and sums, for compiled code only: Inductor turns
     them, the gather and the softmax into a few C++ loops (eagerly they would materialize every
-    product). Scores stay in float32 where the matmul rounds them to the cache's dtype. Compiled,
-    a batch-1 step took 9.3 ms against 10.7 with the matmuls (batch 8: 25.1 against 26.8); eagerly
-    compiled on its own for batch 32, it was slower than the matmuls."""
+    product). Scores stay in float32 where the matmul rounds them to the cache's dtype. Faster than
+    the matmuls in the compiled decode steps, slower compiled alone for a 32-row eager step
+    (docs/benchmarks.md, fifteenth VM)."""
     num_seqs, num_heads, head_dim = q.shape
     k = _gather(k_cache, meta.decode_block_tables)  # [B, nb, h_kv, bs, d]
     v = _gather(v_cache, meta.decode_block_tables)
