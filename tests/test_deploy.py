@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 from shared.cpu_features import host_cpu_flags
+from shared.engine_defaults import pick
 from switchyard import Client, SwitchyardError
 from switchyard.config import (
     Acceleration,
@@ -225,9 +226,8 @@ def test_qaic_and_cpu_deployments_serve_through_the_same_routes(wl, smollm2, def
     on_qaic.wait_for("Running", 300)
     try:
         assert on_qaic.status()["engines"][0]["info"]["devices"] == ["qaic, emulated on cpu"]
-        bf16 = any(f in host_cpu_flags() for f in ("avx512_bf16", "amx_bf16"))
-        assert on_cpu.status()["engines"][0]["info"]["devices"] == [
-            f"cpu ({'bfloat16' if bf16 else 'float32'}, gguf weights, compiled decode)"]
+        dtype = pick(host_cpu_flags(), {"Q4_1": 210}).dtype.value  # the default GGUF's kept blocks
+        assert on_cpu.status()["engines"][0]["info"]["devices"] == [f"cpu ({dtype}, gguf weights, compiled decode)"]
         auth = {"Authorization": f"Bearer {API_KEY}"}
         listed = {m["id"]: m for m in httpx.get(f"{wl.api_endpoint}/v1/models", headers=auth).json()["data"]}
         served = listed[on_qaic.deployment]
