@@ -53,7 +53,7 @@ def test_decode_as_loops_matches_the_matmuls(dtype, atol):
         decode_block_tables=tables,
         decode_context_mask=(torch.arange(num_blocks * BLOCK_SIZE) < torch.tensor(lengths).unsqueeze(1)).view(
             len(lengths), 1, 1, -1),
-        prefills=[])
+        decode_context_lens=torch.tensor(lengths), prefills=[])
     q = torch.randn(len(lengths), NUM_KV_HEADS * GROUP, HEAD_DIM).to(dtype)
 
     loops = attention.decode_as_loops(q, k_cache, v_cache, meta, HEAD_DIM**-0.5)

@@ -119,7 +119,8 @@ def test_kv_write_then_paged_attention_over_a_mixed_batch(dtype, block_size, num
     mask = torch.arange(width * block_size, device=DEVICE)[None, :] < torch.tensor(decode_lens, device=DEVICE)[:, None]
     meta = AttentionMetadata(slot_mapping=slots, decode_token_idx=torch.tensor(decode_rows, device=DEVICE),
                              decode_block_tables=decode_table,
-                             decode_context_mask=mask.view(len(decode_rows), 1, 1, -1), prefills=prefills)
+                             decode_context_mask=mask.view(len(decode_rows), 1, 1, -1),
+                             decode_context_lens=torch.tensor(decode_lens, device=DEVICE), prefills=prefills)
     expected = paged_attention(q, ref_k, ref_v, meta, scale)
 
     def ints(values) -> torch.Tensor:

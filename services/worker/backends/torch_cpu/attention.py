@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from services.worker.backends.torch_cpu.decode_kernel import DecodeKernel
+
 # a prefill chunk after a cached prefix runs as plain matmuls while its float32 scores
 # (heads x queries x context) stay this small (64 MiB); past it, SDPA with a mask
 MATMUL_ATTENTION_MAX_SCORES = 16 * 2**20
@@ -30,6 +32,7 @@ class AttentionMetadata:
     decode_token_idx: torch.Tensor  # [num_decode] row in the flattened batch
     decode_block_tables: torch.Tensor  # [num_decode, max_blocks], padded with the null block
     decode_context_mask: torch.Tensor  # [num_decode, 1, 1, max_blocks * block_size]
+    decode_context_lens: torch.Tensor  # [num_decode] int64, the new token included
     # prefill chunks: (first row, num query tokens, num cached tokens before them, block ids)
     prefills: list[tuple[int, int, int, torch.Tensor]]
 
@@ -48,11 +51,17 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
+                    meta: AttentionMetadata, scale: float, kernel: DecodeKernel | None = None) -> torch.Tensor:
+    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. `kernel`: the eager
+    decode rows run decode_attention.c where it takes their dtype (decode_kernel.py)."""
     out = torch.empty_like(q)
     if meta.num_decodes:
-        out[meta.decode_token_idx] = _decode(q[meta.decode_token_idx], k_cache, v_cache, meta, scale)
+        q_decode = q[meta.decode_token_idx]
+        if kernel is not None and not torch.compiler.is_compiling() and kernel.supports(q_decode, k_cache):
+            out[meta.decode_token_idx] = kernel(q_decode, k_cache, v_cache, meta.decode_block_tables,
+                                                meta.decode_context_lens, scale)
+        else:
+            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale)
     for start, num_query, num_cached, block_ids in meta.prefills:
         out[start : start + num_query] = _prefill(
             q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale

@@ -7,10 +7,11 @@ import torch
 
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
+from services.worker.backends.torch_cpu import decode_kernel
 from services.worker.backends.torch_cpu.compiled import compile_in_background
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
-from services.worker.backends.torch_cpu.ops import TORCH_OPS
+from services.worker.backends.torch_cpu.ops import TORCH_OPS, TorchOps
 from services.worker.backends.torch_cpu.quantization import native_int4_blocks, quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
@@ -38,6 +39,8 @@ class TorchCpuBackend:
         self.compile_max_seqs = compile_max_seqs
         self.quantization = quantization
         self.compiling = None  # the background compile's thread, once started
+        # the eager decode rows' attention runs decode_attention.c (decode_kernel.py)
+        self.c_attention = getattr(self.model.layers[0].attention.ops, "decode_kernel", None) is not None
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
@@ -47,7 +50,8 @@ class TorchCpuBackend:
                               f"the cpu backend stores {', '.join(DTYPES)}")
         if spec.quantization == "mxfp6":
             raise ConfigError("quantization 'mxfp6' is a QAIC format: it needs the qaic backend (--device qaic)")
-        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, TORCH_OPS)
+        ops = TORCH_OPS if spec.deterministic else TorchOps(decode_kernel.load())
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops)
         quantize(loaded.model, spec.quantization, native_int4_blocks(loaded, spec.quantization))
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
@@ -77,6 +81,6 @@ class TorchCpuBackend:
     def hello_fields(self) -> dict:
         dtype = str(self.model.tok_embeddings.weight.dtype).removeprefix("torch.")
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
-            ["compiled decode"] * bool(self.compile_max_seqs)
+            ["compiled decode"] * bool(self.compile_max_seqs) + ["C decode attention"] * self.c_attention
         return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks,
                 "block_size": self.block_size, "dtype": dtype, "device": f"cpu ({', '.join(how)})"}

@@ -130,6 +130,7 @@ def warm_up(model: torch.nn.Module, kv_caches, block_size: int, runner: Compiled
             decode_token_idx=torch.arange(batch),
             decode_block_tables=torch.full((batch, MIN_DECODE_BLOCKS), null, dtype=torch.long),
             decode_context_mask=torch.ones(batch, 1, 1, MIN_DECODE_BLOCKS * block_size, dtype=torch.bool),
+            decode_context_lens=torch.full((batch,), MIN_DECODE_BLOCKS * block_size, dtype=torch.long),
             prefills=[],
         )
         cos, sin = model.rotary.cos_sin(positions)  # the model's forward, with `runner` as its layer runner

@@ -34,6 +34,7 @@ def build_inputs(batch: list[BatchRow], block_size: int, null_block: int) -> Tor
         decode_token_idx=torch.tensor([row for row, _, _ in ragged.decodes], dtype=torch.long),
         decode_block_tables=tables.reshape(len(decode_tables), max_blocks),
         decode_context_mask=context_mask.reshape(len(decode_tables), 1, 1, max_blocks * block_size),
+        decode_context_lens=decode_lens.to(torch.long),
         prefills=[(row, n, cached, torch.tensor(table)) for row, n, cached, table in ragged.prefills],
     )
     return TorchInputs(torch.tensor(ragged.input_ids, dtype=torch.long),

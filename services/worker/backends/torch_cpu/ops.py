@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.backends.torch_cpu.attention import AttentionMetadata, paged_attention, write_kv
+from services.worker.backends.torch_cpu.decode_kernel import DecodeKernel
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -22,10 +23,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class TorchOps:
+    def __init__(self, decode_kernel: DecodeKernel | None = None):
+        self.decode_kernel = decode_kernel  # the eager decode rows' attention in C (decode_kernel.py)
+
     def attention(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, meta, scale)
+        return paged_attention(q, k_cache, v_cache, meta, scale, self.decode_kernel)
 
     def add_rms_norm(self, x, residual, weight, eps):
         summed = residual + x
@@ -42,4 +46,4 @@ class TorchOps:
         return F.silu(gate) * up
 
 
-TORCH_OPS = TorchOps()
+TORCH_OPS = TorchOps()  # the reference: torch alone

@@ -1,0 +1,100 @@
+/* Decode attention over the paged KV cache, one query token per sequence (decode_kernel.py builds
+ * and loads this file). Each (sequence, KV head) reads its blocks in place, once: no gathered copy.
+ * Scores, softmax and the weighted sum of values are float32; a sequence's result depends on its
+ * own rows only, so it is the same whatever else is in the batch.
+ *
+ * q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_blocks, num_kv_heads, block_size,
+ * head_dim]; block_tables: [num_seqs, max_blocks]; context_lens: [num_seqs]. All contiguous.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_load(const uint16_t *p) {
+    uint32_t bits = (uint32_t)*p << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_store(float f) {  /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (isnan(f)) return 0x7fc0;
+    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+/* exp(x) for x <= 0 (a score less the row's max), written out so that the softmax loop
+ * vectorizes: Cephes' expf, ~1 ulp; below -87 it returns ~1e-38, not 0. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.f ? -87.f : x;
+    const float n = rintf(x * 1.44269504f);
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln2, ln2 in two parts */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;  /* 2^n */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+/* T: the element type; LOAD(p): a float from *p; STORE(x): T from a float; HD: the head size, a
+ * constant so that a query row and an accumulator stay in registers. Each query head of a group
+ * takes its own pass over the keys and the values, which the first pass leaves in L1/L2. */
+#define DEFINE_DECODE(NAME, T, LOAD, STORE, HD)                                                        \
+int NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables,                  \
+         const int64_t *context_lens, T *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, \
+         int64_t block_size, int64_t max_blocks, float scale) {                                        \
+    const int64_t group = num_heads / num_kv_heads;                                                    \
+    int failed = 0;                                                                                    \
+    _Pragma("omp parallel for collapse(2) schedule(dynamic)")                                          \
+    for (int64_t s = 0; s < num_seqs; s++) {                                                           \
+        for (int64_t h = 0; h < num_kv_heads; h++) {                                                   \
+            const int64_t len = context_lens[s], row_stride = block_size * HD;                         \
+            const int64_t *table = block_tables + s * max_blocks;                                       \
+            float *scores = malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));                       \
+            if (!scores) { failed = 1; continue; }                                                     \
+            for (int64_t g = 0; g < group; g++) {                                                      \
+                const int64_t head = (s * num_heads + h * group + g) * HD;                             \
+                float qf[HD], acc[HD], max = -INFINITY, total = 0.f;                                   \
+                for (int d = 0; d < HD; d++) { qf[d] = LOAD(q + head + d); acc[d] = 0.f; }             \
+                for (int64_t first = 0; first < len; first += block_size) {  /* block by block */      \
+                    const T *k = k_cache + (table[first / block_size] * num_kv_heads + h) * row_stride;    \
+                    const int64_t n = len - first < block_size ? len - first : block_size;             \
+                    for (int64_t i = 0; i < n; i++, k += HD) {                                         \
+                        float sum = 0.f;                                                               \
+                        for (int d = 0; d < HD; d++) sum += qf[d] * LOAD(k + d);                       \
+                        scores[first + i] = sum * scale;                                               \
+                        max = scores[first + i] > max ? scores[first + i] : max;                       \
+                    }                                                                                  \
+                }                                                                                      \
+                for (int64_t t = 0; t < len; t++) { scores[t] = exp_nonpositive(scores[t] - max);      \
+                                                    total += scores[t]; }                              \
+                for (int64_t first = 0; first < len; first += block_size) {                            \
+                    const T *v = v_cache + (table[first / block_size] * num_kv_heads + h) * row_stride;    \
+                    const int64_t n = len - first < block_size ? len - first : block_size;             \
+                    for (int64_t i = 0; i < n; i++, v += HD) {                                         \
+                        const float p = scores[first + i];                                             \
+                        for (int d = 0; d < HD; d++) acc[d] += p * LOAD(v + d);                        \
+                    }                                                                                  \
+                }                                                                                      \
+                for (int d = 0; d < HD; d++) out[head + d] = STORE(acc[d] / total);                    \
+            }                                                                                          \
+            free(scores);                                                                              \
+        }                                                                                              \
+    }                                                                                                  \
+    return failed ? -2 : 0;                                                                            \
+}
+
+#define F32_LOAD(p) (*(p))
+#define F32_STORE(x) (x)
+DEFINE_DECODE(decode_attention_f32_64, float, F32_LOAD, F32_STORE, 64)
+DEFINE_DECODE(decode_attention_bf16_64, uint16_t, bf16_load, bf16_store, 64)
+DEFINE_DECODE(decode_attention_f32_128, float, F32_LOAD, F32_STORE, 128)
+DEFINE_DECODE(decode_attention_bf16_128, uint16_t, bf16_load, bf16_store, 128)
