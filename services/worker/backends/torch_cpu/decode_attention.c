@@ -1,5 +1,5 @@
 /* Decode attention over the paged KV cache, one query token per sequence (decode_kernel.py builds
- * and loads this file). Each (sequence, KV head) reads its blocks in place, once: no gathered copy.
+ * and loads this file). Each (sequence, KV head) reads its blocks in place: no gathered copy.
  * Scores, softmax and the weighted sum of values are float32; a sequence's result depends on its
  * own rows only, so it is the same whatever else is in the batch.
  *
