@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from services.worker.backends.torch_cpu import decode_kernel
-from services.worker.backends.torch_cpu.attention import AttentionMetadata, _decode
+from services.worker.backends.torch_cpu.attention import AttentionMetadata, _decode, paged_attention
 
 BLOCK_SIZE = 16
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -67,11 +67,20 @@ def test_a_sequence_gets_the_same_bits_whatever_its_batch(kernel):
         assert torch.equal(alone[0], batched[row])
 
 
-def test_what_it_does_not_take_stays_on_torch(kernel):
-    q = torch.zeros(1, 9, 96)  # a head size it is not built for
-    assert not kernel.supports(q, torch.zeros(2, 3, BLOCK_SIZE, 96))
-    assert not kernel.supports(q[..., :64].half(), torch.zeros(2, 3, BLOCK_SIZE, 64).half())
-    assert not kernel.supports(q[..., :64], torch.zeros(2, 3, BLOCK_SIZE, 64).bfloat16())  # cache of another dtype
+def test_paged_attention_takes_the_kernel_where_it_can(kernel):
+    """The eager decode rows go through the kernel when it is handed one; a dtype it was not built
+    for (float16), a cache of another dtype or a head size it lacks stay on the matmuls."""
+    torch.manual_seed(2)
+    q, k_cache, v_cache, meta = ragged_batch([3, 50], 3, 3, 64, torch.float32)
+    direct = kernel(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, 0.125)
+    assert torch.equal(paged_attention(q, k_cache, v_cache, meta, 0.125, kernel), direct)
+    assert torch.equal(paged_attention(q, k_cache, v_cache, meta, 0.125), _decode(q, k_cache, v_cache, meta, 0.125))
+
+    half = q.half(), k_cache.half(), v_cache.half()
+    assert not kernel.supports(half[0], half[1])
+    assert torch.equal(paged_attention(*half, meta, 0.125, kernel), _decode(*half, meta, 0.125))
+    assert not kernel.supports(q, k_cache.bfloat16())
+    assert not kernel.supports(torch.zeros(1, 9, 96), torch.zeros(2, 3, BLOCK_SIZE, 96))
 
 
 def test_no_compiler_means_no_kernel(tmp_path, monkeypatch):

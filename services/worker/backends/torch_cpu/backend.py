@@ -40,7 +40,7 @@ class TorchCpuBackend:
         self.quantization = quantization
         self.compiling = None  # the background compile's thread, once started
         # the eager decode rows' attention runs decode_attention.c (decode_kernel.py)
-        self.c_attention = getattr(self.model.layers[0].attention.ops, "decode_kernel", None) is not None
+        self.c_attention = self.model.layers[0].attention.ops.decode_kernel is not None
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:

@@ -23,8 +23,8 @@ from shared.model_files import cache_root
 
 log = get_logger("worker.decode_kernel")
 SOURCE = Path(__file__).with_name("decode_attention.c")
-# fast-math for the vectorized expf (libmvec) and sums; each sequence's arithmetic is still fixed
-# whatever the batch. Infinities stay: the softmax starts from -inf.
+# fast-math lets the compiler reorder the dot products' sums into vector lanes; each sequence's
+# arithmetic is still fixed whatever the batch. Infinities stay: the softmax starts from -inf.
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float]
 HEAD_DIMS = (64, 128)  # the head sizes it is built for
