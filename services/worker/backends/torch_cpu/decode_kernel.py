@@ -23,6 +23,7 @@ from shared.model_files import cache_root
 
 log = get_logger("worker.decode_kernel")
 SOURCE = Path(__file__).with_name("decode_attention.c")
+HEADERS = [Path(__file__).with_name("decode_attention_avx512.h")]  # included by SOURCE
 # fast-math lets the compiler reorder the dot products' sums into vector lanes; each sequence's
 # arithmetic is still fixed whatever the batch. Infinities stay: the softmax starts from -inf.
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
@@ -70,7 +71,7 @@ def build(cache: Path | None = None) -> Path:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc) on PATH")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_id().encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS)) + " ".join(FLAGS).encode() + _cpu_id().encode()).hexdigest()[:16]
     target = (cache or cache_root() / "kernels") / f"decode_attention-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
