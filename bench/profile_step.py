@@ -1,7 +1,7 @@
 """`python -m bench.profile_step`: time (and optionally profile) the worker's decode step in process.
 
     python -m bench.profile_step --batch 1,16,64 --context 128 --dtype float32,bfloat16 [--compile] [--profile]
-    [--torch-attention]
+    [--torch-ops]
 
 Builds the real ModelRunner on the default model with a paged KV cache, prefills `batch`
 sequences of `context` tokens, then times decode steps: ms/step and tokens/s per setting.
@@ -15,7 +15,7 @@ import time
 import torch
 
 from services.worker.backends.kv_pool import KVSpec
-from services.worker.backends.torch_cpu import decode_kernel
+from services.worker.backends.torch_cpu import decode_kernel, fused_ops
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
@@ -73,8 +73,9 @@ def main() -> None:
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
                    help="auto: the GGUF's own blocks, as the worker's default")
     p.add_argument("--compile", action="store_true", help="compile the decode layers (the worker's --compile)")
-    p.add_argument("--torch-attention", action="store_true",
-                   help="eager decode attention on torch's matmuls, not decode_attention.c (as --deterministic)")
+    p.add_argument("--torch-ops", action="store_true",
+                   help="eager steps on torch's ops alone, not the C kernels (decode_attention.c, fused_ops.c), "
+                        "as --deterministic")
     p.add_argument("--mkl", action="store_true", help="plain Linears on F.linear (MKL), not oneDNN's packed weights")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     args = p.parse_args()
@@ -83,7 +84,7 @@ def main() -> None:
     # one pool size for every batch: the compiled graphs are specialized to the pool's shape
     pool_blocks = max(args.pool_blocks, max(batches) * -(-(args.context + args.steps + 9) // BLOCK_SIZE))
     for dtype in args.dtype.split(","):
-        ops = TORCH_OPS if args.torch_attention else TorchOps(decode_kernel.load())
+        ops = TORCH_OPS if args.torch_ops else TorchOps(decode_kernel.load(), fused_ops.load())
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype], ops=ops)
         method = "gguf" if args.quantization == "auto" else args.quantization
         quantize(loaded.model, method, native_int4_blocks(loaded, method))

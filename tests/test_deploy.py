@@ -227,7 +227,7 @@ def test_qaic_and_cpu_deployments_serve_through_the_same_routes(wl, smollm2, def
     try:
         assert on_qaic.status()["engines"][0]["info"]["devices"] == ["qaic, emulated on cpu"]
         dtype = pick(host_cpu_flags(), {"Q4_1": 210}).dtype.value  # the default GGUF's kept blocks
-        assert on_cpu.status()["engines"][0]["info"]["devices"] == [f"cpu ({dtype}, gguf weights, compiled decode, C decode attention)"]
+        assert on_cpu.status()["engines"][0]["info"]["devices"] == [f"cpu ({dtype}, gguf weights, compiled decode, C decode attention, C row ops)"]
         auth = {"Authorization": f"Bearer {API_KEY}"}
         listed = {m["id"]: m for m in httpx.get(f"{wl.api_endpoint}/v1/models", headers=auth).json()["data"]}
         served = listed[on_qaic.deployment]

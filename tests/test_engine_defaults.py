@@ -127,7 +127,7 @@ def test_the_stack_serves_at_once_and_switches_to_compiled_steps(fast_stack, mod
     bf16 = any(f in host_cpu_flags() for f in ("avx512_bf16", "amx_bf16"))
     url = fast_stack.base_url
     models = httpx.get(f"{url}/v1/models").json()["data"]
-    assert models[0]["devices"] == [f"cpu ({'bfloat16' if bf16 else 'float32'}, gguf weights, compiled decode, C decode attention)"]
+    assert models[0]["devices"] == [f"cpu ({'bfloat16' if bf16 else 'float32'}, gguf weights, compiled decode, C decode attention, C row ops)"]
     body = {"model": model_name, "prompt": "The capital of France is", "max_tokens": 33, "temperature": 0,
             "ignore_eos": True}
     before = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()  # while it compiles

@@ -31,7 +31,7 @@ class WorkerSpec:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512  # the largest step (the CUDA backend profiles its activations)
     compile: bool = False
-    deterministic: bool = False  # CPU: batch-invariant float32 on torch's ops alone (no C decode attention)
+    deterministic: bool = False  # CPU: batch-invariant float32 on torch's ops alone (no C kernels)
     gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory the worker may take
     max_seq_len_to_capture: int = 8192  # CUDA: decode steps with longer contexts run without graphs
     qaic: QaicConfig | None = None  # QAIC: the program's shapes and formats

@@ -7,7 +7,7 @@ import torch
 
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
-from services.worker.backends.torch_cpu import decode_kernel
+from services.worker.backends.torch_cpu import decode_kernel, fused_ops
 from services.worker.backends.torch_cpu.compiled import compile_in_background
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
@@ -39,8 +39,9 @@ class TorchCpuBackend:
         self.compile_max_seqs = compile_max_seqs
         self.quantization = quantization
         self.compiling = None  # the background compile's thread, once started
-        # the eager decode rows' attention runs decode_attention.c (decode_kernel.py)
-        self.c_attention = self.model.layers[0].attention.ops.decode_kernel is not None
+        # the eager steps' decode attention and row-wise ops in C (decode_kernel.py, fused_ops.py)
+        ops = self.model.layers[0].attention.ops
+        self.c_attention, self.c_row_ops = ops.decode_kernel is not None, ops.fused is not None
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
@@ -50,7 +51,7 @@ class TorchCpuBackend:
                               f"the cpu backend stores {', '.join(DTYPES)}")
         if spec.quantization == "mxfp6":
             raise ConfigError("quantization 'mxfp6' is a QAIC format: it needs the qaic backend (--device qaic)")
-        ops = TORCH_OPS if spec.deterministic else TorchOps(decode_kernel.load())
+        ops = TORCH_OPS if spec.deterministic else TorchOps(decode_kernel.load(), fused_ops.load())
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops)
         quantize(loaded.model, spec.quantization, native_int4_blocks(loaded, spec.quantization))
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
@@ -81,6 +82,7 @@ class TorchCpuBackend:
     def hello_fields(self) -> dict:
         dtype = str(self.model.tok_embeddings.weight.dtype).removeprefix("torch.")
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
-            ["compiled decode"] * bool(self.compile_max_seqs) + ["C decode attention"] * self.c_attention
+            ["compiled decode"] * bool(self.compile_max_seqs) + ["C decode attention"] * self.c_attention + \
+            ["C row ops"] * self.c_row_ops
         return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks,
                 "block_size": self.block_size, "dtype": dtype, "device": f"cpu ({', '.join(how)})"}

@@ -7,43 +7,9 @@
  * q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_blocks, num_kv_heads, block_size,
  * head_dim]; block_tables: [num_seqs, max_blocks]; context_lens: [num_seqs]. All contiguous.
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t bits = (uint32_t)*p << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t bf16_store(float f) {  /* round to nearest even, as torch does */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if (isnan(f)) return 0x7fc0;
-    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-}
-
-/* exp(x) for x <= 0 (a score less the row's max), written out so that the softmax loop
- * vectorizes: Cephes' expf, ~1 ulp; below -87 it returns ~1e-38, not 0. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.f ? -87.f : x;
-    const float n = rintf(x * 1.44269504f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln2, ln2 in two parts */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;  /* 2^n */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y * scale;
-}
+#include "cpu_math.h"
 
 /* The portable form, one (sequence, KV head) at a time. T: the element type; LOAD(p): a float from
  * *p; STORE(x): T from a float; HD: the head size, a constant so that a query row and an
@@ -67,7 +33,7 @@ static void NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *
                 max = scores[first + i] > max ? scores[first + i] : max;                               \
             }                                                                                          \
         }                                                                                              \
-        for (int64_t t = 0; t < len; t++) { scores[t] = exp_nonpositive(scores[t] - max); total += scores[t]; } \
+        for (int64_t t = 0; t < len; t++) { scores[t] = exp_clamped(scores[t] - max); total += scores[t]; } \
         for (int64_t first = 0; first < len; first += block_size) {                                    \
             const T *v = v_cache + (table[first / block_size] * num_kv_heads + kv_head) * row_stride;  \
             const int64_t n = len - first < block_size ? len - first : block_size;                     \
@@ -80,8 +46,6 @@ static void NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *
     }                                                                                                  \
 }
 
-#define F32_LOAD(p) (*(p))
-#define F32_STORE(x) (x)
 DEFINE_PORTABLE(decode_attention_f32_64_portable, float, F32_LOAD, F32_STORE, 64)
 DEFINE_PORTABLE(decode_attention_bf16_64_portable, uint16_t, bf16_load, bf16_store, 64)
 DEFINE_PORTABLE(decode_attention_f32_128_portable, float, F32_LOAD, F32_STORE, 128)

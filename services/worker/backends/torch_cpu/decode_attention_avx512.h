@@ -86,7 +86,7 @@ static inline __attribute__((always_inline)) void NAME##_pass(                  
     for (int g = 0; g < heads; g++) {                                                                  \
         float *row = scores + g * len, sum = 0.f;                                                      \
         const float top = _mm512_reduce_max_ps(max[g]);                                               \
-        for (int64_t t = 0; t < len; t++) { row[t] = exp_nonpositive(row[t] - top); sum += row[t]; }   \
+        for (int64_t t = 0; t < len; t++) { row[t] = exp_clamped(row[t] - top); sum += row[t]; }   \
         total[g] = sum;                                                                                \
     }                                                                                                  \
     for (int64_t first = 0; first < len; first += block_size) {                                        \

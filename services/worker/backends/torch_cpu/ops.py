@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from services.worker.backends.torch_cpu.attention import AttentionMetadata, paged_attention, write_kv
 from services.worker.backends.torch_cpu.decode_kernel import DecodeKernel
+from services.worker.backends.torch_cpu.fused_ops import FusedOps
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -23,8 +24,17 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class TorchOps:
-    def __init__(self, decode_kernel: DecodeKernel | None = None):
-        self.decode_kernel = decode_kernel  # the eager decode rows' attention in C (decode_kernel.py)
+    """Torch's ops; outside --deterministic, the eager steps' decode attention and row-wise ops in C
+    (decode_kernel.py, fused_ops.py). Compiled code always traces the torch ops."""
+
+    def __init__(self, decode_kernel: DecodeKernel | None = None, fused: FusedOps | None = None):
+        self.decode_kernel = decode_kernel
+        self.fused = fused
+
+    def _fused_for(self, *tensors: torch.Tensor) -> FusedOps | None:
+        if self.fused is None or torch.compiler.is_compiling() or not self.fused.supports(*tensors):
+            return None
+        return self.fused
 
     def attention(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         k_cache, v_cache = kv_cache
@@ -32,6 +42,8 @@ class TorchOps:
         return paged_attention(q, k_cache, v_cache, meta, scale, self.decode_kernel)
 
     def add_rms_norm(self, x, residual, weight, eps):
+        if fused := self._fused_for(x, residual, weight):
+            return fused.add_rms_norm(x, residual, weight, eps)
         summed = residual + x
         return rms_norm(summed, weight, eps), summed
 
@@ -39,9 +51,13 @@ class TorchOps:
         return rms_norm(x, weight, eps)
 
     def rotary(self, q, k, cos, sin):
+        if fused := self._fused_for(q, k):
+            return fused.rotate(q, cos, sin), fused.rotate(k, cos, sin)
         return rotate(q, cos, sin), rotate(k, cos, sin)
 
     def silu_and_mul(self, gate_up):
+        if fused := self._fused_for(gate_up):
+            return fused.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
