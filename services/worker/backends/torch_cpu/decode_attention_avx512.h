@@ -2,9 +2,7 @@
  * dot products are summed across lanes together; the next block is prefetched while one is read. */
 #include <immintrin.h>
 
-#ifndef AHEAD
-#define AHEAD 1
-#endif
+#define AHEAD 1                         /* blocks prefetched ahead of the one being read */
 #define MAX_HEADS 4                     /* query heads per pass over the blocks, at most */
 #define HEADS_PER_PASS(HD) (256 / (HD)) /* so that their accumulators fill 16 registers */
 

@@ -6,14 +6,14 @@
 
 #include "cpu_math.h"
 
-/* rows in one OpenMP region only when there are enough of them to share */
-#define PARALLEL_ROWS(rows) _Pragma("omp parallel for schedule(static) if(rows >= 8)")
+/* a loop over `rows` on torch's OpenMP threads, when there are enough rows to share */
+#define PARALLEL_ROWS _Pragma("omp parallel for schedule(static) if(rows >= 8)")
 
 #define DEFINE_OPS(SUFFIX, T, LOAD, STORE)                                                             \
 /* summed = x + residual; out = weight * (summed / rms(summed)), rows of `dim` */                      \
 void add_rms_norm_##SUFFIX(const T *x, const T *residual, const T *weight, T *out, T *summed,          \
                           int64_t rows, int64_t dim, float eps) {                                      \
-    PARALLEL_ROWS(rows)                                                                                \
+    PARALLEL_ROWS                                                                                      \
     for (int64_t r = 0; r < rows; r++) {                                                               \
         const T *xr = x + r * dim, *rr = residual + r * dim;                                           \
         T *sr = summed + r * dim, *orow = out + r * dim;                                               \
@@ -36,7 +36,7 @@ void add_rms_norm_##SUFFIX(const T *x, const T *residual, const T *weight, T *ou
 void rotary_##SUFFIX(const T *x, int64_t x_stride, const float *cos, const float *sin, T *out,         \
                      int64_t rows, int64_t heads, int64_t head_dim) {                                  \
     const int64_t half = head_dim / 2;                                                                 \
-    PARALLEL_ROWS(rows)                                                                                \
+    PARALLEL_ROWS                                                                                      \
     for (int64_t r = 0; r < rows; r++) {                                                               \
         const float *c = cos + r * head_dim, *s = sin + r * head_dim;                                  \
         for (int64_t h = 0; h < heads; h++) {                                                          \
@@ -53,7 +53,7 @@ void rotary_##SUFFIX(const T *x, int64_t x_stride, const float *cos, const float
                                                                                                        \
 /* gate_up: [rows, 2 * width] (gate, then up) -> out: [rows, width] = silu(gate) * up */               \
 void silu_and_mul_##SUFFIX(const T *gate_up, T *out, int64_t rows, int64_t width) {                   \
-    PARALLEL_ROWS(rows)                                                                                \
+    PARALLEL_ROWS                                                                                      \
     for (int64_t r = 0; r < rows; r++) {                                                               \
         const T *g = gate_up + r * 2 * width, *u = g + width;                                          \
         T *o = out + r * width;                                                                        \
