@@ -1,5 +1,5 @@
 """The deploy workflow's config objects: ranges, what each field becomes in the engine, placement
-and replica scaling decisions (no services: the stack tests are in test_deploy.py)."""
+and replica scaling decisions (no services: the stack tests are in tests/deploy/)."""
 
 from __future__ import annotations
 
