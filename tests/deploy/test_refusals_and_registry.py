@@ -1,6 +1,6 @@
 """Deploy refusals by name (framework, accelerator and requirements), seed errors, a registry that
 survives a restart of every service, workspace ids, the README's snippet, and a pipeline published to
-an OCI registry and served elsewhere (conftest.py: the stack, shared with test_workflow.py)."""
+an OCI registry and served elsewhere (conftest.py: the stack, shared with test_end_to_end.py, which runs first)."""
 
 from __future__ import annotations
 
