@@ -1,6 +1,7 @@
 """Deploy refusals by name (framework, accelerator and requirements), seed errors, a registry that
 survives a restart of every service, workspace ids, the README's snippet, and a pipeline published to
-an OCI registry and served elsewhere (conftest.py: the stack, shared with test_end_to_end.py, which runs first)."""
+an OCI registry and served elsewhere. The stack (conftest.py) is test_end_to_end.py's too, whose
+tests must run first (the file sorts first): the README's snippet reuses its pipeline's name."""
 
 from __future__ import annotations
 
