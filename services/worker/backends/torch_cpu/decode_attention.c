@@ -11,6 +11,12 @@
 
 #include "cpu_math.h"
 
+/* where a sequence's block j holds a KV head's rows in a cache, in elements from its start */
+static inline int64_t block_start(const int64_t *table, int64_t j, int64_t num_kv_heads, int64_t kv_head,
+                                  int64_t row_stride) {
+    return (table[j] * num_kv_heads + kv_head) * row_stride;
+}
+
 /* The portable form, one (sequence, KV head) at a time. T: the element type; LOAD(p): a float from
  * *p; STORE(x): T from a float; HD: the head size, a constant so that a query row and an
  * accumulator stay in registers. Each query head of the group takes its own pass over the keys and
@@ -24,7 +30,7 @@ static void NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *
         float qf[HD], acc[HD], max = -INFINITY, total = 0.f;                                           \
         for (int d = 0; d < HD; d++) { qf[d] = LOAD(q + g * HD + d); acc[d] = 0.f; }                   \
         for (int64_t first = 0; first < len; first += block_size) {  /* block by block */              \
-            const T *k = k_cache + (table[first / block_size] * num_kv_heads + kv_head) * row_stride;  \
+            const T *k = k_cache + block_start(table, first / block_size, num_kv_heads, kv_head, row_stride); \
             const int64_t n = len - first < block_size ? len - first : block_size;                     \
             for (int64_t i = 0; i < n; i++, k += HD) {                                                 \
                 float sum = 0.f;                                                                       \
@@ -35,7 +41,7 @@ static void NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *
         }                                                                                              \
         for (int64_t t = 0; t < len; t++) { scores[t] = exp_clamped(scores[t] - max); total += scores[t]; } \
         for (int64_t first = 0; first < len; first += block_size) {                                    \
-            const T *v = v_cache + (table[first / block_size] * num_kv_heads + kv_head) * row_stride;  \
+            const T *v = v_cache + block_start(table, first / block_size, num_kv_heads, kv_head, row_stride); \
             const int64_t n = len - first < block_size ? len - first : block_size;                     \
             for (int64_t i = 0; i < n; i++, v += HD) {                                                 \
                 const float p = scores[first + i];                                                     \

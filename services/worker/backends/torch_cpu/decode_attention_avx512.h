@@ -58,11 +58,10 @@ static inline __attribute__((always_inline)) void NAME##_pass(                  
         for (int c = 0; c < C; c++) acc[g][c] = _mm512_setzero_ps();                                   \
     }                                                                                                  \
     for (int64_t first = 0; first < len; first += block_size) {                                        \
-        const T *block = k_cache + (table[first / block_size] * num_kv_heads + kv_head) * row_stride;  \
-        const int64_t n = len - first < block_size ? len - first : block_size;                         \
+        const int64_t j = first / block_size, n = len - first < block_size ? len - first : block_size;  \
+        const T *block = k_cache + block_start(table, j, num_kv_heads, kv_head, row_stride);               \
         if (first + AHEAD * block_size < len)                                                          \
-            prefetch_block(k_cache + (table[first / block_size + AHEAD] * num_kv_heads + kv_head) * row_stride, \
-                           block_bytes);                                                               \
+            prefetch_block(k_cache + block_start(table, j + AHEAD, num_kv_heads, kv_head, row_stride), block_bytes); \
         for (int64_t i0 = 0; i0 < n; i0 += 16) {  /* rows past n are in the block, unused */           \
             const float *k = TILE(block + i0 * HD, tile, 16 * HD);                                     \
             const __mmask16 valid = n - i0 >= 16 ? 0xffff : (__mmask16)((1u << (n - i0)) - 1);          \
@@ -88,11 +87,10 @@ static inline __attribute__((always_inline)) void NAME##_pass(                  
         total[g] = sum;                                                                                \
     }                                                                                                  \
     for (int64_t first = 0; first < len; first += block_size) {                                        \
-        const T *block = v_cache + (table[first / block_size] * num_kv_heads + kv_head) * row_stride;  \
-        const int64_t n = len - first < block_size ? len - first : block_size;                         \
+        const int64_t j = first / block_size, n = len - first < block_size ? len - first : block_size;  \
+        const T *block = v_cache + block_start(table, j, num_kv_heads, kv_head, row_stride);               \
         if (first + AHEAD * block_size < len)                                                          \
-            prefetch_block(v_cache + (table[first / block_size + AHEAD] * num_kv_heads + kv_head) * row_stride, \
-                           block_bytes);                                                               \
+            prefetch_block(v_cache + block_start(table, j + AHEAD, num_kv_heads, kv_head, row_stride), block_bytes); \
         for (int64_t i0 = 0; i0 < n; i0 += 16) {                                                       \
             const float *v = TILE(block + i0 * HD, tile, 16 * HD);                                     \
             const int64_t rows = n - i0 < 16 ? n - i0 : 16;                                            \
