@@ -57,7 +57,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     if meta.num_decodes:
         q_decode = q[meta.decode_token_idx]
-        if kernel is not None and not torch.compiler.is_compiling() and kernel.supports(q_decode, k_cache):
+        if kernel is not None and not torch.compiler.is_dynamo_compiling() and kernel.supports(q_decode, k_cache):
             out[meta.decode_token_idx] = kernel(q_decode, k_cache, v_cache, meta.decode_block_tables,
                                                 meta.decode_context_lens, scale)
         else:
@@ -78,7 +78,7 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """One query token per sequence: grouped batched matmuls over the gathered blocks, softmax in
     float32. (SDPA's CPU kernel is built for long queries; for a single one it costs ~10x these.)"""
-    if torch.compiler.is_compiling():  # the compiled layers (compiled.py)
+    if torch.compiler.is_dynamo_compiling():  # the compiled layers (compiled.py)
         return decode_as_loops(q, k_cache, v_cache, meta, scale)
     num_seqs, num_heads, head_dim = q.shape
     k = _gather(k_cache, meta.decode_block_tables)  # [B, nb, h_kv, bs, d]

@@ -34,7 +34,10 @@ full compile.
 
 A worker compiles in the background (`compile_in_background`): it serves eagerly from the start,
 and its decode steps switch to the compiled layers once the warm-up has compiled every graph.
-Dynamo's frame hook is per thread, so the serving thread's eager steps do not meet it.
+The ops choose their traced branches with `torch.compiler.is_dynamo_compiling()`, which only code
+Dynamo traces reads as True. `torch.compiler.is_compiling()` is one flag for the whole process, set
+while any thread compiles: read by the serving thread's eager steps, it sent them down the traced
+branches during the background compile (tests/test_compiled.py holds a compile open to check).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class TorchOps:
         self.fused = fused
 
     def _fused_for(self, *tensors: torch.Tensor) -> FusedOps | None:
-        if self.fused is None or torch.compiler.is_compiling() or not self.fused.supports(*tensors):
+        if self.fused is None or torch.compiler.is_dynamo_compiling() or not self.fused.supports(*tensors):
             return None
         return self.fused
 

@@ -59,7 +59,7 @@ class _WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         # compiled decode steps (up to 8 rows) always take the kernel: a packed weight cannot be traced
-        if self.uses_kernel(rows) or (self.is_packed and torch.compiler.is_compiling()):
+        if self.uses_kernel(rows) or (self.is_packed and torch.compiler.is_dynamo_compiling()):
             out = self.kernel(rows.to(KERNEL_DTYPE).contiguous()).to(x.dtype).reshape(*x.shape[:-1], -1)
             return out if self.bias is None else out + self.bias
         if self.is_packed:

@@ -108,7 +108,7 @@ class W8A8Linear(nn.Module):
         rows = x.reshape(-1, x.shape[-1]).float()
         row_max = rows.abs().amax(-1, keepdim=True).clamp(min=1e-30)
         rows = rows / row_max
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             out = torch.ops.switchyard.int8_linear(rows, self.handle, self.out_features)
         else:  # the same GEMM without the op's dispatch
             out = _gemm(rows, _PACKED[self.key])
