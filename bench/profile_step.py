@@ -15,12 +15,12 @@ import time
 import torch
 
 from services.worker.backends.kv_pool import KVSpec
-from services.worker.backends.torch_cpu import decode_kernel, fused_ops
+from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
-from services.worker.backends.torch_cpu.ops import TORCH_OPS, TorchOps
-from services.worker.backends.torch_cpu.quantization import native_int4_blocks, quantize
+from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
+from services.worker.backends.torch_cpu.quantization import native_blocks, quantize
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from shared.config import QUANTIZATIONS
@@ -84,10 +84,10 @@ def main() -> None:
     # one pool size for every batch: the compiled graphs are specialized to the pool's shape
     pool_blocks = max(args.pool_blocks, max(batches) * -(-(args.context + args.steps + 9) // BLOCK_SIZE))
     for dtype in args.dtype.split(","):
-        ops = TORCH_OPS if args.torch_ops else TorchOps(decode_kernel.load(), fused_ops.load())
+        ops = TORCH_OPS if args.torch_ops or not load_kernels().loaded else NATIVE_OPS
         loaded = load_model(default_model_path(), dtype=DTYPES[dtype], ops=ops)
         method = "gguf" if args.quantization == "auto" else args.quantization
-        quantize(loaded.model, method, native_int4_blocks(loaded, method))
+        quantize(loaded.model, method, native_blocks(loaded, method))
         if not args.compile and not args.mkl:
             pack_linears(loaded.model)
         if args.compile:

@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.worker.backends.torch_cpu.kernels.build import why_unusable as kernels_unusable
 from shared import nats_auth
 from shared.config import (
     ConfigError,
@@ -209,7 +210,8 @@ def engine_defaults_lines(service_args: list[str]) -> list[str]:
         return []
     try:
         config = engine_config_from_args(args)
-        defaults = pick_for_host(args, config, resolve_model_path(config.model_path), args.deterministic)
+        defaults = pick_for_host(args, config, resolve_model_path(config.model_path), args.deterministic,
+                                 kernels_unusable())
     except (ConfigError, OSError) as exc:
         return [f"(the worker will refuse its settings: {exc})"]
     return defaults.lines()

@@ -23,6 +23,16 @@ def default_model_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def cpu_kernels():
+    """The C kernels' library as torch ops (make install builds it; the fast path runs on it)."""
+    from services.worker.backends.torch_cpu.kernels.load import load
+
+    kernels = load()
+    assert kernels.loaded, kernels.reason
+    return kernels
+
+
+@pytest.fixture(scope="session")
 def loaded_model(default_model_path):
     from services.worker.loader import load_model
 

@@ -38,24 +38,3 @@ def test_chunk_after_a_cached_prefix_matches_sdpa(monkeypatch, num_cached, num_q
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_decode_as_loops_matches_the_matmuls(dtype, atol):
-    """The compiled layers' decode attention (sums written as loops) against the reference's matmuls:
-    ragged lengths, scattered blocks, the padding masked. bfloat16: the loops keep the scores in float32."""
-    torch.manual_seed(0)
-    lengths = [1, 17, 40, 64]
-    num_blocks = 4
-    k_cache = torch.randn(len(lengths) * num_blocks + 1, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM).to(dtype)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(len(lengths) * num_blocks)[:len(lengths) * num_blocks].view(len(lengths), num_blocks)
-    meta = attention.AttentionMetadata(
-        slot_mapping=torch.zeros(len(lengths), dtype=torch.long), decode_token_idx=torch.arange(len(lengths)),
-        decode_block_tables=tables,
-        decode_context_mask=(torch.arange(num_blocks * BLOCK_SIZE) < torch.tensor(lengths).unsqueeze(1)).view(
-            len(lengths), 1, 1, -1),
-        decode_context_lens=torch.tensor(lengths), prefills=[])
-    q = torch.randn(len(lengths), NUM_KV_HEADS * GROUP, HEAD_DIM).to(dtype)
-
-    loops = attention.decode_as_loops(q, k_cache, v_cache, meta, HEAD_DIM**-0.5)
-
-    torch.testing.assert_close(loops, attention._decode(q, k_cache, v_cache, meta, HEAD_DIM**-0.5), atol=atol, rtol=0)

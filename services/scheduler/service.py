@@ -255,6 +255,9 @@ class SchedulerService:
         pool = self.pools.get(announce.worker_id)
         if pool is not None and pool.is_alive:
             self.workers.heard(announce.worker_id)
+            if isinstance(announce, WorkerHello) and announce.device != pool.hello.device:  # e.g. compiled now
+                pool.hello.device = announce.device
+                await self.publish_limits()
         elif isinstance(announce, WorkerHello):
             self._add_pool(announce)
         elif isinstance(announce, WorkerHeartbeat):

@@ -127,11 +127,14 @@ async def _set_when(first: asyncio.Event, then: asyncio.Event) -> None:
 def engine_defaults(args: argparse.Namespace, config, model_path: str, deployed) -> EngineDefaults:
     """The CPU backend's settings left on auto, for this CPU and model file (shared/engine_defaults.py).
     A deployment's own `deterministic` wins over the stack's flag; so does its own quantization."""
+    from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
+
     deterministic = args.deterministic
     if deployed is not None:
         own = deployed.deployment_config.deterministic
         deterministic = own if own is not None else deterministic and config.quantization in ("auto", "none")
-    return pick_for_host(args, config, model_path, deterministic)
+    kernels = load_kernels()
+    return pick_for_host(args, config, model_path, deterministic, None if kernels.loaded else kernels.reason)
 
 
 def worker_spec(args: argparse.Namespace, config, model_path: str, deployed,

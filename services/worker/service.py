@@ -89,8 +89,18 @@ class WorkerService:
             beat.num_running = len(self.runner.seqs)
             try:
                 await self.nc.publish(subjects.WORKERS_HEARTBEAT, encode(beat))
+                await self._maybe_announce_device()
             except Exception as exc:  # the bus is down: the next beat will tell
                 log.warning("heartbeat_failed", error=str(exc))
+
+    async def _maybe_announce_device(self) -> None:
+        """A device line that changed (a CPU worker's background compile ended, or failed) is said
+        again, so /v1/models shows what computes now."""
+        device = self.runner.backend.hello_fields()["device"]
+        if device != self.hello.device:
+            self.hello.device = device
+            log.info("device_changed", device=device)
+            await self.say_hello()
 
     async def _on_step(self, msg: Msg) -> None:
         step = STEP_DECODER.decode(msg.data)

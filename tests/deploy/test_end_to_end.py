@@ -11,8 +11,7 @@ import time
 import httpx
 import pytest
 
-from shared.cpu_features import host_cpu_flags
-from shared.engine_defaults import pick
+from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from switchyard import SwitchyardError
 from switchyard.config import (
     Acceleration,
@@ -159,8 +158,8 @@ def test_qaic_and_cpu_deployments_serve_through_the_same_routes(wl, smollm2, def
     on_qaic.wait_for("Running", 300)
     try:
         assert on_qaic.status()["engines"][0]["info"]["devices"] == ["qaic, emulated on cpu"]
-        dtype = pick(host_cpu_flags(), {"Q4_1": 210}).dtype.value  # the default GGUF's kept blocks
-        assert on_cpu.status()["engines"][0]["info"]["devices"] == [f"cpu ({dtype}, gguf weights, compiled decode, C decode attention, C row ops)"]
+        variant = load_kernels().variant  # the worker's: the same library, on the same CPU
+        assert on_cpu.status()["engines"][0]["info"]["devices"] == [f"cpu (float32, gguf weights, C kernels ({variant}))"]
         auth = {"Authorization": f"Bearer {API_KEY}"}
         listed = {m["id"]: m for m in httpx.get(f"{wl.api_endpoint}/v1/models", headers=auth).json()["data"]}
         served = listed[on_qaic.deployment]

@@ -3,9 +3,9 @@
 The torch backend is the reference every faster backend is tested against. The pool keeps each
 block head-major, `[num_blocks, num_kv_heads, block_size, head_dim]`, so the blocks gathered for
 a sequence feed batched matmuls as they are, with no transposed copy. Decode rows (one query
-token each) are batched into grouped matmuls with a length mask (in compiled code, the same sums
-written as loops). A prefill chunk with nothing
-cached before it runs causal SDPA; one after a cached prefix (a prefix-cache hit, or a later chunk
+token each) are batched into grouped matmuls with a length mask, or (`native`) go to the C
+kernels' decode_attention, which reads each sequence's blocks in place. A prefill chunk with
+nothing cached before it runs causal SDPA; one after a cached prefix (a prefix-cache hit, or a later chunk
 of a chunked prefill) runs grouped matmuls with the causal mask shifted by the prefix.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.worker.backends.torch_cpu.decode_kernel import DecodeKernel
-
+HEAD_DIMS = (64, 128)  # the head sizes the C kernel is built for
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the C kernels take
 # a prefill chunk after a cached prefix runs as plain matmuls while its float32 scores
 # (heads x queries x context) stay this small (64 MiB); past it, SDPA with a mask
 MATMUL_ATTENTION_MAX_SCORES = 16 * 2**20
@@ -51,15 +51,15 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, kernel: DecodeKernel | None = None) -> torch.Tensor:
-    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. `kernel`: the eager
-    decode rows run decode_attention.c where it takes their dtype (decode_kernel.py)."""
+                    meta: AttentionMetadata, scale: float, native: bool = False) -> torch.Tensor:
+    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. `native`: the decode
+    rows run the C kernels' decode_attention where it takes their head size and dtype."""
     out = torch.empty_like(q)
     if meta.num_decodes:
         q_decode = q[meta.decode_token_idx]
-        if kernel is not None and not torch.compiler.is_dynamo_compiling() and kernel.supports(q_decode, k_cache):
-            out[meta.decode_token_idx] = kernel(q_decode, k_cache, v_cache, meta.decode_block_tables,
-                                                meta.decode_context_lens, scale)
+        if native and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES and q.dtype == k_cache.dtype:
+            out[meta.decode_token_idx] = torch.ops.switchyard_cpu.decode_attention(
+                q_decode, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
         else:
             out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale)
     for start, num_query, num_cached, block_ids in meta.prefills:
@@ -78,8 +78,6 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """One query token per sequence: grouped batched matmuls over the gathered blocks, softmax in
     float32. (SDPA's CPU kernel is built for long queries; for a single one it costs ~10x these.)"""
-    if torch.compiler.is_dynamo_compiling():  # the compiled layers (compiled.py)
-        return decode_as_loops(q, k_cache, v_cache, meta, scale)
     num_seqs, num_heads, head_dim = q.shape
     k = _gather(k_cache, meta.decode_block_tables)  # [B, nb, h_kv, bs, d]
     v = _gather(v_cache, meta.decode_block_tables)
@@ -92,27 +90,6 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch
     scores.masked_fill_(~meta.decode_context_mask, float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(num_seqs, num_kv_heads, group, num_blocks, block_size)
     out = torch.matmul(probs.permute(0, 3, 1, 2, 4), v).sum(1)  # [B, h_kv, group, d]
-    return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
-
-
-def decode_as_loops(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """`_decode`'s arithmetic as broadcast products and sums, for compiled code only: Inductor turns
-    them, the gather and the softmax into a few C++ loops (eagerly they would materialize every
-    product). Scores stay in float32 where the matmul rounds them to the cache's dtype. Faster than
-    the matmuls in the compiled decode steps, slower compiled alone for a 32-row eager step
-    (docs/benchmarks.md, fifteenth VM)."""
-    num_seqs, num_heads, head_dim = q.shape
-    k = _gather(k_cache, meta.decode_block_tables)  # [B, nb, h_kv, bs, d]
-    v = _gather(v_cache, meta.decode_block_tables)
-    _, num_blocks, num_kv_heads, block_size, _ = k.shape
-    group = num_heads // num_kv_heads
-    qg = q.to(k.dtype).float().view(num_seqs, 1, num_kv_heads, group, 1, head_dim)
-    scores = (qg * k.float().unsqueeze(3)).sum(-1) * scale  # [B, nb, h_kv, group, bs]
-    scores = scores.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group, num_blocks * block_size)
-    scores = scores.masked_fill(~meta.decode_context_mask, float("-inf"))
-    probs = scores.softmax(-1).to(v.dtype).float().view(num_seqs, num_kv_heads, group, num_blocks, block_size)
-    probs = probs.permute(0, 3, 1, 2, 4).unsqueeze(-1)  # [B, nb, h_kv, group, bs, 1]
-    out = (probs * v.float().unsqueeze(3)).sum((1, 4))  # [B, h_kv, group, d]
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 

@@ -1,5 +1,5 @@
-"""The torch CPU backend: the reference path (float32 exact against transformers), and fast paths
-on CPU kernels (oneDNN-packed float32, weight-only int8/int4, w8a8, compiled decode layers)."""
+"""The torch CPU backend: the reference path (torch's ops, float32 exact against transformers), and
+the fast path on the C kernels (quantized Linears, row ops, decode attention; optionally compiled)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ import torch
 
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
-from services.worker.backends.torch_cpu import decode_kernel, fused_ops
-from services.worker.backends.torch_cpu.compiled import compile_in_background
+from services.worker.backends.torch_cpu.compiled import BackgroundCompile
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
-from services.worker.backends.torch_cpu.ops import TORCH_OPS, TorchOps
-from services.worker.backends.torch_cpu.quantization import native_int4_blocks, quantize
+from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
+from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
+from services.worker.backends.torch_cpu.quantization import native_blocks, quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
 from shared.config import ConfigError
 from shared.messages import BackendName, Logprobs, WorkerKind
+from shared.model_files import cache_root
 
 
 class TorchCpuBackend:
@@ -38,10 +39,8 @@ class TorchCpuBackend:
         self.null_block = null_block(self.kv_caches)
         self.compile_max_seqs = compile_max_seqs
         self.quantization = quantization
-        self.compiling = None  # the background compile's thread, once started
-        # the eager steps' decode attention and row-wise ops in C (decode_kernel.py, fused_ops.py)
-        ops = self.model.layers[0].attention.ops
-        self.c_attention, self.c_row_ops = ops.decode_kernel is not None, ops.fused is not None
+        self.compiling: BackgroundCompile | None = None  # once warm_up() starts it
+        self.native = self.model.layers[0].attention.ops.native  # the C kernels' ops (kernels/)
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
@@ -51,9 +50,12 @@ class TorchCpuBackend:
                               f"the cpu backend stores {', '.join(DTYPES)}")
         if spec.quantization == "mxfp6":
             raise ConfigError("quantization 'mxfp6' is a QAIC format: it needs the qaic backend (--device qaic)")
-        ops = TORCH_OPS if spec.deterministic else TorchOps(decode_kernel.load(), fused_ops.load())
-        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops)
-        quantize(loaded.model, spec.quantization, native_int4_blocks(loaded, spec.quantization))
+        native = not spec.deterministic and load_kernels().loaded
+        if not native and (spec.quantization in ("gguf", "int4", "int8") or spec.compile):
+            what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
+            raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, NATIVE_OPS if native else TORCH_OPS)
+        quantize(loaded.model, spec.quantization, native_blocks(loaded, spec.quantization))
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
@@ -76,13 +78,14 @@ class TorchCpuBackend:
     def warm_up(self) -> float:
         """Starts the background compile (the worker serves eagerly meanwhile); returns at once."""
         if self.compile_max_seqs and self.compiling is None:
-            self.compiling = compile_in_background(self.model, self.kv_caches, self.block_size, self.compile_max_seqs)
+            self.compiling = BackgroundCompile(self.model, self.kv_caches, self.block_size, self.compile_max_seqs,
+                                               cache_root() / "compile-probe")
         return 0.0
 
     def hello_fields(self) -> dict:
+        """The device line says what computes: it changes when a background compile ends (or fails)."""
         dtype = str(self.model.tok_embeddings.weight.dtype).removeprefix("torch.")
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
-            ["compiled decode"] * bool(self.compile_max_seqs) + ["C decode attention"] * self.c_attention + \
-            ["C row ops"] * self.c_row_ops
+            [load_kernels().reason] * self.native + ([self.compiling.state] if self.compiling else [])
         return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks,
                 "block_size": self.block_size, "dtype": dtype, "device": f"cpu ({', '.join(how)})"}

@@ -5,9 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.worker.backends.torch_cpu.attention import AttentionMetadata, paged_attention, write_kv
-from services.worker.backends.torch_cpu.decode_kernel import DecodeKernel
-from services.worker.backends.torch_cpu.fused_ops import FusedOps
+from services.worker.backends.torch_cpu.attention import NATIVE_DTYPES, AttentionMetadata, paged_attention, write_kv
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -24,26 +22,23 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class TorchOps:
-    """Torch's ops; outside --deterministic, the eager steps' decode attention and row-wise ops in C
-    (decode_kernel.py, fused_ops.py). Compiled code always traces the torch ops."""
+    """Torch's ops; with `native`, the C kernels' ops (kernels/, `torch.ops.switchyard_cpu`) wherever
+    they take the tensors, eagerly and in compiled code alike, so both compute the same numbers."""
 
-    def __init__(self, decode_kernel: DecodeKernel | None = None, fused: FusedOps | None = None):
-        self.decode_kernel = decode_kernel
-        self.fused = fused
+    def __init__(self, native: bool = False):
+        self.native = native
 
-    def _fused_for(self, *tensors: torch.Tensor) -> FusedOps | None:
-        if self.fused is None or torch.compiler.is_dynamo_compiling() or not self.fused.supports(*tensors):
-            return None
-        return self.fused
+    def _is_native(self, x: torch.Tensor) -> bool:
+        return self.native and x.dtype in NATIVE_DTYPES
 
     def attention(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, meta, scale, self.decode_kernel)
+        return paged_attention(q, k_cache, v_cache, meta, scale, native=self._is_native(q))
 
     def add_rms_norm(self, x, residual, weight, eps):
-        if fused := self._fused_for(x, residual, weight):
-            return fused.add_rms_norm(x, residual, weight, eps)
+        if self._is_native(x):
+            return torch.ops.switchyard_cpu.add_rms_norm(x, residual, weight, eps)
         summed = residual + x
         return rms_norm(summed, weight, eps), summed
 
@@ -51,15 +46,16 @@ class TorchOps:
         return rms_norm(x, weight, eps)
 
     def rotary(self, q, k, cos, sin):
-        if fused := self._fused_for(q, k):
-            return fused.rotate(q, cos, sin), fused.rotate(k, cos, sin)
+        if self._is_native(q):
+            return torch.ops.switchyard_cpu.rotary(q, cos, sin), torch.ops.switchyard_cpu.rotary(k, cos, sin)
         return rotate(q, cos, sin), rotate(k, cos, sin)
 
     def silu_and_mul(self, gate_up):
-        if fused := self._fused_for(gate_up):
-            return fused.silu_and_mul(gate_up)
+        if self._is_native(gate_up):
+            return torch.ops.switchyard_cpu.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
 
 TORCH_OPS = TorchOps()  # the reference: torch alone
+NATIVE_OPS = TorchOps(native=True)  # the C kernels where they apply (a worker uses it once they are loaded)

@@ -1,20 +1,18 @@
-"""Weight-only quantization (`--quantization int8 | int4`).
+"""Weight-only quantization (`--quantization gguf | int4 | int8`) on the C kernels' quant_linear.
 
-- int8: each Linear's weight as int8 with one scale per output channel (symmetric).
-- int4: 4-bit values in groups of 32 along the input dimension, each group with its own scale and
-  zero point (asymmetric), in torch's packed layout; the same scheme as the Q4_1 blocks of the
-  default GGUF, whose own values, scales and minimums are kept (loader/gguf_blocks.py).
-- gguf (the default on a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): exactly those weights keep the
-  file's blocks, on the int4 kernel (Q8_0 as two 4-bit halves); the others stay as the file has them.
+- gguf (the default on a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): exactly those weights keep the file's
+  blocks (loader/gguf_blocks.py), 4 or 8 bits with the file's float16 scales; the others stay as the
+  file has them.
+- int4: 4-bit values in groups of 32 inputs, each group with a float16 scale and minimum (Q4_1's
+  scheme); a GGUF's own blocks where the file has them, 8 bits for a weight the file holds as floats.
+- int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
+- w8a8 (int8 activations too) is w8a8.py's.
 
-Small batches (decode at low concurrency, bound by reading the weights) run torch's int8 / int4
-GEMV kernels over the packed bytes; larger batches (bound by arithmetic) run a dense GEMM over the
-same quantized values dequantized once at load, in the model's dtype (on oneDNN's packed
-weights, dense.py). Either way the model computes
-with the quantized weights. torch's weight-only kernels are fast only for bfloat16 rows (with
-float32 rows they ran 2-13x slower than the dense GEMM on an AVX2 CPU, bench/profile_step.py), so a
-float32 model hands them its rows rounded to bfloat16 and takes float32 back: the GEMV then reads
-the packed bytes, and every other op (and every larger batch) stays float32.
+quant_linear.c computes each output as one float32 sum over the inputs in order, at every batch
+size, on weights equal to the bit to those gguf's own dequantize gives (a float16 scale times a
+small integer is exact in float32). So a row's result does not depend on its batch, and the only
+difference from --deterministic (the same weights dequantized once, on torch's matmul) is the order
+of the sums. A bfloat16 model's rows are widened to float32 and its outputs rounded back.
 """
 
 from __future__ import annotations
@@ -22,127 +20,107 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.worker.backends.torch_cpu import dense
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.loader import gguf_blocks
-from services.worker.loader.gguf_blocks import Int4Blocks, for_module
+from services.worker.loader.gguf_blocks import BLOCK, QuantBlocks, for_module
 
-# rows up to which the kernels beat the dense GEMM (bench/profile_step.py): a float32 GEMM reads twice
-# the bytes of a bfloat16 one, so against it the kernels win for more rows
-SMALL_BATCH = {torch.bfloat16: 4, torch.float32: 8}
-KERNEL_DTYPE = torch.bfloat16  # the rows the kernels take
-INT4_GROUP = 32
+PANEL = 16  # output columns the kernel reads side by side (quant_linear.c)
+SMALLEST_SCALE = 2.0**-24  # float16's smallest
 
 
-class _WeightOnlyLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, dequantized: torch.Tensor):
+def fits(out_features: int, in_features: int) -> bool:
+    return out_features % PANEL == 0 and in_features % BLOCK == 0
+
+
+def _to_panels(t: torch.Tensor) -> torch.Tensor:
+    """[n, columns] -> [n / 16, columns, 16]: each input's 16 outputs of a panel side by side."""
+    n, columns = t.shape
+    return t.reshape(n // PANEL, PANEL, columns).transpose(1, 2).contiguous()
+
+
+def _from_panels(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2).reshape(-1, t.shape[1])
+
+
+class QuantLinear(nn.Module):
+    """A Linear whose weight is 4- or 8-bit blocks of 32 inputs, in quant_linear.c's layout."""
+
+    def __init__(self, blocks: QuantBlocks, bias: torch.Tensor | None):
         super().__init__()
-        # the dense path's weight: oneDNN's packed copy for float32 (dense.py), else plain
-        self.is_packed = dense.available(linear.weight.dtype)
-        weight = dequantized.to(linear.weight.dtype)
-        self.register_buffer("dense_weight", dense.pack(weight) if self.is_packed else weight)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
-        self.small_batch = SMALL_BATCH.get(linear.weight.dtype, 0)
+        n, k = blocks.q.shape
+        if not fits(n, k):
+            raise ValueError(f"quant_linear takes [n, k] weights with n a multiple of {PANEL} and k of {BLOCK}, "
+                             f"got [{n}, {k}]")
+        self.bits, self.out_features, self.in_features = blocks.bits, n, k
+        q = _to_panels(blocks.q)  # [n / 16, k, 16]
+        if self.bits == 4:  # [n / 16, k / 2, 16]: input 2j in the low nibbles, 2j + 1 in the high ones
+            pairs = q.view(n // PANEL, k // 2, 2, PANEL)
+            q = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
+        self.register_buffer("qweight", q.contiguous())
+        self.register_buffer("scales", _to_panels(blocks.scale).half())
+        self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).half())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
-    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        """[n, in] bfloat16 rows -> [n, out] bfloat16."""
-        raise NotImplementedError
+    @classmethod
+    def quantize(cls, linear: nn.Linear, bits: int) -> QuantLinear:
+        """Our own blocks of a float weight: 4 bits asymmetric (Q4_1's scheme), 8 bits symmetric (Q8_0's)."""
+        n, k = linear.weight.shape
+        groups = linear.weight.detach().float().view(n, k // BLOCK, BLOCK)
+        if bits == 4:
+            low = groups.amin(-1).half().float()
+            scale = ((groups.amax(-1) - low) / 15).clamp(min=SMALLEST_SCALE).half().float()
+            q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+        else:
+            low = None
+            scale = (groups.abs().amax(-1) / 127).clamp(min=SMALLEST_SCALE).half().float()
+            q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int8)
+        return cls(QuantBlocks(q.view(n, k), scale, low), linear.bias)
 
-    def uses_kernel(self, rows: torch.Tensor) -> bool:
-        return rows.shape[0] <= self.small_batch
+    @property
+    def blocks(self) -> QuantBlocks:
+        """The weight back as blocks: [n, k] values, [n, k / 32] scales (and lows)."""
+        q = self.qweight
+        if self.bits == 4:
+            q = torch.stack([q & 0x0F, q >> 4], dim=2).view(q.shape[0], -1, PANEL)
+        low = None if self.lows is None else _from_panels(self.lows).float()
+        return QuantBlocks(_from_panels(q), _from_panels(self.scales).float(), low)
 
     @property
     def dequantized(self) -> torch.Tensor:
-        """The quantized weight as [out, in] values of the model's dtype."""
-        return self.dense_weight.to_dense() if self.is_packed else self.dense_weight
+        """The weight as [out, in] float32, the values the kernel computes with."""
+        return self.blocks.dequantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        # compiled decode steps (up to 8 rows) always take the kernel: a packed weight cannot be traced
-        if self.uses_kernel(rows) or (self.is_packed and torch.compiler.is_dynamo_compiling()):
-            out = self.kernel(rows.to(KERNEL_DTYPE).contiguous()).to(x.dtype).reshape(*x.shape[:-1], -1)
-            return out if self.bias is None else out + self.bias
-        if self.is_packed:
-            return dense.linear(x, self.dense_weight, self.bias)
-        return nn.functional.linear(x, self.dense_weight, self.bias)
+        return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias)
 
 
-class Int8Linear(_WeightOnlyLinear):
-    def __init__(self, linear: nn.Linear):
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        qweight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        super().__init__(linear, qweight.float() * scale[:, None])
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale.to(KERNEL_DTYPE))
-
-    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scale)
-
-
-class Int4Linear(_WeightOnlyLinear):
-    def __init__(self, linear: nn.Linear, blocks: Int4Blocks | None = None):
-        """blocks: the GGUF's own values, scales and minimums for this weight, kept as they are (a Q8_0
-        weight as two 4-bit halves, `folds` = 2: the kernel takes each row twice)."""
-        n, k = linear.weight.shape
-        folds = 1 if blocks is None else blocks.folds
-        if blocks is None:
-            groups = linear.weight.detach().float().view(n, k // INT4_GROUP, INT4_GROUP)
-            low = groups.amin(-1, keepdim=True)
-            scale = (groups.amax(-1, keepdim=True) - low).clamp(min=1e-8) / 15
-            q = torch.round((groups - low) / scale).clamp(0, 15)
-            dequantized = (q * scale + low).view(n, k)
-        else:
-            q = blocks.q.view(n, -1, INT4_GROUP).float()
-            scale, low = blocks.scale[..., None], blocks.low[..., None]
-            dequantized = blocks.dequantized
-        super().__init__(linear, dequantized)
-        self.folds = folds
-        # torch's convention: w = (q - 8) * scale + zero, scales and zeros as [k / group, n, 2]
-        zero = low + 8 * scale
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            q.view(n, -1).to(torch.int32), 2))
-        self.register_buffer("scales_and_zeros", torch.stack(
-            [scale.view(n, -1), zero.view(n, -1)], dim=-1).transpose(0, 1).contiguous().to(KERNEL_DTYPE))
-
-    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.folds > 1:
-            rows = rows.repeat(1, self.folds)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
-
-
-def quantize(model: nn.Module, method: str, gguf_blocks: dict[str, Int4Blocks] | None = None) -> nn.Module:
-    """Every Linear, the output head included, becomes a quantized one (the embedding table stays).
-    int4 needs the input size to be a multiple of 32; a Linear that is not stays int8. w8a8 (int8
-    activations too) is w8a8.py's. gguf_blocks (a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): those
-    weights keep the file's own blocks (Q8_0's at 8 bits); under int4 a weight the file holds as
-    floats becomes int8, under `gguf` (the default, --quantization auto) it stays as it is."""
+def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | None = None) -> nn.Module:
+    """Every Linear that fits the kernel's layout, the output head included, becomes a quantized one
+    (the embedding table stays). `blocks` (a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): those weights keep
+    the file's own blocks; under `gguf` (--quantization auto's pick) a weight the file holds as floats
+    stays as it is, under int4 it becomes 8-bit blocks."""
     if method == "none":
         return model
     for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 where = f"{path}.{child_name}" if path else child_name
-                setattr(module, child_name, _quantized(child, method, gguf_blocks, where))
+                setattr(module, child_name, _quantized(child, method, blocks, where))
     return model
 
 
-def _quantized(linear: nn.Linear, method: str, gguf_blocks: dict | None, path: str) -> nn.Module:
+def _quantized(linear: nn.Linear, method: str, blocks: dict | None, path: str) -> nn.Module:
     if method == "w8a8":
         return W8A8Linear(linear)
-    if method in ("int4", "gguf") and gguf_blocks is not None:
-        blocks = for_module(gguf_blocks, path)
-        if blocks is not None:
-            return Int4Linear(linear, blocks)
-        return linear if method == "gguf" else Int8Linear(linear)
-    if method == "gguf":
+    kept = for_module(blocks, path) if blocks is not None and method in ("int4", "gguf") else None
+    if kept is not None and fits(*kept.q.shape):
+        return QuantLinear(kept, linear.bias)
+    if method == "gguf" or not fits(linear.out_features, linear.in_features):
         return linear
-    if method == "int4" and linear.in_features % INT4_GROUP == 0:
-        return Int4Linear(linear)
-    return Int8Linear(linear)
+    return QuantLinear.quantize(linear, 4 if method == "int4" and blocks is None else 8)
 
 
-def native_int4_blocks(loaded, method: str) -> dict[str, Int4Blocks] | None:
+def native_blocks(loaded, method: str) -> dict[str, QuantBlocks] | None:
     """int4 or gguf on a GGUF that has Q4_0 / Q4_1 / Q8_0 tensors: the file's own blocks (loader/gguf_blocks.py)."""
     kind, _, path = loaded.source.partition(":")
     if method not in ("int4", "gguf") or kind != "gguf":

@@ -1,17 +1,18 @@
-/* The eager steps' row-wise ops in C (fused_ops.py builds and loads this file): the residual add
- * with RMSNorm, rotary embedding and SwiGLU's silu(gate) * up, each one pass over a row instead of
- * torch's several. Arithmetic is float32, rounded to the tensors' type where torch's ops round, so
- * results match the reference ops to that type's precision; every row is computed on its own. */
+/* The row-wise ops: the residual add with RMSNorm, rotary embedding and SwiGLU's silu(gate) * up,
+ * each one pass over a row instead of torch's several. Arithmetic is float32, rounded to the
+ * tensors' type where torch's ops round, so results match the reference ops to that type's
+ * precision; every row is computed on its own. */
 #include <stdint.h>
 
 #include "cpu_math.h"
+#include "kernels.h"
 
 /* a loop over `rows` on torch's OpenMP threads, when there are enough rows to share */
 #define PARALLEL_ROWS _Pragma("omp parallel for schedule(static) if(rows >= 8)")
 
 #define DEFINE_OPS(SUFFIX, T, LOAD, STORE)                                                             \
 /* summed = x + residual; out = weight * (summed / rms(summed)), rows of `dim` */                      \
-void add_rms_norm_##SUFFIX(const T *x, const T *residual, const T *weight, T *out, T *summed,          \
+void SY_KERNEL(add_rms_norm_##SUFFIX)(const T *x, const T *residual, const T *weight, T *out, T *summed,          \
                           int64_t rows, int64_t dim, float eps) {                                      \
     PARALLEL_ROWS                                                                                      \
     for (int64_t r = 0; r < rows; r++) {                                                               \
@@ -33,7 +34,7 @@ void add_rms_norm_##SUFFIX(const T *x, const T *residual, const T *weight, T *ou
                                                                                                        \
 /* x: [rows, heads, head_dim] with row stride x_stride -> out, contiguous; cos, sin: [rows, head_dim] \
  * float32, the half-split layout (Hugging Face's) */                                                  \
-void rotary_##SUFFIX(const T *x, int64_t x_stride, const float *cos, const float *sin, T *out,         \
+void SY_KERNEL(rotary_##SUFFIX)(const T *x, int64_t x_stride, const float *cos, const float *sin, T *out,         \
                      int64_t rows, int64_t heads, int64_t head_dim) {                                  \
     const int64_t half = head_dim / 2;                                                                 \
     PARALLEL_ROWS                                                                                      \
@@ -52,7 +53,7 @@ void rotary_##SUFFIX(const T *x, int64_t x_stride, const float *cos, const float
 }                                                                                                      \
                                                                                                        \
 /* gate_up: [rows, 2 * width] (gate, then up) -> out: [rows, width] = silu(gate) * up */               \
-void silu_and_mul_##SUFFIX(const T *gate_up, T *out, int64_t rows, int64_t width) {                   \
+void SY_KERNEL(silu_and_mul_##SUFFIX)(const T *gate_up, T *out, int64_t rows, int64_t width) {                   \
     PARALLEL_ROWS                                                                                      \
     for (int64_t r = 0; r < rows; r++) {                                                               \
         const T *g = gate_up + r * 2 * width, *u = g + width;                                          \

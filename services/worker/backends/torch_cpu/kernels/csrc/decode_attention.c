@@ -1,8 +1,8 @@
-/* Decode attention over the paged KV cache, one query token per sequence (decode_kernel.py builds
- * and loads this file). Each (sequence, KV head) reads its blocks in place: no gathered copy.
- * Scores, softmax and the weighted sum of values are float32; a sequence's result depends on its
- * own rows only, so it is the same whatever else is in the batch. Two forms of the same sums: the
- * portable loops below, and where the compiler targets AVX-512, decode_attention_avx512.h.
+/* Decode attention over the paged KV cache, one query token per sequence. Each (sequence, KV head)
+ * reads its blocks in place: no gathered copy. Scores, softmax and the weighted sum of values are
+ * float32; a sequence's result depends on its own rows only, so it is the same whatever else is in
+ * the batch. Two forms of the same sums: the portable loops below, and where the variant targets
+ * AVX-512, decode_attention_avx512.h.
  *
  * q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_blocks, num_kv_heads, block_size,
  * head_dim]; block_tables: [num_seqs, max_blocks]; context_lens: [num_seqs]. All contiguous.
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "cpu_math.h"
+#include "kernels.h"
 
 /* where a sequence's block j holds a KV head's rows in a cache, in elements from its start */
 static inline int64_t block_start(const int64_t *table, int64_t j, int64_t num_kv_heads, int64_t kv_head,
@@ -52,10 +53,10 @@ static void NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *
     }                                                                                                  \
 }
 
-DEFINE_PORTABLE(decode_attention_f32_64_portable, float, F32_LOAD, F32_STORE, 64)
-DEFINE_PORTABLE(decode_attention_bf16_64_portable, uint16_t, bf16_load, bf16_store, 64)
-DEFINE_PORTABLE(decode_attention_f32_128_portable, float, F32_LOAD, F32_STORE, 128)
-DEFINE_PORTABLE(decode_attention_bf16_128_portable, uint16_t, bf16_load, bf16_store, 128)
+DEFINE_PORTABLE(decode_attention_f32_64_loops, float, F32_LOAD, F32_STORE, 64)
+DEFINE_PORTABLE(decode_attention_bf16_64_loops, uint16_t, bf16_load, bf16_store, 64)
+DEFINE_PORTABLE(decode_attention_f32_128_loops, float, F32_LOAD, F32_STORE, 128)
+DEFINE_PORTABLE(decode_attention_bf16_128_loops, uint16_t, bf16_load, bf16_store, 128)
 
 #if defined(__AVX512F__)
 #include "decode_attention_avx512.h"
@@ -65,17 +66,17 @@ DEFINE_TILES(decode_attention_f32_128_tiles, float, F32_LOAD, f32_tile, F32_STOR
 DEFINE_TILES(decode_attention_bf16_128_tiles, uint16_t, bf16_load, bf16_tile, bf16_store, 128)
 #define FAST_PATH(block_size) ((block_size) % 16 == 0)
 #else  /* the tiles' names, never called, stand for the portable form */
-#define decode_attention_f32_64_tiles decode_attention_f32_64_portable
-#define decode_attention_bf16_64_tiles decode_attention_bf16_64_portable
-#define decode_attention_f32_128_tiles decode_attention_f32_128_portable
-#define decode_attention_bf16_128_tiles decode_attention_bf16_128_portable
+#define decode_attention_f32_64_tiles decode_attention_f32_64_loops
+#define decode_attention_bf16_64_tiles decode_attention_bf16_64_loops
+#define decode_attention_f32_128_tiles decode_attention_f32_128_loops
+#define decode_attention_bf16_128_tiles decode_attention_bf16_128_loops
 #define FAST_PATH(block_size) 0
 #endif
 
 /* The entry point: every (sequence, KV head) on torch's OpenMP threads, the AVX-512 form where it
  * was built and the blocks hold whole 16-key tiles, else the portable one. */
 #define DEFINE_DECODE(NAME, T, HD)                                                                     \
-int NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables,                  \
+int SY_KERNEL(NAME)(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables,                  \
          const int64_t *context_lens, T *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, \
          int64_t block_size, int64_t max_blocks, float scale) {                                        \
     const int64_t group = num_heads / num_kv_heads;                                                    \
@@ -90,7 +91,7 @@ int NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_ta
                 NAME##_tiles(q + first_head, k_cache, v_cache, block_tables + s * max_blocks, len, h,   \
                              num_kv_heads, block_size, group, scale, scores, out + first_head);        \
             else                                                                                       \
-                NAME##_portable(q + first_head, k_cache, v_cache, block_tables + s * max_blocks, len,  \
+                NAME##_loops(q + first_head, k_cache, v_cache, block_tables + s * max_blocks, len,  \
                                 h, num_kv_heads, block_size, group, scale, scores, out + first_head);  \
             free(scores);                                                                              \
         }                                                                                              \

@@ -1,26 +1,19 @@
-"""decode_attention.c (the eager decode rows' attention) against the torch reference's matmuls."""
+"""decode_attention.c (the decode rows' attention) against the torch reference's matmuls, in every
+variant this CPU runs."""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 import torch
 
-from services.worker.backends.torch_cpu import decode_kernel
 from services.worker.backends.torch_cpu.attention import AttentionMetadata, _decode, paged_attention
 
 BLOCK_SIZE = 16
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the kernel with")
 
-
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    built = decode_kernel.load(tmp_path_factory.mktemp("kernels"))
-    assert built is not None, "decode_attention.c did not build"
-    return built
+def kernel(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
 def ragged_batch(lengths, num_kv_heads, group, head_dim, dtype, block_size=BLOCK_SIZE):
@@ -45,12 +38,11 @@ def ragged_batch(lengths, num_kv_heads, group, head_dim, dtype, block_size=BLOCK
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 6, 64)])
 @pytest.mark.parametrize("block_size", [BLOCK_SIZE, 8, 32])
-def test_the_kernel_matches_the_matmuls(kernel, dtype, num_kv_heads, group, head_dim, block_size):
-    """Blocks of 16 keys and more take the AVX-512 tiles where the machine has them; blocks of 8
-    the portable loops. Groups of 6 heads take two passes (4 + 2) over the blocks."""
+def test_the_kernel_matches_the_matmuls(variant, dtype, num_kv_heads, group, head_dim, block_size):
+    """Blocks of 16 keys and more take the AVX-512 tiles in that variant; blocks of 8 the portable
+    loops. Groups of 6 heads take two passes (4 + 2) over the blocks."""
     torch.manual_seed(0)
     q, k_cache, v_cache, meta = ragged_batch([1, 16, 17, 40, 300], num_kv_heads, group, head_dim, dtype, block_size)
-    assert kernel.supports(q, k_cache)
 
     out = kernel(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, head_dim**-0.5)
 
@@ -58,7 +50,7 @@ def test_the_kernel_matches_the_matmuls(kernel, dtype, num_kv_heads, group, head
     torch.testing.assert_close(out, expected, atol=TOLERANCE[dtype], rtol=0)
 
 
-def test_a_sequence_gets_the_same_bits_whatever_its_batch(kernel):
+def test_a_sequence_gets_the_same_bits_whatever_its_batch(variant):
     """Each (sequence, KV head) is computed on its own: alone or beside others, its row is identical."""
     torch.manual_seed(1)
     q, k_cache, v_cache, meta = ragged_batch([5, 200, 33, 129], 3, 3, 64, torch.float32)
@@ -70,22 +62,36 @@ def test_a_sequence_gets_the_same_bits_whatever_its_batch(kernel):
         assert torch.equal(alone[0], batched[row])
 
 
-def test_paged_attention_takes_the_kernel_where_it_can(kernel):
-    """The eager decode rows go through the kernel when it is handed one; a dtype it was not built
-    for (float16), a cache of another dtype or a head size it lacks stay on the matmuls."""
+def test_paged_attention_takes_the_kernel_where_it_can(cpu_kernels):
+    """The decode rows go through the kernel when `native`; a dtype it was not built for (float16),
+    a cache of another dtype or a head size it lacks stay on the matmuls."""
     torch.manual_seed(2)
     q, k_cache, v_cache, meta = ragged_batch([3, 50], 3, 3, 64, torch.float32)
     direct = kernel(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, 0.125)
-    assert torch.equal(paged_attention(q, k_cache, v_cache, meta, 0.125, kernel), direct)
+    assert torch.equal(paged_attention(q, k_cache, v_cache, meta, 0.125, native=True), direct)
     assert torch.equal(paged_attention(q, k_cache, v_cache, meta, 0.125), _decode(q, k_cache, v_cache, meta, 0.125))
-
     half = q.half(), k_cache.half(), v_cache.half()
-    assert not kernel.supports(half[0], half[1])
-    assert torch.equal(paged_attention(*half, meta, 0.125, kernel), _decode(*half, meta, 0.125))
-    assert not kernel.supports(q, k_cache.bfloat16())
-    assert not kernel.supports(torch.zeros(1, 9, 96), torch.zeros(2, 3, BLOCK_SIZE, 96))
+    assert torch.equal(paged_attention(*half, meta, 0.125, native=True), _decode(*half, meta, 0.125))
+    mixed = q, k_cache.bfloat16(), v_cache.bfloat16()
+    assert torch.equal(paged_attention(*mixed, meta, 0.125, native=True), _decode(*mixed, meta, 0.125))
 
 
-def test_no_compiler_means_no_kernel(tmp_path, monkeypatch):
-    monkeypatch.setenv("CC", "no-such-compiler")
-    assert decode_kernel.load(tmp_path) is None
+def test_tables_and_lengths_that_would_read_outside_the_cache_are_refused(cpu_kernels):
+    """The op checks every block id a row reads and every length against its table before the
+    kernel runs: a bad step raises, it never reads another sequence's memory or past the pool."""
+    q, k_cache, v_cache, meta = ragged_batch([3, 50], 3, 3, 64, torch.float32)
+    tables, lens = meta.decode_block_tables.clone(), meta.decode_context_lens.clone()
+    for bad_tables, bad_lens, message in [
+        (tables.masked_fill(tables == tables[1, 1], k_cache.shape[0]), lens, "is not one of the"),
+        (tables.masked_fill(tables == tables[1, 0], -1), lens, "is not one of the"),
+        (tables, lens + 100, "does not fit"),
+        (tables, lens * 0, "does not fit"),
+        (tables.int(), lens, "must be int64"),
+        (tables[:1], lens, "block_tables must be"),
+    ]:
+        with pytest.raises(RuntimeError, match=message):
+            kernel(q, k_cache, v_cache, bad_tables, bad_lens, 0.125)
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        kernel(q, k_cache.transpose(1, 2), v_cache, tables, lens, 0.125)
+    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+        kernel(q[..., :32], k_cache[..., :32].contiguous(), v_cache[..., :32].contiguous(), tables, lens, 0.125)

@@ -1,0 +1,294 @@
+// The C kernels as torch ops (`torch.ops.switchyard_cpu.*`): their schemas, the argument checks
+// that raise before a kernel could read or write out of bounds, and the instruction-set variant
+// this CPU runs, picked when the library loads (use_variant switches it, for the tests).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+extern "C" {
+#if defined(__x86_64__)
+#define SY_VARIANT avx512
+#include "kernels.h"
+#undef SY_VARIANT
+#define SY_VARIANT avx2
+#include "kernels.h"
+#undef SY_VARIANT
+#endif
+#define SY_VARIANT portable
+#include "kernels.h"
+#undef SY_VARIANT
+}
+
+namespace {
+
+using DecodeF32 = decltype(&decode_attention_f32_64_portable);
+using DecodeBF16 = decltype(&decode_attention_bf16_64_portable);
+
+struct Variant {
+  const char *name;
+  bool (*runs_here)();
+  decltype(&quant_linear_f32_portable) quant_linear_f32;
+  decltype(&add_rms_norm_f32_portable) add_rms_norm_f32;
+  decltype(&add_rms_norm_bf16_portable) add_rms_norm_bf16;
+  decltype(&rotary_f32_portable) rotary_f32;
+  decltype(&rotary_bf16_portable) rotary_bf16;
+  decltype(&silu_and_mul_f32_portable) silu_and_mul_f32;
+  decltype(&silu_and_mul_bf16_portable) silu_and_mul_bf16;
+  DecodeF32 decode_f32_64, decode_f32_128;
+  DecodeBF16 decode_bf16_64, decode_bf16_128;
+};
+
+#define SY_ENTRY(V, RUNS)                                                                            \
+  Variant {                                                                                          \
+    #V, RUNS, quant_linear_f32_##V, add_rms_norm_f32_##V, add_rms_norm_bf16_##V, rotary_f32_##V,     \
+        rotary_bf16_##V, silu_and_mul_f32_##V, silu_and_mul_bf16_##V, decode_attention_f32_64_##V,   \
+        decode_attention_f32_128_##V, decode_attention_bf16_64_##V, decode_attention_bf16_128_##V    \
+  }
+
+#if defined(__x86_64__)
+bool runs_avx512() { return __builtin_cpu_supports("x86-64-v4"); }
+bool runs_avx2() { return __builtin_cpu_supports("x86-64-v3"); }
+#endif
+bool runs_anywhere() { return true; }
+
+// the best first
+const Variant VARIANTS[] = {
+#if defined(__x86_64__)
+    SY_ENTRY(avx512, runs_avx512),
+    SY_ENTRY(avx2, runs_avx2),
+#endif
+    SY_ENTRY(portable, runs_anywhere),
+};
+
+const Variant *best_variant() {
+  for (const Variant &v : VARIANTS)
+    if (v.runs_here()) return &v;
+  return &VARIANTS[std::size(VARIANTS) - 1];
+}
+
+const Variant *current = best_variant();
+
+std::string variant() { return current->name; }
+
+std::vector<std::string> variants() {
+  std::vector<std::string> names;
+  for (const Variant &v : VARIANTS)
+    if (v.runs_here()) names.emplace_back(v.name);
+  return names;
+}
+
+std::string use_variant(const std::string &name) {
+  for (const Variant &v : VARIANTS) {
+    if (name == v.name) {
+      TORCH_CHECK(v.runs_here(), "this CPU cannot run the ", name, " kernels");
+      std::string previous = current->name;
+      current = &v;
+      return previous;
+    }
+  }
+  TORCH_CHECK(false, "no kernel variant named ", name);
+}
+
+void check_cpu(const at::Tensor &t, const char *what) {
+  TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU, got ", t.device());
+}
+
+void check_float(const at::Tensor &t, const char *what) {
+  check_cpu(t, what);
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, what,
+              " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+void check_same_dtype(const at::Tensor &a, const at::Tensor &b, const char *what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, " must be ", a.scalar_type(), ", got ", b.scalar_type());
+}
+
+void check_shape(const at::Tensor &t, at::IntArrayRef shape, const char *what) {
+  TORCH_CHECK(t.sizes() == shape, what, " must have shape ", shape, ", got ", t.sizes());
+}
+
+constexpr int64_t GROUP = 32, PANEL = 16;
+
+// x: [..., k] float32 or bfloat16; qweight: 4 bits [n / 16, k / 2, 16] uint8, 8 bits [n / 16, k, 16]
+// int8; scales (and lows, 4 bits only): [n / 16, k / 32, 16] float16; bias: [n] float32.
+at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
+                        const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias) {
+  check_float(x, "x");
+  check_cpu(qweight, "qweight");
+  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(x.dim() >= 1, "x must have an input dimension");
+  TORCH_CHECK(qweight.dim() == 3 && qweight.is_contiguous(), "qweight must be a contiguous [n / 16, ..., 16] tensor");
+  const int64_t k = x.size(-1), n = qweight.size(0) * PANEL;
+  TORCH_CHECK(k % GROUP == 0 && k > 0, "the input size must be a positive multiple of 32, got ", k);
+  TORCH_CHECK(qweight.scalar_type() == (bits == 4 ? at::kByte : at::kChar), "qweight must be ",
+              bits == 4 ? "uint8" : "int8", " for ", bits, " bits, got ", qweight.scalar_type());
+  if (bits == 4)
+    check_shape(qweight, {n / PANEL, k / 2, PANEL}, "qweight");
+  else
+    check_shape(qweight, {n / PANEL, k, PANEL}, "qweight");
+  for (const auto *t : {&scales, lows ? &*lows : nullptr}) {
+    if (t == nullptr) continue;
+    check_cpu(*t, "scales and lows");
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous(), "scales and lows must be contiguous float16");
+    check_shape(*t, {n / PANEL, k / GROUP, PANEL}, "scales and lows");
+  }
+  TORCH_CHECK(lows.has_value() == (bits == 4), bits == 4 ? "4 bits need lows" : "8 bits take no lows");
+  if (bias) {
+    check_cpu(*bias, "bias");
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous(), "bias must be contiguous float32");
+    check_shape(*bias, {n}, "bias");
+  }
+  const at::Tensor rows = x.to(at::kFloat).contiguous();
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = n;
+  at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));
+  current->quant_linear_f32(rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits,
+                            reinterpret_cast<const uint16_t *>(scales.data_ptr()),
+                            lows ? reinterpret_cast<const uint16_t *>(lows->data_ptr()) : nullptr,
+                            bias ? bias->data_ptr<float>() : nullptr, n, out.data_ptr<float>());
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+template <typename T>
+T *data(const at::Tensor &t) {
+  return reinterpret_cast<T *>(t.data_ptr());
+}
+
+// (weight * rms_norm(x + residual), x + residual) over the last dimension
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor &x, const at::Tensor &residual,
+                                                const at::Tensor &weight, double eps) {
+  check_float(x, "x");
+  check_same_dtype(x, residual, "residual");
+  check_same_dtype(x, weight, "weight");
+  check_cpu(residual, "residual");
+  check_cpu(weight, "weight");
+  check_shape(residual, x.sizes(), "residual");
+  const int64_t dim = x.size(-1);
+  check_shape(weight, {dim}, "weight");
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc), summed = at::empty_like(xc);
+  const int64_t rows = dim ? xc.numel() / dim : 0;
+  if (x.scalar_type() == at::kFloat)
+    current->add_rms_norm_f32(data<float>(xc), data<float>(rc), data<float>(wc), data<float>(out),
+                              data<float>(summed), rows, dim, static_cast<float>(eps));
+  else
+    current->add_rms_norm_bf16(data<uint16_t>(xc), data<uint16_t>(rc), data<uint16_t>(wc), data<uint16_t>(out),
+                               data<uint16_t>(summed), rows, dim, static_cast<float>(eps));
+  return {out, summed};
+}
+
+// x: [T, heads, d], each row's heads contiguous (a row stride of its own: a view of the fused
+// projection); cos, sin: [T, d] float32, the half-split layout -> [T, heads, d], contiguous
+at::Tensor rotary(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
+  check_float(x, "x");
+  TORCH_CHECK(x.dim() == 3, "x must be [tokens, heads, head_dim], got ", x.sizes());
+  const int64_t tokens = x.size(0), heads = x.size(1), head_dim = x.size(2);
+  TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even, got ", head_dim);
+  const at::Tensor xs = (x.stride(2) == 1 && x.stride(1) == head_dim) ? x : x.contiguous();
+  for (const auto *t : {&cos, &sin}) {
+    check_cpu(*t, "cos and sin");
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "cos and sin must be float32, got ", t->scalar_type());
+    check_shape(*t, {tokens, head_dim}, "cos and sin");
+  }
+  const at::Tensor c = cos.contiguous(), s = sin.contiguous();
+  at::Tensor out = at::empty({tokens, heads, head_dim}, x.options());
+  if (x.scalar_type() == at::kFloat)
+    current->rotary_f32(data<float>(xs), xs.stride(0), data<float>(c), data<float>(s), data<float>(out), tokens,
+                        heads, head_dim);
+  else
+    current->rotary_bf16(data<uint16_t>(xs), xs.stride(0), data<float>(c), data<float>(s), data<uint16_t>(out),
+                         tokens, heads, head_dim);
+  return out;
+}
+
+// [..., 2 * width] (gate, then up) -> [..., width] = silu(gate) * up
+at::Tensor silu_and_mul(const at::Tensor &gate_up) {
+  check_float(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "gate_up's last dimension must be even");
+  const at::Tensor g = gate_up.contiguous();
+  const int64_t width = g.size(-1) / 2;
+  std::vector<int64_t> shape = g.sizes().vec();
+  shape.back() = width;
+  at::Tensor out = at::empty(shape, g.options());
+  const int64_t rows = width ? g.numel() / (2 * width) : 0;
+  if (g.scalar_type() == at::kFloat)
+    current->silu_and_mul_f32(data<float>(g), data<float>(out), rows, width);
+  else
+    current->silu_and_mul_bf16(data<uint16_t>(g), data<uint16_t>(out), rows, width);
+  return out;
+}
+
+// q: [B, heads, d] (d 64 or 128); caches: [blocks, kv heads, block size, d] of q's dtype;
+// block_tables: [B, max blocks] int64, every id a block of the caches; context_lens: [B] int64,
+// each within its table
+at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
+                            const at::Tensor &block_tables, const at::Tensor &context_lens, double scale) {
+  check_float(q, "q");
+  TORCH_CHECK(q.dim() == 3, "q must be [seqs, heads, head_dim], got ", q.sizes());
+  const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128, got ", head_dim);
+  for (const auto *t : {&k_cache, &v_cache}) {
+    check_cpu(*t, "the caches");
+    check_same_dtype(q, *t, "the caches");
+    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->size(3) == head_dim,
+                "the caches must be contiguous [blocks, kv heads, block size, ", head_dim, "], got ", t->sizes());
+  }
+  check_shape(v_cache, k_cache.sizes(), "v_cache");
+  const int64_t num_blocks = k_cache.size(0), num_kv_heads = k_cache.size(1), block_size = k_cache.size(2);
+  TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, num_heads, " query heads cannot share ",
+              num_kv_heads, " KV heads");
+  for (const auto *t : {&block_tables, &context_lens}) {
+    check_cpu(*t, "block_tables and context_lens");
+    TORCH_CHECK(t->scalar_type() == at::kLong, "block_tables and context_lens must be int64, got ", t->scalar_type());
+  }
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs, "block_tables must be [", num_seqs,
+              ", max blocks], got ", block_tables.sizes());
+  check_shape(context_lens, {num_seqs}, "context_lens");
+  const at::Tensor qc = q.contiguous(), tables = block_tables.contiguous(), lens = context_lens.contiguous();
+  const int64_t max_blocks = tables.size(1), *table = tables.data_ptr<int64_t>(), *len = lens.data_ptr<int64_t>();
+  for (int64_t s = 0; s < num_seqs; s++) {
+    TORCH_CHECK(len[s] >= 1 && len[s] <= max_blocks * block_size, "context_lens[", s, "] = ", len[s],
+                " does not fit its ", max_blocks, " blocks of ", block_size);
+    for (int64_t j = 0; j < (len[s] + block_size - 1) / block_size; j++)
+      TORCH_CHECK(table[s * max_blocks + j] >= 0 && table[s * max_blocks + j] < num_blocks, "block_tables[", s,
+                  ", ", j, "] = ", table[s * max_blocks + j], " is not one of the ", num_blocks, " blocks");
+  }
+  at::Tensor out = at::empty_like(qc);
+  const float sc = static_cast<float>(scale);
+  int status;
+  if (q.scalar_type() == at::kFloat)
+    status = (head_dim == 64 ? current->decode_f32_64 : current->decode_f32_128)(
+        data<float>(qc), data<float>(k_cache), data<float>(v_cache), table, len, data<float>(out), num_seqs,
+        num_heads, num_kv_heads, block_size, max_blocks, sc);
+  else
+    status = (head_dim == 64 ? current->decode_bf16_64 : current->decode_bf16_128)(
+        data<uint16_t>(qc), data<uint16_t>(k_cache), data<uint16_t>(v_cache), table, len, data<uint16_t>(out),
+        num_seqs, num_heads, num_kv_heads, block_size, max_blocks, sc);
+  TORCH_CHECK(status == 0, "decode_attention ran out of memory");
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(switchyard_cpu, m) {
+  m.def("quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? lows, int bits, Tensor? bias) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
+        "float scale) -> Tensor");
+  m.def("variant() -> str", &variant);
+  m.def("variants() -> str[]", &variants);
+  m.def("use_variant(str name) -> str", &use_variant);
+}
+
+TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
+  m.impl("quant_linear", &quant_linear);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rotary", &rotary);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("decode_attention", &decode_attention);
+}

@@ -1,0 +1,39 @@
+/* The C kernels' entry points. Every source is compiled once per instruction-set variant (build.py),
+ * with SY_VARIANT naming it, so that each entry point exists once per variant in the one library:
+ * quant_linear_f32_avx512, quant_linear_f32_avx2, ... bindings.cpp includes this file once per
+ * variant and picks one at run time. No include guard: that is what makes the repeated includes work.
+ *
+ * Every tensor is contiguous; the shapes are in each kernel's source. */
+#include <stdint.h>
+
+#define SY_CAT_(a, b) a##_##b
+#define SY_CAT(a, b) SY_CAT_(a, b)
+#define SY_KERNEL(name) SY_CAT(name, SY_VARIANT)
+
+/* quant_linear.c: out[m, n] = x[m, k] W^T (+ bias), W in 4- or 8-bit groups of 32 inputs */
+void SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
+                                 const uint16_t *scales, const uint16_t *lows, const float *bias, int64_t n,
+                                 float *out);
+
+/* fused_ops.c: the row-wise ops, float32 (f32) and bfloat16 (bf16, as uint16_t) */
+void SY_KERNEL(add_rms_norm_f32)(const float *x, const float *residual, const float *weight, float *out,
+                                 float *summed, int64_t rows, int64_t dim, float eps);
+void SY_KERNEL(add_rms_norm_bf16)(const uint16_t *x, const uint16_t *residual, const uint16_t *weight,
+                                  uint16_t *out, uint16_t *summed, int64_t rows, int64_t dim, float eps);
+void SY_KERNEL(rotary_f32)(const float *x, int64_t x_stride, const float *cos, const float *sin, float *out,
+                           int64_t rows, int64_t heads, int64_t head_dim);
+void SY_KERNEL(rotary_bf16)(const uint16_t *x, int64_t x_stride, const float *cos, const float *sin,
+                            uint16_t *out, int64_t rows, int64_t heads, int64_t head_dim);
+void SY_KERNEL(silu_and_mul_f32)(const float *gate_up, float *out, int64_t rows, int64_t width);
+void SY_KERNEL(silu_and_mul_bf16)(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width);
+
+/* decode_attention.c: one query token per sequence over the paged KV cache; 0, or -2 out of memory */
+#define SY_DECODE_ATTENTION(T, NAME)                                                                 \
+    int SY_KERNEL(NAME)(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables, \
+                        const int64_t *context_lens, T *out, int64_t num_seqs, int64_t num_heads,     \
+                        int64_t num_kv_heads, int64_t block_size, int64_t max_blocks, float scale);
+SY_DECODE_ATTENTION(float, decode_attention_f32_64)
+SY_DECODE_ATTENTION(float, decode_attention_f32_128)
+SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_64)
+SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_128)
+#undef SY_DECODE_ATTENTION

@@ -1,0 +1,43 @@
+/* quant_linear.c's AVX2 form: a panel's 16 columns are two registers; a block is 1 panel by up to 6
+ * rows (12 accumulators of the 16 registers), or 2 panels by up to 2 rows. */
+#include <immintrin.h>
+
+typedef struct { __m256 lo, hi; } cols;
+#define PANELS 1
+#define ROWS 6
+#define FEW_PANELS 2
+#define FEW_ROWS 2
+#define FOR_EACH_ROW_COUNT(X, P, B) X(1, P, B) X(2, P, B) X(3, P, B) X(4, P, B) X(5, P, B) X(6, P, B)
+#define FOR_EACH_FEW_ROW_COUNT(X, P, B) X(1, P, B) X(2, P, B)
+
+static inline cols cols_zero(void) { return (cols){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline cols cols_load(const float *p) { return (cols){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline void cols_store(float *p, cols v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+
+static inline cols cols_fma(cols w, float x, cols acc) {
+    const __m256 xv = _mm256_set1_ps(x);
+    return (cols){_mm256_fmadd_ps(w.lo, xv, acc.lo), _mm256_fmadd_ps(w.hi, xv, acc.hi)};
+}
+
+static inline cols cols_half(const uint16_t *p) {
+    return (cols){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+}
+
+static inline cols widen_int4(__m128i q, cols scale, cols low) {  /* 16 values 0..15 in bytes */
+    return (cols){_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), scale.lo, low.lo),
+                  _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), scale.hi, low.hi)};
+}
+
+/* 16 bytes: the 16 columns at an input in the low nibbles, at the next input in the high ones */
+static inline void cols_int4(const uint8_t *p, cols scale, cols low, cols *at_i, cols *at_next) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    *at_i = widen_int4(_mm_and_si128(bytes, mask), scale, low);
+    *at_next = widen_int4(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), scale, low);
+}
+
+static inline cols cols_int8(const int8_t *p, cols scale) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)p);
+    return (cols){_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale.lo),
+                  _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), scale.hi)};
+}

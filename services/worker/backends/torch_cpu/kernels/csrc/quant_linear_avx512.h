@@ -1,0 +1,30 @@
+/* quant_linear.c's AVX-512 form: a panel's 16 columns are one register; a block is 2 panels by up
+ * to 12 rows (24 accumulators of the 32 registers), or 4 panels by up to 4 rows. */
+#include <immintrin.h>
+
+typedef __m512 cols;
+#define PANELS 2
+#define ROWS 12
+#define FEW_PANELS 4
+#define FEW_ROWS 4
+#define FOR_EACH_ROW_COUNT(X, P, B) X(1, P, B) X(2, P, B) X(3, P, B) X(4, P, B) X(5, P, B) X(6, P, B) \
+    X(7, P, B) X(8, P, B) X(9, P, B) X(10, P, B) X(11, P, B) X(12, P, B)
+#define FOR_EACH_FEW_ROW_COUNT(X, P, B) X(1, P, B) X(2, P, B) X(3, P, B) X(4, P, B)
+
+static inline cols cols_zero(void) { return _mm512_setzero_ps(); }
+static inline cols cols_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void cols_store(float *p, cols v) { _mm512_storeu_ps(p, v); }
+static inline cols cols_fma(cols w, float x, cols acc) { return _mm512_fmadd_ps(w, _mm512_set1_ps(x), acc); }
+static inline cols cols_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* 16 bytes: the 16 columns at an input in the low nibbles, at the next input in the high ones */
+static inline void cols_int4(const uint8_t *p, cols scale, cols low, cols *at_i, cols *at_next) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    *at_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), scale, low);
+    *at_next = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), scale, low);
+}
+
+static inline cols cols_int8(const int8_t *p, cols scale) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), scale);
+}

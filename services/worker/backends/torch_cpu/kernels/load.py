@@ -1,0 +1,68 @@
+"""The CPU kernels' library (build.py) loaded into torch as `torch.ops.switchyard_cpu.*`, or the reason
+it is not: a worker never builds it, and without it serves on torch's own ops."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from services.worker.backends.torch_cpu.kernels import build
+
+
+@dataclass(frozen=True)
+class Kernels:
+    variant: str | None  # the instruction set they run on here; None: not loaded
+    reason: str  # what was loaded, or why nothing was
+
+    @property
+    def loaded(self) -> bool:
+        return self.variant is not None
+
+
+@functools.cache
+def load(directory: Path | None = None) -> Kernels:
+    """Once per process: torch cannot unload a library of ops, nor load a second one of the same names."""
+    directory = directory or build.kernels_dir()
+    if reason := build.why_unusable(directory):
+        return Kernels(None, reason)
+    try:
+        torch.ops.load_library(str(directory / build.LIBRARY))
+    except OSError as exc:
+        return Kernels(None, f"the C kernels failed to load: {exc}")
+    _register_fakes()
+    if wanted := os.environ.get("SY_CPU_KERNELS"):  # another variant than the best, to measure an older CPU's
+        if wanted not in torch.ops.switchyard_cpu.variants():
+            return Kernels(None, f"SY_CPU_KERNELS={wanted}: this CPU runs {torch.ops.switchyard_cpu.variants()}")
+        torch.ops.switchyard_cpu.use_variant(wanted)
+    variant = torch.ops.switchyard_cpu.variant()
+    return Kernels(variant, f"C kernels ({variant})")
+
+
+def _register_fakes() -> None:
+    """Shapes for torch.compile: what each op returns, without running it."""
+    lib = "switchyard_cpu::"
+
+    @torch.library.register_fake(lib + "quant_linear")
+    def _(x, qweight, scales, lows, bits, bias):
+        return x.new_empty(*x.shape[:-1], qweight.shape[0] * 16)
+
+    @torch.library.register_fake(lib + "add_rms_norm")
+    def _(x, residual, weight, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format), \
+            torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake(lib + "rotary")
+    def _(x, cos, sin):
+        return x.new_empty(x.shape)
+
+    @torch.library.register_fake(lib + "silu_and_mul")
+    def _(gate_up):
+        return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+    @torch.library.register_fake(lib + "decode_attention")
+    def _(q, k_cache, v_cache, block_tables, context_lens, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -1,0 +1,62 @@
+"""The C kernels' library: built once by `make install` (never by a worker), keyed by the compilers,
+torch and every source, its variant chosen for the CPU at load, and a stale build refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from services.worker.backends.torch_cpu.kernels import build
+from shared.cpu_features import host_cpu_flags
+
+# what x86-64's levels need (the kernel's own check is the compiler's __builtin_cpu_supports)
+LEVEL_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma", "f16c"},
+               "avx2": {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}}
+
+
+def test_a_build_is_kept_while_its_key_holds_and_says_what_it_was_built_with(tmp_path):
+    library, built = build.build(tmp_path)
+    assert built and library == tmp_path / build.LIBRARY
+    manifest = json.loads((tmp_path / build.MANIFEST).read_text())
+    assert manifest["sources"] == build.sources_digest() and manifest["torch"] == torch.__version__
+    assert manifest["variants"] == list(build.variants())
+    assert set(manifest["compilers"]) == {"CC_version", "CXX_version"}
+    assert build.why_unusable(tmp_path) is None
+    assert build.build(tmp_path) == (library, False)  # up to date: not built again
+
+
+def test_a_stale_or_missing_build_is_refused_by_name(tmp_path):
+    assert "not built" in build.why_unusable(tmp_path)
+    shutil.copy(build.kernels_dir() / build.MANIFEST, tmp_path)
+    (tmp_path / build.LIBRARY).touch()
+    manifest = json.loads((tmp_path / build.MANIFEST).read_text())
+    (tmp_path / build.MANIFEST).write_text(json.dumps(manifest | {"sources": "0" * 64}))
+    assert "other sources" in build.why_unusable(tmp_path)
+    (tmp_path / build.MANIFEST).write_text(json.dumps(manifest | {"torch": "1.0.0"}))
+    assert "built for torch 1.0.0" in build.why_unusable(tmp_path)
+
+
+def test_the_variant_is_the_best_this_cpu_runs(cpu_kernels):
+    flags = host_cpu_flags()
+    runnable = torch.ops.switchyard_cpu.variants()
+    assert runnable[-1] == "portable" and cpu_kernels.variant == runnable[0]
+    for name, needs in LEVEL_FLAGS.items():
+        if name in build.variants():
+            assert (name in runnable) == (needs <= flags), name
+    with pytest.raises(RuntimeError, match="no kernel variant named"):
+        torch.ops.switchyard_cpu.use_variant("avx1024")
+    for name in set(build.variants()) - set(runnable):
+        with pytest.raises(RuntimeError, match="this CPU cannot run"):
+            torch.ops.switchyard_cpu.use_variant(name)
+
+
+def test_the_worker_says_which_kernels_it_runs(cpu_kernels, default_model_path):
+    from services.worker.backends.spec import WorkerSpec
+    from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+
+    spec = WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 0, num_kv_blocks=8, quantization="gguf")
+    device = TorchCpuBackend.create(spec).hello_fields()["device"]
+    assert device == f"cpu (float32, gguf weights, C kernels ({cpu_kernels.variant}))"

@@ -1,0 +1,116 @@
+"""quant_linear.c against torch's matmul on the same weights, in every variant this CPU runs: each
+output one float32 sum in order, so a row's bits do not depend on how many rows come with it, and
+the variants with an FMA agree to the bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from services.worker.backends.torch_cpu.quantization import QuantLinear
+from services.worker.loader.gguf_blocks import QuantBlocks
+
+# m: 1-4 (4 panels a block), up to 12 (2 panels, weights decoded in registers), more (a buffer of
+# decoded weights per 128 inputs, blocks of 12 rows); n: 48 has a panel past the last pair; k: 96
+# ends inside the first buffer, 1536 fills twelve
+ROWS = [1, 2, 3, 4, 5, 12, 13, 40]
+SHAPES = [(48, 96), (64, 1536), (576, 576)]
+
+
+def random_blocks(n: int, k: int, bits: int, generator: torch.Generator) -> QuantBlocks:
+    scale = (torch.rand(n, k // 32, generator=generator) * 0.02 + 1e-3).half().float()
+    if bits == 4:
+        q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8)
+        return QuantBlocks(q, scale, (-8 * scale).half().float())
+    return QuantBlocks(torch.randint(-128, 128, (n, k), generator=generator, dtype=torch.int8), scale, None)
+
+
+def reference(x: torch.Tensor, blocks: QuantBlocks, bias: torch.Tensor | None) -> torch.Tensor:
+    out = x.double() @ blocks.dequantized.double().t()
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_matches_the_matmul_and_a_row_is_the_same_at_every_batch(variant, bits, n, k):
+    generator = torch.Generator().manual_seed(n + k + bits)
+    blocks = random_blocks(n, k, bits, generator)
+    bias = torch.randn(n, generator=generator)
+    layer = QuantLinear(blocks, bias)
+    assert torch.equal(layer.dequantized, blocks.dequantized)  # the layout round-trips
+    x = torch.randn(max(ROWS), k, generator=generator)
+    alone = layer(x[:1])
+    for m in ROWS:
+        out = layer(x[:m])
+        assert out.shape == (m, n) and out.dtype == torch.float32
+        expected = reference(x[:m], blocks, bias)
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        assert torch.equal(out[0], alone[0])  # the first row, whatever came with it
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_fma_variants_agree_to_the_bit(cpu_kernels, bits):
+    runnable = [v for v in torch.ops.switchyard_cpu.variants() if v != "portable"]
+    if len(runnable) < 2:
+        pytest.skip("one variant with an FMA runs here")
+    generator = torch.Generator().manual_seed(7)
+    layer = QuantLinear(random_blocks(576, 1536, bits, generator), None)
+    x = torch.randn(13, 1536, generator=generator)
+    previous = torch.ops.switchyard_cpu.variant()
+    try:
+        outputs = []
+        for name in runnable:
+            torch.ops.switchyard_cpu.use_variant(name)
+            outputs.append(layer(x))
+    finally:
+        torch.ops.switchyard_cpu.use_variant(previous)
+    for out in outputs[1:]:
+        assert torch.equal(out, outputs[0])
+
+
+def test_bfloat16_rows_are_widened_and_the_outputs_rounded_back(cpu_kernels):
+    generator = torch.Generator().manual_seed(3)
+    blocks = random_blocks(64, 96, 4, generator)
+    layer = QuantLinear(blocks, None)
+    x = torch.randn(5, 96, generator=generator).bfloat16()
+    out = layer(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, layer(x.float()).bfloat16())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_our_own_blocks_of_a_float_weight(cpu_kernels, bits):
+    """int4: a group's 16 levels span its range; int8: 127 levels of its largest |w|. Each weight is
+    off by at most half a level (and float16's rounding of the scale)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64, bias=True)
+    layer = QuantLinear.quantize(linear, bits)
+    assert layer.bits == bits
+    groups = linear.weight.detach().view(64, 4, 32)
+    spread = (groups.amax(-1) - groups.amin(-1)) / 15 if bits == 4 else groups.abs().amax(-1) / 127
+    error = (layer.dequantized - linear.weight.detach()).view(64, 4, 32).abs().amax(-1)
+    assert (error <= spread * 0.51 + 1e-6).all()
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(layer(x), x @ layer.dequantized.t() + linear.bias, rtol=1e-5, atol=1e-5)
+
+
+def test_arguments_that_do_not_fit_are_refused_before_the_kernel_runs(cpu_kernels):
+    layer = QuantLinear(random_blocks(48, 96, 4, torch.Generator().manual_seed(1)), None)
+    op = torch.ops.switchyard_cpu.quant_linear
+    x = torch.randn(2, 96)
+    for args, message in [
+        ((torch.randn(2, 64), layer.qweight, layer.scales, layer.lows, 4, None), "qweight must have shape"),
+        ((x.double(), layer.qweight, layer.scales, layer.lows, 4, None), "x must be float32 or bfloat16"),
+        ((x, layer.qweight, layer.scales, layer.lows, 8, None), "qweight must be int8"),
+        ((x, layer.qweight, layer.scales.float(), layer.lows, 4, None), "float16"),
+        ((x, layer.qweight, layer.scales[:1], layer.lows, 4, None), "scales and lows must have shape"),
+        ((x, layer.qweight, layer.scales, None, 4, None), "4 bits need lows"),
+        ((x, layer.qweight, layer.scales, layer.lows, 4, torch.zeros(47)), "bias must have shape"),
+        ((x, layer.qweight, layer.scales, layer.lows, 3, None), "bits must be 4 or 8"),
+        ((torch.randn(2, 95), layer.qweight, layer.scales, layer.lows, 4, None), "multiple of 32"),
+    ]:
+        with pytest.raises(RuntimeError, match=message):
+            op(*args)
+    with pytest.raises(ValueError, match="a multiple of 16"):
+        QuantLinear(random_blocks(40, 96, 4, torch.Generator()), None)
