@@ -9,6 +9,7 @@ instructions, and AMX never is.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from shared.cpu_features import cpu_flags
@@ -19,6 +20,15 @@ GGML_OPTIONS = {
     "GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512vbmi", "GGML_AVX512_VNNI": "avx512_vnni",
     "GGML_AVX512_BF16": "avx512_bf16",
 }
+
+
+def cpu_name() -> str:
+    """The CPU's model name, core count and the instruction sets that matter here, for a result's record."""
+    info = Path("/proc/cpuinfo").read_text()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = cpu_flags(info)
+    has = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name}, {os.cpu_count()} cores ({', '.join(has) or 'no AVX2'})"
 
 
 def cmake_args(flags: set[str]) -> list[str]:

@@ -40,6 +40,18 @@ class Prompt:
     max_tokens: int
 
 
+# short chat questions with short greedy answers: what the fast path's answers are compared on against
+# the reference's (bench/agreement.py, tests/test_defaults_stack.py)
+CHAT_QUESTIONS = [
+    "What is the capital of France?", "Name three primary colors.", "What is 12 times 12?",
+    "Who wrote Romeo and Juliet?", "Explain photosynthesis in one sentence.", "What is the boiling point of water?",
+    "Give me a synonym for happy.", "What is the largest planet in our solar system?",
+    "How many days are in a leap year?", "Translate 'good morning' into Spanish.", "What does a thermometer measure?",
+    "Write a haiku about the sea.", "What is the chemical symbol for gold?", "Why is the sky blue?",
+    "List two benefits of exercise.", "What is the square root of 81?", "Who painted the Mona Lisa?",
+    "What language is spoken in Brazil?", "Describe a cat in five words.", "What is the opposite of cold?"]
+
+
 def load(model_path: str | None = None) -> ModelTokenizer:
     return load_tokenizer(resolve_model_path(model_path))
 

@@ -11,6 +11,7 @@ import httpx
 import nats
 import pytest
 
+from bench.dataset import CHAT_QUESTIONS as QUESTIONS
 from shared import subjects
 from shared.messages import WORKER_ANNOUNCE_DECODER, Discover, WorkerHello, encode
 from tests.conftest import _start_stack
@@ -18,14 +19,6 @@ from tests.test_quantization import TEXT
 
 pytestmark = pytest.mark.stack
 
-QUESTIONS = [
-    "What is the capital of France?", "Name three primary colors.", "What is 12 times 12?",
-    "Who wrote Romeo and Juliet?", "Explain photosynthesis in one sentence.", "What is the boiling point of water?",
-    "Give me a synonym for happy.", "What is the largest planet in our solar system?",
-    "How many days are in a leap year?", "Translate 'good morning' into Spanish.", "What does a thermometer measure?",
-    "Write a haiku about the sea.", "What is the chemical symbol for gold?", "Why is the sky blue?",
-    "List two benefits of exercise.", "What is the square root of 81?", "Who painted the Mona Lisa?",
-    "What language is spoken in Brazil?", "Describe a cat in five words.", "What is the opposite of cold?"]
 MAX_TOKENS = 48  # most answers end before; the rest are compared over 48 tokens
 STORY = "Once upon a time in a village by the sea, there lived an old fisherman who"  # 19 tokens
 
