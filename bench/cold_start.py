@@ -4,9 +4,10 @@
 
 Starts `make run`'s stack (the launcher, its defaults, plus `--switchyard-args`), then: the seconds
 until /health is ready, the TTFT of the first request (the 37-token chat prompt "What is the
-capital of France?", streamed, greedy) and, for `--seconds`, one such request after another, each
-tagged with the worker's device line at its start (`compiling decode steps` while a --compile
-compiles): TTFT and TPOT medians for each phase, and whether every answer was the first one.
+capital of France?", streamed, greedy, no prefix-cache hit) and, for `--seconds`, one such request
+after another, each tagged with the worker's device line at its start (`compiling decode steps`
+while a --compile compiles): TTFT and TPOT medians for each phase, and whether every answer was the
+first one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -30,9 +32,10 @@ QUESTION = "What is the capital of France?"
 
 
 def ask(client: httpx.Client) -> tuple[float, float, str]:
-    """(TTFT, TPOT, text) of one streamed greedy chat answer of up to 32 tokens."""
+    """(TTFT, TPOT, text) of one streamed greedy chat answer of up to 32 tokens; a cache salt of its own,
+    so the whole prompt is computed each time (no prefix-cache hit)."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 32, "temperature": 0,
-            "stream": True}
+            "stream": True, "cache_salt": uuid.uuid4().hex}
     started, stamps, text = time.perf_counter(), [], []
     with client.stream("POST", "/v1/chat/completions", json=body) as reply:
         for line in reply.iter_lines():

@@ -7,8 +7,7 @@ that path. On an AMD EPYC with AVX-512 BF16, the same for bfloat16 ran 1.2-1.9x 
 `F.linear` for 8 to 64 rows (20 distinct 3072x576 weights, docs/benchmarks.md), so bfloat16 is
 packed too where oneDNN has bf16 instructions to run it on. The packed weight is an opaque oneDNN
 tensor, which torch.compile cannot take as a graph input, so a model whose decode layers are
-compiled keeps its plain Linears (the quantized Linears' dense path, never traced, packs either
-way; quantization.py).
+compiled keeps its plain Linears. Quantized Linears are quant_linear's (quantization.py).
 """
 
 from __future__ import annotations

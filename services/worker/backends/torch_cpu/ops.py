@@ -1,4 +1,5 @@
-"""The torch backend's layer ops: plain torch, the reference every other backend's ops match."""
+"""The torch backend's layer ops: torch's own (the reference every other backend's ops match), or the C
+kernels' where they take the tensors (the fast path)."""
 
 from __future__ import annotations
 
