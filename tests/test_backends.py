@@ -20,6 +20,13 @@ def test_the_cpu_worker_never_imports_triton():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_the_launcher_reads_the_kernels_build_without_importing_torch():
+    """It prints the CPU worker's picks, which depend on the C kernels' build, before any service starts."""
+    code = ("import sys, switchyard.launcher; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_backends_refuse_what_they_cannot_run(default_model_path):
     spec = WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26)
     with pytest.raises(ConfigError, match="--device must be one of cpu, cuda, qaic, got 'tpu'"):

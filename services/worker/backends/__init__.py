@@ -1,15 +1,19 @@
 """Accelerator backends, a folder each behind the protocol in base.py; `create_backend` picks one.
 
-A backend's module is imported only when it is asked for, so the CPU worker never imports triton.
+A backend's module is imported only when it is asked for, so the CPU worker never imports triton;
+this package itself imports no torch (the launcher reads the CPU kernels' build from it).
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from services.worker.backends.base import Backend
-from services.worker.backends.spec import WorkerSpec
 from shared.config import ConfigError
+
+if TYPE_CHECKING:
+    from services.worker.backends.base import Backend
+    from services.worker.backends.spec import WorkerSpec
 
 # --device -> the module whose `create(spec)` builds the backend
 BACKENDS = {
