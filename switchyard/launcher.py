@@ -217,6 +217,22 @@ def engine_defaults_lines(service_args: list[str]) -> list[str]:
     return defaults.lines()
 
 
+def served_devices(stack: Stack, service_args: list[str]) -> list[str]:
+    """Each model's workers' device lines as /v1/models lists them (what computes, e.g. whether a
+    --compile is on its way), or nothing where they cannot be read."""
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_api_args(parser)
+    key = parser.parse_known_args(service_args)[0].api_key
+    request = urllib.request.Request(stack.base_url + "/v1/models",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            models = json.load(resp)["data"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [f"{m['id']}: {', '.join(m.get('devices') or ['no worker yet'])}" for m in models]
+
+
 def main(argv: list[str] | None = None, after_ready=None) -> None:
     """after_ready(stack, service_args), once the stack is healthy (`switchyard serve` deploys there)."""
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Run the whole Switchyard stack")
@@ -246,6 +262,8 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     try:
         stack.wait_ready()
         print(f"[launcher] ready: {stack.base_url}/v1 (Ctrl-C stops everything)", flush=True)
+        for line in served_devices(stack, service_args):
+            print(f"[launcher] serving {line}", flush=True)
         if stack.bus_file is not None:
             print(f"[launcher] bus: {stack.nats_url}, locked; a script connects with "
                   f"shared.bus.connect_running() ({stack.bus_file})", flush=True)
