@@ -61,11 +61,14 @@ oci-registry:
 run: install
 	$(BIN)/python -m switchyard.launcher $(ARGS)
 
+# the import contracts first (.importlinter: every service stands alone, shared/ below them)
 test: install oci-registry
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # unit tests only: no services started
 test-fast: install
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -m "not stack" $(PYTEST_ARGS)
 
 bench-peers: install

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shared.messages import TokenEntry
 
-if TYPE_CHECKING:
-    from shared.client import BusClient
+
+class StreamOwner(Protocol):
+    """What a stream asks of the client it belongs to (shared/client.py's BusClient)."""
+
+    async def resend(self, offsets: dict[str, int]) -> None:
+        """Ask the workers for each request's tokens from the given offset on."""
+
+    def forget(self, request_id: str) -> None:
+        """The stream ended: entries for it are no longer routed to it."""
+
+    async def abort(self, model: str, request_ids: list[str]) -> None:
+        """The reader stopped early: the scheduler frees what the requests hold."""
 
 
 def _is_verdict(entry: TokenEntry) -> bool:
@@ -37,7 +47,7 @@ def _trimmed(entry: TokenEntry, num_seen: int) -> TokenEntry:
 class RequestStream:
     """The entries of one request, in order; ends after the entry with a finish_reason."""
 
-    def __init__(self, client: BusClient, model: str, request_id: str):
+    def __init__(self, client: StreamOwner, model: str, request_id: str):
         self.client = client
         self.model = model
         self.request_id = request_id

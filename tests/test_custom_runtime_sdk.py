@@ -16,7 +16,7 @@ from mac.inference.creation import InferenceBuilder  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 
-from services.custom_runtime.layout import requirements_in  # noqa: E402
+from shared.custom_artifact import requirements_in  # noqa: E402
 from services.custom_runtime.predictor import columns, records  # noqa: E402
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.api.detokenizer import IncrementalDetokenizer
+from shared.detokenizer import IncrementalDetokenizer
 from shared.tokenizer import load_tokenizer
 
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from services.api.detokenizer import IncrementalDetokenizer
+from shared.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.metrics import ApiMetrics
 from services.api.openai_format import Usage

@@ -23,8 +23,8 @@ from services.api.body import decode_json, read_json
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai_defaults import openai_defaults_from
-from services.custom_runtime.environment import python_for
-from services.custom_runtime.layout import scripts_in
+from shared.custom_environment import python_for
+from shared.custom_artifact import scripts_in
 from shared.arrow_schema import INPUTS, OUTPUTS, fields_of
 from shared.config import ConfigError
 from shared.deploy_config import (

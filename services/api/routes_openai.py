@@ -13,7 +13,7 @@ from sse_starlette import EventSourceResponse
 from services.api.body import parse
 from services.api.choices import Choices
 from services.api.context import ApiContext, ServedModel
-from services.api.detokenizer import IncrementalDetokenizer
+from shared.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.generation import Generation
 from services.api.guards import arrival

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from services.api.context import ApiContext
-from services.api.detokenizer import IncrementalDetokenizer
+from shared.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.generation import Generation
 from services.api.guards import arrival

@@ -13,11 +13,11 @@ import msgspec
 
 from services.custom_runtime import context
 from services.custom_runtime.predictor import load_inference, predict
-from services.custom_runtime.supervisor import READY_LINE
 from shared import log as sylog
 from shared import subjects
 from shared.bus import close, connect
 from shared.client import BusClient
+from shared.custom_environment import READY_LINE
 from shared.tokenizer import load_tokenizer
 
 log = sylog.get_logger("custom-runtime")

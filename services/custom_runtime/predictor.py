@@ -13,7 +13,7 @@ from mac.config.inference import CustomInferenceConfig
 from mac.inference import Inference
 from mac.inference.creation import InferenceBuilder
 
-from services.custom_runtime.layout import scripts_in
+from shared.custom_artifact import scripts_in
 
 
 def load_inference(root: Path) -> Inference:

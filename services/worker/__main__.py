@@ -11,7 +11,7 @@ import uuid
 
 import torch
 
-from services.custom_runtime.supervisor import supervise
+from services.worker.custom_runtime import supervise
 from services.worker.backends import create_backend
 from services.worker.backends.spec import WorkerSpec
 from services.worker.deployment import drain_when_orphaned, fetch_deployment

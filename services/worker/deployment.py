@@ -6,7 +6,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from services.custom_runtime.environment import python_for
+from shared.custom_environment import python_for
 from shared.bus import close, connect
 from shared.config import ConfigError
 from shared.deployment import DeployedModel, load_deployed

@@ -7,7 +7,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
-from services.api.detokenizer import IncrementalDetokenizer
+from shared.detokenizer import IncrementalDetokenizer
 from services.custom_runtime import context
 from shared.messages import FinishReason
 from shared.messages import SamplingParams as EngineSampling

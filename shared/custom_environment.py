@@ -1,6 +1,7 @@
 """A custom model's Python environment: a virtual environment per artifact (by sha256), its
-requirements installed from the package index, Switchyard's own packages and sdk/ (the `mac` and
-`vllm` names the script imports) on its path after them."""
+requirements installed from the package index, Switchyard's own packages and the runtime's sdk/
+(the `mac` and `vllm` names the script imports) on its path after them. The API makes it when a
+model is converted, the worker when it starts one."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from services.custom_runtime.layout import requirements_in
+from shared.custom_artifact import requirements_in
 from shared.model_files import cache_root
 
-SDK = Path(__file__).resolve().parent / "sdk"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
+SDK = REPO / "services" / "custom_runtime" / "sdk"  # a path on the environment's sys.path, not an import
 PIP_TIMEOUT_S = 900
+READY_LINE = b"[switchyard] custom runtime ready"  # the runtime prints it once it takes predicts
 
 
 def python_for(sha256: str, root: Path) -> str:

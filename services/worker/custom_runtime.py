@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 
 from shared import nats_auth
+from shared.custom_environment import READY_LINE
 from shared.log import get_logger
 
 log = get_logger("worker")
 RESTART_S = 2.0
-READY_LINE = b"[switchyard] custom runtime ready"
 STOP_GRACE_S = 30.0
 
 
