@@ -45,14 +45,6 @@ class Reference:
         return f"{self.host}/{self.repository}{sep}{self.tag}"
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return f"sha256:{h.hexdigest()}"
-
-
 def descriptor(media_type: str, digest: str, size: int, title: str | None = None) -> dict:
     d = {"mediaType": media_type, "digest": digest, "size": size}
     if title is not None:

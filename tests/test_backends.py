@@ -3,6 +3,7 @@ refuses what it cannot run, and the CUDA backend's graphs are chosen by max_seq_
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -78,3 +79,13 @@ def test_a_qaic_config_on_another_device_is_refused():
                           '{"ctx_len": 64}'], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert "--qaic-config configures the qaic backend; this worker's device is 'cpu'" in run.stderr
+
+
+@pytest.mark.parametrize("device,because", [("cuda", "captures CUDA graphs of its own"),
+                                            ("qaic", "runs its compiled program")])
+def test_compile_on_another_device_is_refused_not_ignored(device, because):
+    env = {k: v for k, v in os.environ.items() if k != "SY_DETERMINISTIC"}  # refused too, first, on cuda
+    run = subprocess.run([sys.executable, "-m", "services.worker", "--device", device, "--compile"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode != 0
+    assert f"--compile compiles the cpu backend's decode steps; the {device} backend {because}" in run.stderr

@@ -203,7 +203,7 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse({"models": [as_json(v) for v in await registry.models()]})
 
 
-async def _named(request: Request, registry) -> tuple[dict, str]:
+async def _named(request: Request) -> tuple[dict, str]:
     body = await read_json(request, MAX_METADATA_BYTES)
     name = body.get("name")
     if not isinstance(name, str):
@@ -216,7 +216,7 @@ async def _named(request: Request, registry) -> tuple[dict, str]:
 
 async def _version(request: Request, registry) -> tuple[dict, ModelVersion]:
     """The version a body names (`name`, and `version` or the latest); 404 if there is none."""
-    body, name = await _named(request, registry)
+    body, name = await _named(request)
     version = body.get("version")
     if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
         raise APIError(400, f"version must be a version number (1, 2, ...) or null, got {version!r}", param="version")
@@ -240,7 +240,7 @@ async def get_model(request: Request) -> JSONResponse:
 @router.post("/versions")
 async def model_versions(request: Request) -> JSONResponse:
     _, registry = registry_of(request)
-    _, name = await _named(request, registry)
+    _, name = await _named(request)
     return JSONResponse({"versions": [as_json(v) for v in await registry.versions(name)]})
 
 

@@ -71,6 +71,9 @@ def main() -> None:
     if device == "cuda" and asked_deterministic:  # qaic: its program runs the same fixed shapes whatever the batch
         raise ConfigError("--deterministic (batch-invariant float32) runs on the cpu backend; "
                           "the cuda backend computes in bfloat16 and is not batch-invariant")
+    if device != "cpu" and args.compile and deployed is None:  # a deployment's worker: the stack's flag is the CPU's
+        raise ConfigError(f"--compile compiles the cpu backend's decode steps; the {device} backend "
+                          + ("captures CUDA graphs of its own" if device == "cuda" else "runs its compiled program"))
     defaults = engine_defaults(args, config, model_path, deployed) if device == "cpu" else None
     if defaults is not None:
         sylog.get_logger("worker").info("engine_defaults", **defaults.as_log())
