@@ -32,7 +32,7 @@ class InProcessEngine:
 
     def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, **sampling) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=sampling.pop("temperature", 0.0), **sampling)
-        self.scheduler.add_request(Request(request_id, list(prompt_ids), params, reply_to="", arrival_time=0.0))
+        self.scheduler.add_request(Request(request_id, list(prompt_ids), params, reply_to=""))
 
     def step(self) -> None:
         plan = self.scheduler.schedule()

@@ -12,7 +12,7 @@ ROOT = root_hash("m", "auto")
 
 
 def req(request_id: str, tokens: list[int], max_tokens: int = 8) -> Request:
-    return Request(request_id, tokens, SamplingParams(max_tokens=max_tokens), reply_to="", arrival_time=0.0)
+    return Request(request_id, tokens, SamplingParams(max_tokens=max_tokens), reply_to="")
 
 
 def test_free_queue_order_uncached_front_cached_back_tail_first():

@@ -120,7 +120,7 @@ async def test_a_request_moves_off_a_dead_worker_at_most_max_migrations_times():
                         num_blocks=16, block_size=16, max_batch=4, dtype="float32", max_model_len=256)
     pool = PoolLoop(nc, hello, EngineConfig(max_migrations=1), on_gone=on_gone, can_run_more=lambda: True,
                     workers=Heartbeats(nc, 5.0))
-    fresh, worn = (Request(rid, [1, 2, 3], SamplingParams(max_tokens=8), reply_to="sy.v1.out.test", arrival_time=0.0)
+    fresh, worn = (Request(rid, [1, 2, 3], SamplingParams(max_tokens=8), reply_to="sy.v1.out.test")
                    for rid in ("fresh", "worn"))
     for request in (fresh, worn):
         request.output_token_ids, request.is_on_worker, request.num_computed_tokens = [7, 8], True, 4

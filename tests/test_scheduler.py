@@ -15,7 +15,7 @@ def make(num_blocks=16, block_size=4, max_num_seqs=4, budget=8) -> Scheduler:
 
 def req(request_id: str, n: int, max_tokens: int = 4, first: int = 0) -> Request:
     return Request(request_id, list(range(first, first + n)), SamplingParams(max_tokens=max_tokens),
-                   reply_to="r", arrival_time=0.0)
+                   reply_to="r")
 
 
 def run_step(s: Scheduler, finish: set[str] = frozenset(), token: int = 7):
@@ -141,8 +141,7 @@ def test_prompt_logprobs_requests_skip_the_prefix_cache():
     s = make(num_blocks=8, budget=64)
     s.add_request(req("a", 9, max_tokens=1))
     run_step(s)
-    scored = Request("b", list(range(9)), SamplingParams(max_tokens=1, prompt_logprobs=1), reply_to="r",
-                     arrival_time=0.0)
+    scored = Request("b", list(range(9)), SamplingParams(max_tokens=1, prompt_logprobs=1), reply_to="r")
     s.add_request(scored)
     plan, _ = run_step(s)
     assert plan.num_new_tokens == {"b": 9}  # every prompt token computed, though 2 blocks were cached

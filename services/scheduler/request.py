@@ -27,7 +27,6 @@ class Request:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     reply_to: str
-    arrival_time: float
     cache_salt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -52,7 +51,7 @@ class Request:
             sampling = msgspec.structs.replace(sampling, seed=secrets.randbits(63))
         return cls(request_id=submit.request_id, prompt_token_ids=submit.prompt_token_ids,
                    sampling=sampling, reply_to=submit.reply_to,
-                   arrival_time=submit.arrival_time, cache_salt=submit.cache_salt, deadline=submit.deadline,
+                   cache_salt=submit.cache_salt, deadline=submit.deadline,
                    client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority)
 
     def migrate(self) -> None:
