@@ -39,7 +39,7 @@ def run(loaded, long_len: int, num_short: int, budget: int, threshold: int) -> d
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
     def add(request_id: str, ids: list[int]) -> None:
-        scheduler.add_request(Request(request_id, ids, params, reply_to="", arrival_time=0.0))
+        scheduler.add_request(Request(request_id, ids, params, reply_to=""))
         arrived[request_id] = time.perf_counter()
 
     arrived: dict[str, float] = {}
