@@ -41,7 +41,7 @@ def test_launcher_refuses_a_flag_no_service_reads(capsys):
 
 
 def test_openai_config_is_validated_by_field():
-    from services.api.openai_defaults import load_openai_config
+    from services.api.openai.defaults import load_openai_config
 
     config = load_openai_config(
         '{"enabled": true, "completion_config": {"temperature": 0.3, "max_tokens": 200},'

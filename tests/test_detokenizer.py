@@ -40,7 +40,7 @@ def test_possible_stop_prefix_is_held_back_then_released(tok):
 
 
 def test_chat_template_renders_smollm_format(tok):
-    from services.api.chat_template import render_chat
+    from services.api.openai.chat_template import render_chat
 
     text = render_chat(tok.chat_template, [{"role": "user", "content": "Hi"}], bos_token=tok.bos_token,
                        eos_token=tok.eos_token)

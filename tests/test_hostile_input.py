@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from bench import fuzz
-from services.api.chat_template import ChatTemplateError, render_chat
+from services.api.openai.chat_template import ChatTemplateError, render_chat
 from shared.config import ConfigError
 from shared.deploy_config import check_name
 

@@ -9,13 +9,13 @@ import json
 import llguidance
 import pytest
 
-from services.api.body import validate
-from services.api.chat_template import render_chat
+from services.api.openai.body import validate
+from services.api.openai.chat_template import render_chat
 from services.api.errors import APIError
-from services.api.protocol import ChatCompletionRequest
-from services.api.tool_choice import forced_grammar, plan_tools
-from services.api.tool_parsers import HermesParser, JsonParser
-from services.api.tool_prompt import HERMES_CHATML, template_messages, template_tools
+from services.api.openai.protocol import ChatCompletionRequest
+from services.api.openai.tools.choice import forced_grammar, plan_tools
+from services.api.openai.tools.parsers import HermesParser, JsonParser
+from services.api.openai.tools.prompt import HERMES_CHATML, template_messages, template_tools
 from shared.guided import grammar_for
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",

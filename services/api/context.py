@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 
 from services.api.metrics import ApiMetrics
-from services.api.openai_defaults import OpenaiDefaults
+from services.api.openai.defaults import OpenaiDefaults
 from shared.client import BusClient
 from shared.deployment import DeployedModel
 from shared.registry import Registry
@@ -49,11 +49,11 @@ class ApiContext:
     deployments: object = None  # the DeploymentWatcher that fills models, aliases and pending
     limits: object = None  # the LimitsWatcher that sets each served model's max_model_len
     max_model_lens: dict[str, int] = field(default_factory=dict)  # model -> as last published
-    tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (tool_parsers.py)
+    tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (openai/tools/parsers.py)
     responses: object = None  # the ResponseStore (JetStream) of the Responses API, made on first use
     files: object = None  # the FileStore (JetStream object store) of the Files API, made on first use
     batches: object = None  # the BatchStore (JetStream key-value) of the Batch API, made on first use
-    batch_concurrency: int = 16  # lines of one batch in flight at once (batch_runner.py)
+    batch_concurrency: int = 16  # lines of one batch in flight at once (batch/runner.py)
     inference_log: object = None  # the deployed pipelines' InferenceLog (JetStream)
     oci_registry: str | None = None  # where pipeline.publish() pushes (--oci-registry)
 

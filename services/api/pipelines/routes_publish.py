@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 
 from services.api.context import ApiContext
 from services.api.errors import APIError
-from services.api.routes_models import as_json, config_error
-from services.api.routes_pipelines import find_pipeline, read_body
+from services.api.pipelines.routes_models import as_json, config_error
+from services.api.pipelines.routes_pipelines import find_pipeline, read_body
 from shared import pipeline_artifact
 from shared.config import ConfigError
 from shared.deploy_config import DeploymentConfig, convert

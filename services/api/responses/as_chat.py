@@ -11,8 +11,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from services.api.errors import APIError
-from services.api.openai_format import Usage
-from services.api.protocol import _Request
+from services.api.openai.format import Usage
+from services.api.openai.protocol import _Request
 
 
 class FunctionTool(_Request):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import jsonschema
 
 from services.api.errors import APIError
-from services.api.protocol import ChatCompletionRequest, Tool
+from services.api.openai.protocol import ChatCompletionRequest, Tool
 from shared.guided import GuidedError, grammar_for, json_layout
 from shared.messages import Guided, GuidedKind
 

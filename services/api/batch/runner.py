@@ -2,7 +2,7 @@
 
 Every gateway runs one. A batch belongs to the gateway holding its lease (BatchRecord.owner,
 renewed every RENEW_S); a lease left to lapse (a gateway gone) lets another take the batch over,
-resuming after the lines already answered (batch_lines.py).
+resuming after the lines already answered (batch/lines.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import httpx
 import msgspec
 from fastapi import FastAPI
 
-from services.api.batch_lines import BatchLines, Line
-from services.api.batches import ACTIVE, BatchRecord, batch_store, read_input
+from services.api.batch.lines import BatchLines, Line
+from services.api.batch.batches import ACTIVE, BatchRecord, batch_store, read_input
 from services.api.context import ApiContext
-from services.api.files import file_store
+from services.api.batch.files import file_store
 from shared.log import get_logger
 
 log = get_logger("api")

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse
 from services.api.context import ApiContext
 from shared.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
-from services.api.generation import Generation
+from services.api.openai.generation import Generation
 from services.api.guards import arrival
-from services.api.routes_pipelines import find_pipeline, read_body
+from services.api.pipelines.routes_pipelines import find_pipeline, read_body
 
 router = APIRouter(prefix="/v1/api/pipelines")
 MAX_LIMIT = 10_000

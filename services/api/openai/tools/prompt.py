@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from services.api.errors import APIError
-from services.api.protocol import ChatMessage, Tool
+from services.api.openai.protocol import ChatMessage, Tool
 
 HERMES_CHATML = """\
 {%- set system = messages[0].content if messages and messages[0].role in ('system', 'developer') else none %}

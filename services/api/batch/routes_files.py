@@ -10,7 +10,7 @@ from starlette.datastructures import UploadFile
 
 from services.api.context import ApiContext
 from services.api.errors import APIError
-from services.api.files import MAX_FILE_BYTES, PURPOSES, FileObject, file_store
+from services.api.batch.files import MAX_FILE_BYTES, PURPOSES, FileObject, file_store
 
 router = APIRouter()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from services.api.tool_choice import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from services.api.openai.tools.choice import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 
 def tool_call(name: str, arguments) -> dict:

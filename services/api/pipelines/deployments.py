@@ -14,7 +14,7 @@ import time
 import msgspec
 
 from services.api.context import ApiContext, ServedModel
-from services.api.openai_defaults import OpenaiDefaults, openai_defaults_from
+from services.api.openai.defaults import OpenaiDefaults, openai_defaults_from
 from shared.deployment import load_deployed
 from shared.log import get_logger
 from shared.registry import Pipeline

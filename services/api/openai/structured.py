@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from services.api.errors import APIError
-from services.api.protocol import _Sampling
+from services.api.openai.protocol import _Sampling
 from shared.guided import GuidedError, grammar_for
 from shared.messages import Guided, GuidedKind
 

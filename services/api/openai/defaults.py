@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from services.api.protocol import ChatCompletionRequest, CompletionRequest
+from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from shared.config import ConfigError
 
 # what a default may not set: what the request is, not how it samples

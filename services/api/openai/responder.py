@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.api import openai_format as fmt
+from services.api.openai import format as fmt
 from services.api.context import ServedModel
-from services.api.generation import Delta
-from services.api.logprobs_format import CompletionLogprobs, chat_logprobs, prompt_logprobs
-from services.api.openai_format import Usage
-from services.api.protocol import ChatCompletionRequest, CompletionRequest
-from services.api.tool_choice import ToolPlan
-from services.api.tool_parsers import parser_for
+from services.api.openai.generation import Delta
+from services.api.openai.logprobs_format import CompletionLogprobs, chat_logprobs, prompt_logprobs
+from services.api.openai.format import Usage
+from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from services.api.openai.tools.choice import ToolPlan
+from services.api.openai.tools.parsers import parser_for
 
 
 @dataclass

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 
-from services.api.chat_template import ChatTemplateError, render_chat
+from services.api.openai.chat_template import ChatTemplateError, render_chat
 from services.api.context import ServedModel
 from services.api.errors import APIError
-from services.api.protocol import (
+from services.api.openai.protocol import (
     MAX_N,
     ChatCompletionRequest,
     ChatMessage,
@@ -19,8 +19,8 @@ from services.api.protocol import (
     Tool,
     _Sampling,
 )
-from services.api.structured import guided
-from services.api.tool_prompt import template_messages, template_tools, tool_template, uses_tools
+from services.api.openai.structured import guided
+from services.api.openai.tools.prompt import template_messages, template_tools, tool_template, uses_tools
 from shared.config import context_length_error
 from shared.messages import SamplingParams
 

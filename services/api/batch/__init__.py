@@ -1,0 +1,1 @@
+"""OpenAI's Files and Batch APIs: files and batches in JetStream, and the runner that answers their lines."""

@@ -1,0 +1,1 @@
+"""The Responses API: a chat underneath, stored responses and background ones."""
