@@ -10,9 +10,10 @@
  *
  * Every output is one sum over i in order, out = fma(w_i, x_i, out), with w_i = fma(q, scale, low)
  * (8 bits: q * scale): each row's arithmetic is the same whatever the number of rows, and the same
- * in every variant (each has the FMA; the portable form calls fmaf). A few rows decode each weight
- * in registers as they use it; more rows decode a chunk of inputs into a buffer once and read it
- * for every block of rows. Both give the same numbers. */
+ * in every variant with an FMA (avx512, avx2; the portable form where the CPU has one, its header
+ * says why not elsewhere). A few rows decode each weight in registers as they use it; more rows
+ * decode a chunk of inputs into a buffer once and read it for every block of rows. Both give the
+ * same numbers. */
 #include <math.h>
 #include <stdint.h>
 
