@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     blocks = (args.big_batch + 1) * -(-(args.context + args.repeat + 16) // BLOCK_SIZE)
     blocks = max(blocks, -(-args.prefill_len // BLOCK_SIZE) + 1)
     backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, kv_dtype), blocks, torch.device("cuda"),
-                          max_num_seqs=args.big_batch, max_seq_len_to_capture=args.context + args.repeat + 16,
-                          use_graphs=not args.no_graphs)
+                          capture=None if args.no_graphs else (args.big_batch, args.context + args.repeat + 16))
     report["graph_capture_s"] = backend.warm_up()
     weights = weight_bytes_per_token(loaded.model)
     report["weight_gb_per_token"] = weights / 1e9

@@ -44,6 +44,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     step_timeout_s: float = 60.0
     max_migrations: int = 2  # a request on a worker that dies is recomputed on another this many times at most
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
+    # the worker's backend (flags in add_worker_args; a deployment's FrameworkConfig carries its own)
+    gpu_memory_utilization: float = 0.9  # cuda: the share of the GPU's memory the worker takes
+    max_seq_len_to_capture: int = 8192  # cuda: decode steps with longer contexts run without CUDA graphs
 
     def validate(self) -> EngineConfig:
         if not (8 <= self.block_size <= 128) or self.block_size & (self.block_size - 1):
@@ -79,7 +82,17 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"drain_grace_s must be at least 0, got {self.drain_grace_s}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError(f"num_kv_blocks must be at least 2, got {self.num_kv_blocks}")
+        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in 0.05..1, got {self.gpu_memory_utilization}")
+        if self.max_seq_len_to_capture < 1:
+            raise ConfigError(f"max_seq_len_to_capture must be at least 1, got {self.max_seq_len_to_capture}")
         return self
+
+
+DEFAULTS = EngineConfig()  # the one owner of every engine default; other structs read theirs from it
+# a deployment's FrameworkConfig.max_num_seqs when it names none: vLLM's EngineArgs default, as the
+# seed product's FrameworkConfig documents it (make run's 64 above is sized for a CPU)
+DEPLOYMENT_MAX_NUM_SEQS = 256
 
 
 def _env(name: str, default):
@@ -87,7 +100,7 @@ def _env(name: str, default):
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    d = EngineConfig()
+    d = DEFAULTS
     parser.add_argument("--model", default=_env("model", d.model), help="served model name")
     parser.add_argument("--model-path", default=_env("model_path", d.model_path))
     parser.add_argument("--load-format", default=_env("load_format", d.load_format))
@@ -140,6 +153,7 @@ WORKER_DEVICES = ("cpu", "cuda", "qaic")
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
     parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
     parser.add_argument("--device", default=os.environ.get("SY_DEVICE", "cpu"), choices=WORKER_DEVICES,
                         help="the worker's backend: cpu (torch, the reference), cuda (Triton kernels, CUDA graphs) "
@@ -150,10 +164,10 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                         help="the weights' dtype; auto: on the cpu backend bfloat16 where the CPU has AVX-512 BF16 "
                              "or AMX, else float32 (float32 with --deterministic); bfloat16 on cuda")
     parser.add_argument("--gpu-memory-utilization", type=float,
-                        default=float(os.environ.get("SY_GPU_MEMORY_UTILIZATION", "0.9")),
+                        default=float(_env("gpu_memory_utilization", d.gpu_memory_utilization)),
                         help="cuda: the share of the GPU's memory the worker takes (weights, activations, KV pool)")
     parser.add_argument("--max-seq-len-to-capture", type=int,
-                        default=int(os.environ.get("SY_MAX_SEQ_LEN_TO_CAPTURE", "8192")),
+                        default=int(_env("max_seq_len_to_capture", d.max_seq_len_to_capture)),
                         help="cuda: decode steps whose longest context exceeds this run without CUDA graphs")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
                         help="torch intra-op threads (0 = torch's default)")

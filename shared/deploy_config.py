@@ -12,7 +12,7 @@ import re
 
 import msgspec
 
-from shared.config import KV_CACHE_DTYPES, QUANTIZATIONS, ConfigError
+from shared.config import DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, KV_CACHE_DTYPES, QUANTIZATIONS, ConfigError
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: also a NATS subject token
 ACCELS = ("cpu", "cuda", "qaic")
@@ -76,13 +76,13 @@ def _is_bool(field: str, value) -> None:
 class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's engine arguments, as the seed product's FrameworkConfig carries them."""
 
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEPLOYMENT_MAX_NUM_SEQS
     max_model_len: int | None = None  # None: the model's own context length
-    max_seq_len_to_capture: int = 8192
+    max_seq_len_to_capture: int = DEFAULTS.max_seq_len_to_capture
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9
-    block_size: int | None = None  # None: 16
+    gpu_memory_utilization: float = DEFAULTS.gpu_memory_utilization
+    block_size: int | None = None  # None: the engine's (16)
     device_group: str | None = None
 
     def validate(self, accel: str) -> FrameworkConfig:
@@ -115,7 +115,7 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @property
     def effective_block_size(self) -> int:
-        return self.block_size or 16
+        return self.block_size or DEFAULTS.block_size
 
 
 class QaicConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -180,7 +180,7 @@ def check_qaic_framework(framework: FrameworkConfig, qaic: QaicConfig) -> None:
 
 
 class ContinuousBatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    max_concurrent_batch_size: int = 256
+    max_concurrent_batch_size: int = DEFAULTS.max_concurrent_batch_size
 
     def validate(self) -> ContinuousBatchingConfig:
         _in_range("continuous_batching_config.max_concurrent_batch_size", self.max_concurrent_batch_size, 1, 100_000)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shared.config import ConfigError, EngineConfig
+from shared.config import DEFAULTS, ConfigError, EngineConfig
 from shared.deploy_config import DeploymentConfig, parse_memory
 from shared.registry import ModelVersion, Pipeline, Registry
 
@@ -38,10 +38,11 @@ class DeployedModel:
         block_size = fc.effective_block_size
         return EngineConfig(
             model=self.name, max_model_len=fc.max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max(512, block_size), block_size=block_size,
+            max_num_batched_tokens=max(DEFAULTS.max_num_batched_tokens, block_size), block_size=block_size,
             kv_cache_dtype=fc.kv_cache_dtype, quantization=fc.quantization or "auto",
+            gpu_memory_utilization=fc.gpu_memory_utilization, max_seq_len_to_capture=fc.max_seq_len_to_capture,
             max_concurrent_batch_size=1 if self.is_single_batch else (
-                cb.max_concurrent_batch_size if cb else EngineConfig().max_concurrent_batch_size),
+                cb.max_concurrent_batch_size if cb else DEFAULTS.max_concurrent_batch_size),
         ).validate()
 
     # ---- one worker process (the seed product's sidekick) ----------------------------------------

@@ -28,7 +28,7 @@ class InProcessEngine:
         self.outputs: dict[str, list[int]] = {}
         self.num_cached_tokens: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # requests whose row failed on the worker
-        self.num_steps = 0
+        self.steps_run = 0
 
     def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, **sampling) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=sampling.pop("temperature", 0.0), **sampling)
@@ -45,9 +45,9 @@ class InProcessEngine:
             self.num_cached_tokens[f.request.request_id] = f.request.num_cached_tokens
             if f.error is not None:
                 self.errors[f.request.request_id] = f.error
-        self.num_steps += 1
+        self.steps_run += 1
 
     def run(self, max_steps: int = 10_000) -> dict[str, list[int]]:
-        while self.scheduler.has_work and self.num_steps < max_steps:
+        while self.scheduler.has_work and self.steps_run < max_steps:
             self.step()
         return self.outputs

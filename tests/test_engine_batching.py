@@ -68,7 +68,7 @@ def test_multi_step_gives_the_same_tokens_in_fewer_steps(loaded_model, prompts, 
                                  num_scheduler_steps=num_scheduler_steps)
         for i, p in enumerate(chosen):
             engine.add(f"r{i}", p, max_tokens[i])
-        runs[num_scheduler_steps] = engine.run(), engine.num_steps
+        runs[num_scheduler_steps] = engine.run(), engine.steps_run
         assert engine.scheduler.kv.pool.num_free == num_blocks  # lookahead slots freed too
         if num_blocks == 12:
             assert engine.scheduler.num_preemptions > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.static_scheduler import StaticScheduler
 from shared.hashing import root_hash
 from shared.messages import FinishReason, Sampled, SamplingParams, StepResult
 
@@ -166,7 +167,7 @@ def test_deadline_is_wall_clock_and_zero_means_none():
 
 
 def test_static_batching_admits_nothing_until_the_batch_is_done():
-    s = Scheduler(KVCacheManager(16, 4, root_hash("m", "auto")), 2, 64, is_static=True)
+    s = StaticScheduler(KVCacheManager(16, 4, root_hash("m", "auto")), 2, 64)
     s.add_request(req("short", 4, max_tokens=1))
     s.add_request(req("long", 4, max_tokens=3, first=10))
     s.add_request(req("late", 4, max_tokens=1, first=20))

@@ -17,7 +17,7 @@ def test_a_prompt_is_prefilled_in_chunks_then_decoded():
     plans = [run_step(s)[0] for _ in range(5)]
     assert [p.num_new_tokens for p in plans] == [{"a": 8}, {"a": 8}, {"a": 4}, {"a": 1}, {"a": 1}]
     assert plans[0].step.new_seqs[0].block_ids == [0]  # its slot
-    assert not s.requests and s.slots.free_slots == [1, 0]  # done: its slot is free again
+    assert not s.requests and s.kv.free_slots == [1, 0]  # done: its slot is free again
 
 
 def test_steps_never_mix_prefill_and_decode_and_alternate_while_a_prompt_fills():

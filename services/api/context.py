@@ -48,7 +48,6 @@ class ApiContext:
     pending: dict[str, str] = field(default_factory=dict)  # deployment -> pipeline, while it loads
     deployments: object = None  # the DeploymentWatcher that fills models, aliases and pending
     limits: object = None  # the LimitsWatcher that sets each served model's max_model_len
-    max_model_lens: dict[str, int] = field(default_factory=dict)  # model -> as last published
     tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (openai/tools/parsers.py)
     responses: object = None  # the ResponseStore (JetStream) of the Responses API, made on first use
     files: object = None  # the FileStore (JetStream object store) of the Files API, made on first use

@@ -36,7 +36,6 @@ class LimitsWatcher:
         self.apply(model, stats.max_model_len, stats.devices)
 
     def apply(self, model: str, max_model_len: int, devices: list[str]) -> None:
-        self.ctx.max_model_lens[model] = max_model_len
         served = self.ctx.models.get(model)
         if served is not None:
             served.devices = devices

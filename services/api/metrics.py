@@ -137,7 +137,7 @@ _ENGINE_SERIES = [
      "prefix_cache_queries"),
     (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
     (CounterMetricFamily, "vllm:num_preemptions", "Preemptions.", "num_preemptions"),
-    (CounterMetricFamily, "switchyard_scheduler_steps", "Model steps run.", "num_steps"),
+    (CounterMetricFamily, "switchyard_scheduler_steps", "Model steps run.", "steps_run"),
     (CounterMetricFamily, "switchyard_scheduler_step_seconds", "Step round trips, summed.", "step_seconds"),
     (CounterMetricFamily, "switchyard_worker_forward_seconds", "Time workers spent in steps.", "forward_seconds"),
     (CounterMetricFamily, "switchyard_scheduler_deadline_exceeded", "Requests ended by their deadline.",

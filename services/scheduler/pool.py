@@ -20,6 +20,7 @@ from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.slot_manager import SlotManager
 from services.scheduler.slot_scheduler import SlotScheduler
+from services.scheduler.static_scheduler import StaticScheduler
 from shared import subjects
 from shared.config import EngineConfig
 from shared.hashing import root_hash
@@ -46,16 +47,17 @@ class WorkerGone(Exception):
     pass
 
 
-def _scheduler_for(hello: WorkerHello, config: EngineConfig, root: bytes, can_run_more) -> Scheduler:
+def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more) -> Scheduler:
     """Blocks for a paged worker; for a slots worker (static shapes), its slots and chunk size."""
     num_steps = config.num_scheduler_steps or hello.num_scheduler_steps  # 0: the worker knows its step's cost
     if hello.kind == WorkerKind.SLOTS:
         return SlotScheduler(SlotManager(hello.num_blocks, hello.block_size), hello.prefill_seq_len, can_run_more,
                              num_scheduler_steps=num_steps)
-    kv = KVCacheManager(hello.num_blocks, hello.block_size, root, enable_prefix_caching=config.enable_prefix_caching)
-    return Scheduler(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
-                     is_static=config.batching == "static", num_scheduler_steps=num_steps,
-                     long_prefill_token_threshold=config.long_prefill_token_threshold)
+    kv = KVCacheManager(hello.num_blocks, hello.block_size, root_hash(hello.model, hello.kv_cache_dtype),
+                        enable_prefix_caching=config.enable_prefix_caching)
+    kind = StaticScheduler if config.batching == "static" else Scheduler
+    return kind(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
+                num_scheduler_steps=num_steps, long_prefill_token_threshold=config.long_prefill_token_threshold)
 
 
 class PoolLoop:
@@ -68,8 +70,7 @@ class PoolLoop:
         self.worker_id = hello.worker_id
         self.step_timeout_s = config.step_timeout_s
         self.max_migrations = config.max_migrations
-        self.root_hash = root_hash(hello.model, hello.kv_cache_dtype)
-        self.scheduler = _scheduler_for(hello, config, self.root_hash, can_run_more)
+        self.scheduler = _scheduler_for(hello, config, can_run_more)
         self.on_gone = on_gone
         self.workers = workers
         workers.heard(self.worker_id)
@@ -77,7 +78,7 @@ class PoolLoop:
         self._wake = asyncio.Event()
         self._has_stepped = False
         self._task: asyncio.Task | None = None
-        self.num_steps = 0
+        self.steps_run = 0
         self.step_seconds = 0.0  # round trips, summed
         self.forward_seconds = 0.0  # of which the worker spent in the step
         self.iteration_tokens = [0] * len(ITERATION_TOKEN_BUCKETS)  # cumulative, per bucket
@@ -148,7 +149,7 @@ class PoolLoop:
         msg = await self._request(encode(step))
         self.workers.heard(self.worker_id)
         result = STEP_RESULT_DECODER.decode(msg.data)
-        self.num_steps += 1
+        self.steps_run += 1
         self.step_seconds += time.perf_counter() - started
         self.forward_seconds += result.forward_seconds
         return result

@@ -12,7 +12,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.kv_manager import KVManager
 from services.scheduler.request import Request, RequestStatus
 from shared.messages import FinishReason, NewSeq, ScheduledSeq, Step, StepResult
 
@@ -39,17 +39,14 @@ def _always() -> bool:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 can_run_more: Callable[[], bool] = _always, is_static: bool = False, num_scheduler_steps: int = 1,
+    def __init__(self, kv: KVManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 can_run_more: Callable[[], bool] = _always, num_scheduler_steps: int = 1,
                  long_prefill_token_threshold: int = 0):
         """long_prefill_token_threshold: while more than one request has a prompt to compute, each
         takes at most this many tokens a step (0: a quarter of the budget), so a long prompt does not
         hold back the first token of short ones; a prompt computed alone takes the whole budget."""
         self.kv = kv
         self.long_prefill_tokens = long_prefill_token_threshold or max(kv.block_size, max_num_batched_tokens // 4)
-        # static batching (for comparison only): a batch forms while none of it has decoded, then
-        # runs to completion before anything else is admitted
-        self.is_static = is_static
         self.num_scheduler_steps = num_scheduler_steps
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -58,7 +55,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.dropped_ids: list[str] = []  # worker must forget these at the next step
-        self.num_steps = 0
+        self.last_step_id = 0
         self.num_preemptions = 0
 
     # ---- requests in and out -----------------------------------------------------------------
@@ -103,11 +100,10 @@ class Scheduler:
     # ---- one iteration ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Priority: while a prompt of priority p is computed (or can be admitted), rows of a worse
-        priority sit the step out, so a batch load does not slow an interactive request's first
-        token; they run again as soon as no better prompt is pending, or when it could not go."""
-        self.num_steps += 1
-        out = SchedulerOutput(step=Step(step_id=self.num_steps, new_seqs=[], scheduled=[], dropped_ids=[]))
+        """Running rows first (decode, then prompt chunks), then waiting requests join while the
+        token budget and max_num_seqs allow; rows of a worse priority may sit the step out (_hold_back)."""
+        self.last_step_id += 1
+        out = SchedulerOutput(step=Step(step_id=self.last_step_id, new_seqs=[], scheduled=[], dropped_ids=[]))
         budget = self.max_num_batched_tokens
         # decode rows first, then prompt chunks, each bounded while prompts compete for the budget
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
@@ -115,12 +111,33 @@ class Scheduler:
         can_admit = bool(self.waiting) and len(self.running) < self.max_num_seqs and self.can_run_more()
         share = self.long_prefill_tokens if len(prefilling) + can_admit > 1 else budget
         focus = min([r.priority for r in prefilling] + ([self.waiting[0].priority] if can_admit else []), default=None)
-        rows = sorted(decoding + prefilling, key=lambda r: r.priority)
-        held = [r for r in rows if focus is not None and r.priority > focus]
-        rows = rows[:len(rows) - len(held)]
+        rows, held = self._hold_back(sorted(decoding + prefilling, key=lambda r: r.priority), focus)
         budget, preempted_any = self._schedule_running(out, rows, budget, share)
         num_new_seqs = len(out.step.new_seqs)
-        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted_any
+        if not preempted_any:
+            budget = self._admit_waiting(out, budget, share, focus)
+        if held and len(out.step.new_seqs) == num_new_seqs and not any(
+                r.request_id in out.num_new_tokens for r in prefilling if r.priority <= focus):
+            self._schedule_running(out, held, budget, share)  # the better prompt could not go this step
+        self._look_ahead(out)
+        out.step.dropped_ids = self.take_dropped_ids()
+        return out
+
+    @staticmethod
+    def _hold_back(rows: list[Request], focus: int | None) -> tuple[list[Request], list[Request]]:
+        """Priority: while a prompt of priority `focus` is computed (or can be admitted), rows of a
+        worse priority sit the step out, so a batch load does not slow an interactive request's first
+        token; they run again as soon as no better prompt is pending, or when it could not go.
+        Returns (the rows that go, the rows held); `rows` are sorted best priority first."""
+        if focus is None:
+            return rows, []
+        cut = next((i for i, r in enumerate(rows) if r.priority > focus), len(rows))
+        return rows[:cut], rows[cut:]
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, share: int, focus: int | None) -> int:
+        """Waiting requests join, best priority first, from their longest cached prefix; returns the
+        budget left. A request that does not fit stops the queue (no overtaking)."""
+        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and self.can_run_more() and self._is_batch_open()
                and (focus is None or self.waiting[0].priority <= focus)):
             request = self.waiting[0]
@@ -139,12 +156,7 @@ class Scheduler:
                 self.kv.record_admission(request.num_tokens, num_computed)
             self._emit(out, request, num_new, [])
             budget -= num_new
-        if held and len(out.step.new_seqs) == num_new_seqs and not any(
-                r.request_id in out.num_new_tokens for r in prefilling if r.priority <= focus):
-            self._schedule_running(out, held, budget, share)  # the better prompt could not go this step
-        self._look_ahead(out)
-        out.step.dropped_ids = self.take_dropped_ids()
-        return out
+        return budget
 
     def _schedule_running(self, out: SchedulerOutput, rows: list[Request], budget: int,
                           share: int) -> tuple[int, bool]:
@@ -187,7 +199,8 @@ class Scheduler:
         out.step.num_steps = num_steps
 
     def _is_batch_open(self) -> bool:
-        return not self.is_static or not any(r.output_token_ids for r in self.running)
+        """Whether waiting requests may join the running batch (always here; StaticScheduler's differs)."""
+        return True
 
     def _allocate_or_preempt(self, request: Request, num_new: int):
         while True:

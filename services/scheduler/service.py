@@ -16,7 +16,7 @@ from services.scheduler.router import Router
 from services.scheduler.validate import submit_error
 from shared import subjects
 from shared.config import EngineConfig, context_length_error
-from shared.hashing import hash_block_chain, max_cacheable_blocks
+from shared.hashing import max_cacheable_blocks
 from shared.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, Heartbeats
 from shared.log import get_logger
 from shared.messages import (
@@ -165,11 +165,10 @@ class SchedulerService:
 
     async def _route(self, request: Request, pools: list[PoolLoop]) -> None:
         lookup: list[bytes] = []
-        pool0 = next((p for p in pools if p.scheduler.kv.enable_prefix_caching), None)
-        if self.config.enable_prefix_caching and pool0 is not None:
-            request.block_hashes = hash_block_chain(
-                pool0.root_hash, request.prompt_token_ids, pool0.hello.block_size, cache_salt=request.cache_salt)
-            lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, pool0.hello.block_size)]
+        kv0 = next((p.scheduler.kv for p in pools if p.scheduler.kv.enable_prefix_caching), None)
+        if self.config.enable_prefix_caching and kv0 is not None:
+            kv0.update_block_hashes(request)
+            lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, kv0.block_size)]
         pool = await self.router.choose([p for p in pools if p.is_alive] or pools, lookup)
         self._routing.pop(request.request_id, None)
         if request.request_id in self._aborted_while_routing:
@@ -332,7 +331,7 @@ class SchedulerService:
             prefix_cache_queries=sum(kv.num_queried_tokens for kv in kvs),
             prefix_cache_hits=sum(kv.num_hit_tokens for kv in kvs),
             max_model_len=self.max_model_len if pools else 0,
-            num_steps=sum(p.num_steps for p in self.pools.values()),
+            steps_run=sum(p.steps_run for p in self.pools.values()),
             step_seconds=sum(p.step_seconds for p in self.pools.values()),
             forward_seconds=sum(p.forward_seconds for p in self.pools.values()),
             is_draining=self.is_draining, num_deadline_exceeded=self.num_deadline_exceeded,

@@ -19,20 +19,21 @@ from shared.messages import Step
 
 
 class SlotScheduler(Scheduler):
+    kv: SlotManager
+
     def __init__(self, slots: SlotManager, prefill_seq_len: int, can_run_more: Callable[[], bool] = _always,
                  num_scheduler_steps: int = 1):
         super().__init__(slots, slots.num_slots, prefill_seq_len, can_run_more,
                          num_scheduler_steps=num_scheduler_steps)
-        self.slots = slots
         self.prefill_seq_len = prefill_seq_len
         self.last_was_prefill = False
 
     def schedule(self) -> SchedulerOutput:
-        self.num_steps += 1
-        out = SchedulerOutput(step=Step(step_id=self.num_steps, new_seqs=[], scheduled=[], dropped_ids=[]))
+        self.last_step_id += 1
+        out = SchedulerOutput(step=Step(step_id=self.last_step_id, new_seqs=[], scheduled=[], dropped_ids=[]))
         prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        can_admit = bool(self.waiting) and self.slots.has_free_slot and self.can_run_more()
+        can_admit = bool(self.waiting) and self.kv.has_free_slot and self.can_run_more()
         if (prefilling or can_admit) and not (decoding and self.last_was_prefill):
             request = prefilling[0] if prefilling else self._admit()
             self._emit(out, request, min(request.num_tokens - request.num_computed_tokens, self.prefill_seq_len), [])
@@ -48,9 +49,9 @@ class SlotScheduler(Scheduler):
 
     def _admit(self) -> Request:
         request = self.waiting.popleft()
-        self.slots.allocate_slots(request, 0)
+        self.kv.allocate_slots(request, 0)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         request.first_scheduled_at = time.time()
-        self.slots.record_admission(request.num_tokens, 0)
+        self.kv.record_admission(request.num_tokens, 0)
         return request

@@ -145,7 +145,6 @@ def worker_spec(args: argparse.Namespace, config, model_path: str, deployed,
     """The backend's settings: from the flags, or from a deployment's framework config; `defaults`
     (the CPU backend) settles those left on auto."""
     fixed_kv_bytes = int(config.kv_cache_memory_gib * 2**30)
-    framework = deployed.version.framework_config if deployed else None
     quantization = "none" if config.quantization == "auto" else config.quantization  # other backends: none
     return WorkerSpec(
         model_path=model_path, load_format=config.load_format,
@@ -157,8 +156,7 @@ def worker_spec(args: argparse.Namespace, config, model_path: str, deployed,
         deterministic=defaults.deterministic.value if defaults else False,
         max_num_batched_tokens=config.max_num_batched_tokens,
         kv_cache_bytes=deployed.kv_cache_bytes if deployed else (lambda _weights: fixed_kv_bytes),
-        gpu_memory_utilization=framework.gpu_memory_utilization if framework else args.gpu_memory_utilization,
-        max_seq_len_to_capture=framework.max_seq_len_to_capture if framework else args.max_seq_len_to_capture,
+        gpu_memory_utilization=config.gpu_memory_utilization, max_seq_len_to_capture=config.max_seq_len_to_capture,
         qaic=((deployed.version.accel.qaic if deployed else
                convert(json.loads(args.qaic_config), QaicConfig, "--qaic-config")) or QaicConfig()).validate(),
     )

@@ -28,7 +28,7 @@ def cuda_runner(path: str, dtype: torch.dtype, num_blocks: int = 512, kv_dtype: 
 
     loaded = load_model(path, dtype=dtype, ops=TritonOps(), device=DEVICE)
     backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, kv_dtype or dtype), num_blocks, DEVICE,
-                          max_num_seqs, max_seq_len_to_capture, use_graphs=use_graphs)
+                          capture=(max_num_seqs, max_seq_len_to_capture) if use_graphs else None)
     backend.warm_up()
     return ModelRunner(backend, max_model_len=8192, eos_token_ids=loaded.config.eos_token_ids), loaded
 

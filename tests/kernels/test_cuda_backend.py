@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tes
 
 def cuda_runner(loaded, num_blocks: int) -> ModelRunner:
     backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, torch.float32), num_blocks,
-                          torch.device("cpu"), use_graphs=False)
+                          torch.device("cpu"))
     return ModelRunner(backend, max_model_len=8192, eos_token_ids=loaded.config.eos_token_ids)
 
 

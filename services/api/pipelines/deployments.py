@@ -71,7 +71,6 @@ class DeploymentWatcher:
             openai = openai_defaults_from(msgspec.to_builtins(oc)) if oc else OpenaiDefaults()
             served = ServedModel(
                 name=pipeline.deployment, tokenizer=tokenizer, created=int(time.time()), openai=openai,
-                max_model_len=self.ctx.max_model_lens.get(pipeline.deployment, 0),
                 pipeline=pipeline.name, deployed=deployed)
         except Exception as exc:  # noqa: BLE001 - logged; the deployment stays 503 until redeployed
             log.error("deployment_load_failed", pipeline=pipeline.name, error=f"{type(exc).__name__}: {exc}")
@@ -80,6 +79,5 @@ class DeploymentWatcher:
             return  # undeployed or redeployed while loading
         self.ctx.pending.pop(pipeline.deployment, None)
         self.ctx.models[served.name] = served
-        if not served.max_model_len:
-            await self.ctx.limits.refresh(served.name)
+        await self.ctx.limits.refresh(served.name)  # its limits, if its scheduler published them before
         log.info("deployment_served", model=served.name, pipeline=pipeline.name)

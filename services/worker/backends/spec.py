@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.backends.kv_pool import DTYPES, kv_dtype_for
+from shared.config import DEFAULTS
 from shared.deploy_config import QaicConfig
 
 
@@ -22,18 +23,18 @@ def weight_bytes(model: torch.nn.Module) -> int:
 class WorkerSpec:
     model_path: str
     kv_cache_bytes: Callable[[int], int]  # the weights' bytes -> the KV pool's budget (CPU backends)
-    load_format: str = "auto"
+    load_format: str = DEFAULTS.load_format
     dtype: str = "float32"  # or bfloat16, float16; "auto" until with_dtype_for()
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
-    block_size: int = 16
+    quantization: str = "none"  # what the backend runs ("auto" settled by shared/engine_defaults.py)
+    kv_cache_dtype: str = DEFAULTS.kv_cache_dtype
+    block_size: int = DEFAULTS.block_size
     num_kv_blocks: int | None = None  # overrides every budget
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # the largest step (the CUDA backend profiles its activations)
+    max_num_seqs: int = DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens  # the largest step (CUDA profiles its activations)
     compile: bool = False
     deterministic: bool = False  # CPU: batch-invariant float32 on torch's ops alone (no C kernels)
-    gpu_memory_utilization: float = 0.9  # CUDA: the share of the device's memory the worker may take
-    max_seq_len_to_capture: int = 8192  # CUDA: decode steps with longer contexts run without graphs
+    gpu_memory_utilization: float = DEFAULTS.gpu_memory_utilization  # CUDA: the device memory's share
+    max_seq_len_to_capture: int = DEFAULTS.max_seq_len_to_capture  # CUDA: longer decode contexts run without graphs
     qaic: QaicConfig | None = None  # QAIC: the program's shapes and formats
 
     @property

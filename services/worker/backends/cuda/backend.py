@@ -33,7 +33,9 @@ class CudaBackend:
     kind = WorkerKind.PAGED
 
     def __init__(self, loaded: LoadedModel, kv: KVSpec, num_blocks: int, device: torch.device,
-                 max_num_seqs: int = 64, max_seq_len_to_capture: int = 8192, use_graphs: bool = True):
+                 capture: tuple[int, int] | None = None):
+        """capture: (max_num_seqs, max_seq_len_to_capture), the decode steps CUDA graphs are captured
+        for; None: every step runs eagerly."""
         self.model = loaded.model
         self.config = loaded.config
         self.kv = kv
@@ -43,9 +45,9 @@ class CudaBackend:
         self.kv_caches = kv.allocate(num_blocks, device)
         self.null_block = null_block(self.kv_caches)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.null_block, max_num_seqs,
-                                   max_seq_len_to_capture, self.config.num_kv_heads, self.num_sms) \
-            if use_graphs and device.type == "cuda" else None
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.null_block, *capture,
+                                   self.config.num_kv_heads, self.num_sms) \
+            if capture is not None and device.type == "cuda" else None
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> CudaBackend:
@@ -69,7 +71,7 @@ class CudaBackend:
             num_blocks = kv.num_blocks_for_budget(kv_budget(spec.gpu_memory_utilization, peak, device))
         log.info("cuda_backend", device=torch.cuda.get_device_name(device), dtype=spec.dtype,
                  kv_cache_dtype=str(kv_dtype), num_blocks=num_blocks)
-        return cls(loaded, kv, num_blocks, device, spec.max_num_seqs, spec.max_seq_len_to_capture)
+        return cls(loaded, kv, num_blocks, device, capture=(spec.max_num_seqs, spec.max_seq_len_to_capture))
 
     def prepare(self, batch) -> CudaInputs:
         return build_inputs(batch, self.block_size, self.null_block, self.device, self.config.num_kv_heads,
