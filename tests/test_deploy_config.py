@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.worker.replicas import Replica, Replicas
 from shared.agents import default_labels, fits, free_resources, host_accepts, needs
-from shared.config import ConfigError
+from shared.config import DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, ConfigError
 from shared.deploy_config import (
     Accel,
     ContinuousBatchingConfig,
@@ -38,10 +39,17 @@ def deployed(framework: FrameworkConfig | None = None, accel: str = "cpu", batch
 
 def test_every_framework_field_becomes_an_engine_setting():
     fc = FrameworkConfig(max_num_seqs=16, max_model_len=2048, block_size=32, kv_cache_dtype="bfloat16",
-                         quantization="int8").validate("cpu")
+                         quantization="int8", gpu_memory_utilization=0.5, max_seq_len_to_capture=1024).validate("cpu")
     engine = deployed(fc, cb=ContinuousBatchingConfig(max_concurrent_batch_size=100)).engine_config()
     assert (engine.model, engine.max_num_seqs, engine.max_model_len, engine.block_size) == ("p-7", 16, 2048, 32)
     assert (engine.kv_cache_dtype, engine.quantization, engine.max_concurrent_batch_size) == ("bfloat16", "int8", 100)
+    assert (engine.gpu_memory_utilization, engine.max_seq_len_to_capture) == (0.5, 1024)
+
+
+def test_a_framework_config_left_empty_gives_the_engine_defaults_but_vllms_max_num_seqs():
+    engine = deployed().engine_config()
+    assert engine.max_num_seqs == DEPLOYMENT_MAX_NUM_SEQS == 256
+    assert msgspec.structs.replace(engine, model=DEFAULTS.model, max_num_seqs=DEFAULTS.max_num_seqs) == DEFAULTS
 
 
 def test_single_batch_mode_runs_one_request_at_a_time():
