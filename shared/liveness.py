@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from nats.aio.client import Client
 
@@ -20,16 +21,18 @@ class Heartbeats:
     (each client reconnects on its own schedule). Nor is a stall of our own event loop: when the
     looks come further apart than half the window, every peer gets a fresh window too."""
 
-    def __init__(self, nc: Client, silence_s: float):
+    def __init__(self, nc: Client, silence_s: float, clock: Callable[[], float] = time.monotonic):
+        """clock: seconds that only go forward (tests pass one they move by hand)."""
         self.nc = nc
         self.silence_s = silence_s
+        self.clock = clock
         self.last_seen: dict[str, float] = {}
         self._reconnects = nc.stats["reconnects"]
         self._was_down = False
-        self._last_look = time.monotonic()
+        self._last_look = clock()
 
     def heard(self, peer: str) -> None:
-        self.last_seen[peer] = max(self.last_seen.get(peer, 0.0), time.monotonic())
+        self.last_seen[peer] = max(self.last_seen.get(peer, 0.0), self.clock())
 
     def forget(self, peer: str) -> None:
         self.last_seen.pop(peer, None)
@@ -41,20 +44,20 @@ class Heartbeats:
         """The peers gone quiet (call it every fraction of silence_s; it also notices our outages)."""
         if not self._is_up():
             return []
-        now = time.monotonic()
+        now = self.clock()
         return [peer for peer, seen in self.last_seen.items() if now - seen > self.silence_s]
 
     def in_grace(self, peer: str) -> bool:
         """Just after our own outage, while the peer has had no fair chance to be heard again."""
         self._is_up()
-        return self.last_seen.get(peer, 0.0) > time.monotonic()
+        return self.last_seen.get(peer, 0.0) > self.clock()
 
     def _is_up(self) -> bool:
         """False while we are cut off; after an outage, every peer's window restarts (twice as long)."""
         if not self.nc.is_connected:
             self._was_down = True
             return False
-        now = time.monotonic()
+        now = self.clock()
         stalled, self._last_look = now - self._last_look > self.silence_s / 2, now
         if self._was_down or stalled or self.nc.stats["reconnects"] != self._reconnects:
             # our outage, or our own event loop held up (its heartbeats may still wait in our queue)

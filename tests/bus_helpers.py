@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from shared import subjects
 from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest, encode
 
@@ -9,3 +11,10 @@ from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerSt
 async def scheduler_stats(nc, model: str) -> SchedulerStats:
     msg = await nc.request(subjects.scheduler_stats(model), encode(SchedulerStatsRequest()), timeout=2)
     return SCHEDULER_STATS_DECODER.decode(msg.data)
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    """Wait for a condition the bus makes true (a delivery we cannot subscribe to), not for a time."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.005)

@@ -9,6 +9,7 @@ import pytest
 
 from shared.client import BusClient, RequestStream
 from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
+from tests.bus_helpers import until
 
 pytestmark = pytest.mark.stack
 
@@ -31,7 +32,7 @@ async def test_entries_already_queued_and_later_ones_come_in_order(stack):
     entries = [TokenEntry("r1", 0, [5, 6]), TokenEntry("r1", 2, [7])]
     await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=entries)))
     await bus.nc.flush()
-    await asyncio.sleep(0.1)  # both queued before anyone reads
+    await until(lambda: stream.queue.qsize() == 2)  # both queued before anyone reads
     reader = stream.entries(timeout=5)
     assert [e.token_ids for e in [await reader.__anext__(), await reader.__anext__()]] == [[5, 6], [7]]
     await bus.nc.publish(bus.reply_subject, encode(TokenBatch(entries=[

@@ -3,7 +3,6 @@ and replica scaling decisions (no services: the stack tests are in tests/deploy/
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import msgspec
@@ -25,6 +24,7 @@ from shared.deployment import DeployedModel
 from shared.messages import SchedulerStats
 from shared.registry import AgentRecord, ModelVersion, Pipeline, PipelineStep
 from switchyard.config import Acceleration, DeploymentConfigBuilder
+from tests.clock import ManualClock
 
 
 def deployed(framework: FrameworkConfig | None = None, accel: str = "cpu", batch_config: str | None = None,
@@ -178,24 +178,33 @@ class _Running:
 
 def test_replicas_follow_the_queue_within_their_bounds():
     d = deployed(builder=DeploymentConfigBuilder().replicas(1, 2))
-    replicas = Replicas(d, "nats://unused", Path("/nonexistent"), [], scale_up_after_s=0.0, scale_down_after_s=0.0)
+    clock = ManualClock()
+    replicas = Replicas(d, "nats://unused", Path("/nonexistent"), [], scale_up_after_s=5.0, scale_down_after_s=30.0,
+                        clock=clock)
     add = lambda: replicas.replicas.append(Replica("w", _Running(), Path("/nonexistent"), state="running"))  # noqa: E731
     stats = lambda running, waiting: SchedulerStats(  # noqa: E731
         model="p-7", num_workers=1, num_running=running, num_waiting=waiting, kv_cache_usage=0.0)
     add()
     assert replicas.wanted(stats(1, 3)) == 1  # the queue has only just become deep
-    time.sleep(0.01)
+    clock.advance(5.0)
+    assert replicas.wanted(stats(1, 3)) == 1  # deep for scale_up_after_s, not longer
+    clock.advance(0.1)
     assert replicas.wanted(stats(1, 3)) == 2  # it stayed deep: one more
     add()
     replicas.wanted(stats(2, 3))
-    time.sleep(0.01)
+    clock.advance(6.0)
     assert replicas.wanted(stats(2, 3)) == 2  # never past replicas_max
     assert replicas.wanted(stats(0, 0)) == 2  # only just idle
-    time.sleep(0.01)
+    clock.advance(29.0)
+    assert replicas.wanted(stats(0, 1)) == 2  # a request came: the idle time starts again
+    replicas.wanted(stats(0, 0))
+    clock.advance(29.0)
+    assert replicas.wanted(stats(0, 0)) == 2
+    clock.advance(2.0)
     assert replicas.wanted(stats(0, 0)) == 1  # it stayed idle: one fewer
     replicas.replicas.pop()
     replicas.wanted(stats(0, 0))
-    time.sleep(0.01)
+    clock.advance(31.0)
     assert replicas.wanted(stats(0, 0)) == 1  # never under replicas_min
 
 

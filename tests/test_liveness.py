@@ -3,51 +3,63 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import nats
 import pytest
 
 from shared.liveness import Heartbeats
 from switchyard.nats_server import NatsServer
+from tests.clock import ManualClock
 
 pytestmark = pytest.mark.stack
-WINDOW_S = 0.3
+WINDOW_S = 10.0
+LOOK_S = 1.0  # a watch loop looks every fraction of the window
 
 
-async def _until(condition, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.02)
-
-
-async def _watch(beats: Heartbeats, seconds: float) -> list[str]:
-    """Look as a watch loop does (every 20 ms, a fraction of the window) for `seconds`; the last answer."""
-    deadline = time.monotonic() + seconds
+def _watch(beats: Heartbeats, clock: ManualClock, seconds: float) -> list[str]:
+    """Look as a watch loop does, every LOOK_S of the clock, for `seconds`; the last answer."""
     silent = beats.silent()
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    for _ in range(round(seconds / LOOK_S)):
+        clock.advance(LOOK_S)
         silent = beats.silent()
     return silent
 
 
+async def _connect(url: str) -> tuple[nats.aio.client.Client, asyncio.Event, asyncio.Event]:
+    """A client that reconnects by itself, and the events of its connection going and coming back."""
+    down, up = asyncio.Event(), asyncio.Event()
+
+    async def on_down():
+        down.set()
+
+    async def on_up():
+        up.set()
+
+    nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, disconnected_cb=on_down,
+                            reconnected_cb=on_up)
+    return nc, down, up
+
+
 async def test_a_peer_falls_silent_after_the_window_and_an_outage_does_not_count():
     server = NatsServer().start()
-    nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
-    beats = Heartbeats(nc, WINDOW_S)
+    nc, down, up = await _connect(server.url)
+    clock = ManualClock()
+    beats = Heartbeats(nc, WINDOW_S, clock)
     beats.heard("worker")
     assert beats.silent() == []
-    assert await _watch(beats, WINDOW_S * 1.5) == ["worker"]  # connected and nothing heard: silent
+    assert _watch(beats, clock, WINDOW_S) == []  # the window itself: not yet
+    assert _watch(beats, clock, LOOK_S) == ["worker"]  # connected and nothing heard past it: silent
 
     beats.heard("worker")
     server.proc.kill()
     server.proc.wait()
-    await _until(lambda: not nc.is_connected)
-    assert await _watch(beats, WINDOW_S * 3) == []  # far past the window, but we are the ones cut off
+    await asyncio.wait_for(down.wait(), 10)
+    assert not nc.is_connected
+    assert _watch(beats, clock, WINDOW_S * 3) == []  # far past the window, but we are the ones cut off
     server.start()  # same port: the client comes back by itself
-    await _until(lambda: nc.is_connected)
-    assert await _watch(beats, WINDOW_S * 1.5) == []  # after the outage: twice the window to be heard again
-    assert await _watch(beats, WINDOW_S * 1.2) == ["worker"]
+    await asyncio.wait_for(up.wait(), 10)
+    assert _watch(beats, clock, WINDOW_S * 2) == []  # after the outage: twice the window to be heard again
+    assert beats.in_grace("worker") is False and _watch(beats, clock, LOOK_S) == ["worker"]
     await nc.close()
     server.stop()
 
@@ -55,12 +67,15 @@ async def test_a_peer_falls_silent_after_the_window_and_an_outage_does_not_count
 async def test_a_stall_of_our_own_loop_is_not_the_peers_silence():
     server = NatsServer().start()
     nc = await nats.connect(server.url)
-    beats = Heartbeats(nc, WINDOW_S)
+    clock = ManualClock()
+    beats = Heartbeats(nc, WINDOW_S, clock)
     beats.heard("scheduler")
-    assert await _watch(beats, WINDOW_S * 0.5) == []
-    time.sleep(WINDOW_S * 2)  # the event loop held up, as a busy gateway's can be: its heartbeats wait in the queue
+    assert _watch(beats, clock, WINDOW_S * 0.5) == []
+    clock.advance(WINDOW_S * 2)  # the event loop held up, as a busy gateway's can be: its heartbeats wait in the queue
     assert beats.silent() == []  # the first look after the stall opens a fresh window
-    beats.heard("scheduler")  # the queued heartbeat, processed
-    assert await _watch(beats, WINDOW_S * 0.5) == []
+    assert beats.in_grace("scheduler")
+    beats.heard("scheduler")  # the queued heartbeat, processed (the fresh window still counts from the stall)
+    assert _watch(beats, clock, WINDOW_S * 2) == []
+    assert _watch(beats, clock, LOOK_S) == ["scheduler"]  # and then its silence counts again
     await nc.close()
     server.stop()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class Replicas:
     replicas: list[Replica] = field(default_factory=list)
     busy_since: float | None = None  # requests have been waiting since
     idle_since: float | None = None  # nothing running or waiting since
+    clock: Callable[[], float] = time.monotonic  # tests pass one they move by hand
 
     @property
     def generation(self) -> int:
@@ -95,7 +97,7 @@ class Replicas:
 
     def reap(self) -> None:
         """Forget replicas that were stopped and exited; mark the ones that died as failed."""
-        now = time.monotonic()
+        now = self.clock()
         for replica in list(self.replicas):
             code = replica.proc.poll()
             if code is None:
@@ -111,7 +113,7 @@ class Replicas:
     def wanted(self, stats: SchedulerStats | None) -> int:
         """How many replicas there should be now, within replicas_min..replicas_max."""
         config = self.deployed.deployment_config
-        now, n = time.monotonic(), len(self.live)
+        now, n = self.clock(), len(self.live)
         if stats is not None:
             self.busy_since = (self.busy_since or now) if stats.num_waiting > 0 else None
             idle = stats.num_running == 0 and stats.num_waiting == 0
