@@ -301,6 +301,9 @@ class ModelLimits(msgspec.Struct, tag="limits"):
 
 class BlockStored(msgspec.Struct, tag="stored"):
     block_hashes: list[BlockHash]
+    # the block before the first of them (None: they start the chain). Our index needs none (each
+    # hash chains its parent's); it is DESIGN.md's contract for consumers that build a tree of
+    # prefixes from the events, as vLLM's KV-event consumers do
     parent_hash: BlockHash | None = None
 
 

@@ -1,16 +1,5 @@
-"""Several gateway processes on one port, so that admission is not capped by one Python process
-(on two cores: 1.6x the /tokenize requests a second; docs/benchmarks.md, ninth VM).
-
-With `--api-processes N` (N > 1), `python -m services.api` supervises N gateway processes:
-- Each binds the port with SO_REUSEPORT, and the kernel spreads new connections over them.
-- Each has its own bus client, so its own reply subject (DESIGN.md: each API process subscribes
-  to its own sy.v1.out.<api_id>).
-- Each writes its Prometheus series to one folder shared by all (prometheus_client's
-  multiprocess mode). /metrics on any of them reports the sum.
-
-The supervisor forwards SIGTERM (each child drains its own requests), restarts a child that dies,
-and removes the folder when the last child has exited. The children die with it, even on SIGKILL.
-"""
+"""`--api-processes N`: N gateway processes on one port (SO_REUSEPORT), each with its own bus
+client, under one supervisor, so that admission is not capped by one Python process."""
 
 from __future__ import annotations
 
@@ -47,6 +36,15 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
+    """- Each child binds the port with SO_REUSEPORT, and the kernel spreads new connections over them.
+    - Each has its own bus client, so its own reply subject (DESIGN.md: each API process subscribes
+      to its own sy.v1.out.<api_id>).
+    - Each writes its Prometheus series to one folder shared by all (prometheus_client's
+      multiprocess mode); /metrics on any of them reports the sum.
+    The supervisor forwards SIGTERM (each child drains its own requests), restarts a child that
+    dies, and removes the folder when the last child has exited. The children die with it, even on
+    SIGKILL (PR_SET_PDEATHSIG). Measured in docs/benchmarks.md (ninth VM: admission)."""
+
     def __init__(self, argv: list[str], num_processes: int):
         """argv: the gateway's own flags; each child gets them with --api-processes 1 --reuse-port."""
         self.child_argv = [sys.executable, "-m", "services.api", *argv, "--api-processes", "1", "--reuse-port"]

@@ -1,19 +1,5 @@
-"""Weight-only quantization (`--quantization gguf | int4 | int8`) on the C kernels' quant_linear.
-
-- gguf (the default on a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): exactly those weights keep the file's
-  blocks (loader/gguf_blocks.py), 4 or 8 bits with the file's float16 scales; the others stay as the
-  file has them.
-- int4: 4-bit values in groups of 32 inputs, each group with a float16 scale and minimum (Q4_1's
-  scheme); a GGUF's own blocks where the file has them, 8 bits for a weight the file holds as floats.
-- int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
-- w8a8 (int8 activations too) is w8a8.py's.
-
-quant_linear.c computes each output as one float32 sum over the inputs in order, at every batch
-size, on weights equal to the bit to those gguf's own dequantize gives (a float16 scale times a
-small integer is exact in float32). So a row's result does not depend on its batch, and the only
-difference from --deterministic (the same weights dequantized once, on torch's matmul) is the order
-of the sums. A bfloat16 model's rows are widened to float32 and its outputs rounded back.
-"""
+"""Weight-only quantization (`--quantization gguf | int4 | int8`): Linears whose weights stay 4- or
+8-bit blocks, computed by the C kernels' quant_linear (w8a8, int8 activations too, is w8a8.py's)."""
 
 from __future__ import annotations
 
@@ -43,7 +29,19 @@ def _from_panels(t: torch.Tensor) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    """A Linear whose weight is 4- or 8-bit blocks of 32 inputs, in quant_linear.c's layout."""
+    """A Linear whose weight is 4- or 8-bit blocks of 32 inputs, in quant_linear.c's layout.
+
+    - gguf (the default on a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): exactly those weights keep the
+      file's blocks (loader/gguf_blocks.py), 4 or 8 bits with its float16 scales; the others stay as
+      the file has them.
+    - int4: 4-bit values in groups of 32 inputs, each with a float16 scale and minimum (Q4_1's
+      scheme); a GGUF's own blocks where the file has them, 8 bits for a weight it holds as floats.
+    - int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
+    quant_linear.c computes each output as one float32 sum over the inputs in order, at every batch
+    size, on weights equal to the bit to what gguf's own dequantize gives (a float16 scale times a
+    small integer is exact in float32). So a row's result does not depend on its batch, and the
+    only difference from --deterministic (the same weights dequantized once, on torch's matmul) is
+    the order of the sums. A bfloat16 model's rows are widened to float32, its outputs rounded back."""
 
     def __init__(self, blocks: QuantBlocks, bias: torch.Tensor | None):
         super().__init__()

@@ -1,29 +1,5 @@
-"""int8 weights and int8 activations (`--quantization w8a8`) on fbgemm's u8 x s8 GEMM.
-
-- Weights: int8, one scale per output channel (symmetric), in [-63, 63], packed once at load.
-- Activations: int8 per token, at every call. Each row is divided by its own max |x|, so it lies in
-  [-1, 1]; fbgemm quantizes it on a fixed grid (ROW_SCALE, ROW_ZERO_POINT: all 255 levels of a
-  uint8); the int32 sums come back as float32 and the row is multiplied by its max again. A row's
-  result so depends on the row alone: a request gets the same tokens whatever it is batched with,
-  which a per-tensor scale (torch's `quantized.linear_dynamic`) would not give.
-- Why the weights have 7 bits: AVX2's vpmaddubsw adds two u8 x s8 products into an int16 and
-  saturates; with |w| <= 63 two products stay under 2^15. The alternative, 7-bit activations and
-  8-bit weights (torch's `reduce_range`), doubled the error of the Linears' outputs on the default
-  model (activations dominate it: 4-10% against under 1% for the weights), and 8 bits of both
-  saturated in one of its Linears (tests/test_w8a8.py builds such a case).
-
-Why: on a 2-core AVX2 CPU fbgemm's int8 GEMM beat every other path at every batch a decode step
-has (one Linear at a time, 2026-11-23; docs/benchmarks.md): the default model's Linears took 13.5
-ms a step at one row against 23 ms for torch's int4 kernel, 23 against 58-64 ms at 8 rows and 122
-against 193 ms (oneDNN's float32) at 64. It is the least exact of the methods: int8 activations move the argmax at more
-prompt positions than int4 weights do (tests/test_quantization.py).
-
-torch.compile cannot take fbgemm's packed weight (a TorchScript object) as a graph input, so under
-compile the GEMM is a torch library op, `switchyard::int8_linear`, over a handle: a one-element tensor that
-names the packed weight in this module's registry. The handle is a buffer, so it is a graph input
-like the weights of the other Linears, and the runs of layers that share one compiled graph
-(compiled.py) each pass their own.
-"""
+"""int8 weights and int8 activations (`--quantization w8a8`) on fbgemm's u8 x s8 GEMM; a row's
+result depends on the row alone, so a request's tokens do not depend on its batch."""
 
 from __future__ import annotations
 
@@ -80,6 +56,20 @@ def _prepack_on_fbgemm(qweight: torch.Tensor) -> torch.ScriptObject:
 
 
 class W8A8Linear(nn.Module):
+    """- Weights: int8, one scale per output channel (symmetric), in [-63, 63], packed once at load.
+    - Activations: int8 per token, at every call. Each row is divided by its own max |x|, so it lies
+      in [-1, 1]; fbgemm quantizes it on a fixed grid (ROW_SCALE, ROW_ZERO_POINT: all 255 levels of
+      a uint8); the int32 sums come back as float32 and the row is multiplied by its max again.
+      A per-tensor scale (torch's `quantized.linear_dynamic`) would make a row depend on its batch.
+    - Why the weights have 7 bits: AVX2's vpmaddubsw adds two u8 x s8 products into an int16 and
+      saturates; with |w| <= 63 two products stay under 2^15. 7-bit activations and 8-bit weights
+      (torch's `reduce_range`) doubled the error of the default model's Linears (activations
+      dominate it), and 8 bits of both saturated in one of them (tests/test_w8a8.py builds the case).
+    - Under torch.compile the GEMM is the library op `switchyard::int8_linear` over a handle: a
+      one-element buffer that names the packed weight (a TorchScript object, which a graph cannot
+      take) in this module's registry, so each run of layers sharing a compiled graph passes its own.
+    Measured against the other CPU paths in docs/benchmarks.md ("w8a8")."""
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         weight = linear.weight.detach().float()
