@@ -37,7 +37,7 @@ def test_allocation_evicts_cached_blocks_last_and_reports_it():
     pool.take_events()
     got = pool.get_new_blocks(3)
     assert [b.block_id for b in got] == [2, 3, 1]  # the tail block (h1) goes before the prefix (h0)
-    assert pool.get_cached_block(b"h1") is None and pool.get_cached_block(b"h0") is blocks[0]
+    assert b"h1" not in pool.cached and pool.cached[b"h0"] is blocks[0]
     assert pool.take_events() == [BlockRemoved(block_hashes=[b"h1"])]
 
 

@@ -97,9 +97,6 @@ class BlockPool:
     def num_free(self) -> int:
         return self.free_queue.num_free
 
-    def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
-        return self.cached.get(block_hash)
-
     def cached_prefix(self, block_hashes: Iterable[bytes]) -> list[KVBlock]:
         """The blocks of the longest run of `block_hashes`, from the start, that are cached."""
         hits = []

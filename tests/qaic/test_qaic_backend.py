@@ -83,11 +83,16 @@ def test_mxint8_kv_agrees_with_the_float_cache_and_the_bytes_are_at_the_formats_
     weights = sum(m.shape[0] * m.shape[1] for m in mx.model.modules() if isinstance(m, MXFP6Linear))
     assert mx.program.image_bytes * 8 / weights == 6.25
     bf16_kv = 2 * 2 * 2 * 32 * 2  # layers x (K, V) x kv_heads x head_dim x 2 bytes
-    assert mx.kv.bytes_per_token * 16 / bf16_kv == 8.25
+    assert kv_bytes_per_token(mx) * 16 / bf16_kv == 8.25
     cache = mx.kv_caches[0]
     assert cache.k.dtype == torch.int8 and cache.nbytes == 2 * SLOTS * 2 * (CTX_LEN + 1) * (32 + 1)
     bf16 = qaic_backend(small_llama, kv_cache_dtype="bfloat16")  # without mxint8: kv_cache_dtype's
-    assert bf16.kv_caches[0].k.dtype == torch.bfloat16 and bf16.kv.bytes_per_token == bf16_kv
+    assert bf16.kv_caches[0].k.dtype == torch.bfloat16 and kv_bytes_per_token(bf16) == bf16_kv
+
+
+def kv_bytes_per_token(backend) -> float:
+    """What the allocated caches hold per token, over all layers (a slot has ctx_len + 1 positions)."""
+    return sum(c.nbytes for c in backend.kv_caches) / (SLOTS * (CTX_LEN + 1))
 
 
 def test_the_compiled_program_is_cached(small_llama, program_cache):

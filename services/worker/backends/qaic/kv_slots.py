@@ -36,13 +36,6 @@ class SlotKVSpec:
     def block_size(self) -> int:
         return self.ctx_len  # a slot: one block of ctx_len tokens (what the hello announces)
 
-    @property
-    def bytes_per_token(self) -> int:
-        """K and V of one token over all layers, as stored."""
-        per_vector = self.head_dim + self.head_dim // BLOCK if self.mxint8 else \
-            self.head_dim * torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * per_vector
-
     def check_capacity(self, num_slots: int, max_model_len: int) -> None:
         if max_model_len > self.ctx_len:
             raise ConfigError(f"max_model_len {max_model_len} is longer than the program's ctx_len {self.ctx_len}")
