@@ -22,6 +22,12 @@ INBOX = "_INBOX.>"  # replies to a client's own requests
 JETSTREAM = ["$JS.API.>", "$KV.>", "$O.>", "$JS.ACK.>", "$JS.FC.>"]
 REPLIES = "allow_responses"  # may answer requests sent to it (the reply subject only, once)
 
+
+def stats_of(service: str) -> list[str]:
+    """A service answers micro's stats requests (shared/endpoints.py)."""
+    return [subjects.service_stats(service, ""), subjects.service_stats(service)]
+
+
 # who may publish (pub) and subscribe (sub) to what; a model name and a worker id are one token
 PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "api": {
@@ -45,12 +51,13 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
         "pub": [f"{P}.worker.*.step", f"{P}.out.>", f"{P}.kv.events.*", subjects.KV_LOOKUP, subjects.MODEL_LIMITS,
                 subjects.WORKERS_DISCOVER, subjects.SCHEDULERS_HEARTBEAT, *JETSTREAM],
         "sub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", subjects.WORKERS_HELLO, subjects.WORKERS_HEARTBEAT,
-                subjects.KV_RESYNC, subjects.CLIENTS_HEARTBEAT, INBOX, *JETSTREAM],
+                subjects.KV_RESYNC, subjects.CLIENTS_HEARTBEAT, INBOX, *JETSTREAM, *stats_of("scheduler")],
         REPLIES: True,
     },
     "worker": {
         "pub": [f"{P}.out.>", f"{P}.tokens.*", subjects.WORKERS_HELLO, subjects.WORKERS_HEARTBEAT, *JETSTREAM],
-        "sub": [f"{P}.worker.*.step", subjects.WORKERS_DISCOVER, subjects.WORKERS_RESEND, INBOX, *JETSTREAM],
+        "sub": [f"{P}.worker.*.step", subjects.WORKERS_DISCOVER, subjects.WORKERS_RESEND, INBOX, *JETSTREAM,
+                *stats_of("worker")],
         REPLIES: True,
     },
     "agent": {  # it starts worker replicas, which connect as "worker"
@@ -59,7 +66,7 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     },
     "kvcache": {
         "pub": [subjects.KV_RESYNC],
-        "sub": [subjects.KV_EVENTS_ALL, subjects.KV_LOOKUP, subjects.KV_STATS, INBOX],
+        "sub": [subjects.KV_EVENTS_ALL, subjects.KV_LOOKUP, subjects.KV_STATS, INBOX, *stats_of("kvcache")],
         REPLIES: True,
     },
     "admin": {"pub": [">"], "sub": [">"]},  # operators and the test suite

@@ -82,3 +82,8 @@ def background_cancel(response_id: str) -> str:
 
 def scheduler_stats(model: str) -> str:
     return f"{PREFIX}.{model}.stats"
+
+
+def service_stats(service: str, instance_id: str = "*") -> str:
+    """nats.py micro's stats request: a service's every instance answers, or the one named."""
+    return f"$SRV.STATS.{service}" if not instance_id else f"$SRV.STATS.{service}.{instance_id}"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.kvcache.index import KvIndex
 from shared import subjects
+from shared.endpoints import Endpoints
 from shared.log import get_logger
 from shared.messages import (
     KV_EVENT_BATCH_DECODER,
@@ -24,14 +27,13 @@ class KvCacheService:
     def __init__(self, nc: Client):
         self.nc = nc
         self.index = KvIndex()
-        self._subs = []
+        self.endpoints = Endpoints(nc, "kvcache", uuid.uuid4().hex[:12])
 
     async def start(self) -> None:
-        self._subs += [
-            await self.nc.subscribe(subjects.KV_EVENTS_ALL, cb=self._on_events),
-            await self.nc.subscribe(subjects.KV_LOOKUP, queue="kvcache", cb=self._on_lookup),
-            await self.nc.subscribe(subjects.KV_STATS, queue="kvcache", cb=self._on_stats),
-        ]
+        await self.endpoints.add("events", subjects.KV_EVENTS_ALL, self._on_events)
+        await self.endpoints.add("lookup", subjects.KV_LOOKUP, self._on_lookup, queue="kvcache")
+        await self.endpoints.add("stats", subjects.KV_STATS, self._on_stats, queue="kvcache")
+        await self.endpoints.start()
         # after our own restart, the schedulers republish everything they hold
         await self.nc.publish(subjects.KV_RESYNC, encode(Resync()))
         log.info("kvcache_ready")
@@ -40,8 +42,7 @@ class KvCacheService:
         """Nothing in flight to finish: the index is rebuilt from the schedulers on restart."""
 
     async def stop(self) -> None:
-        for sub in self._subs:
-            await sub.unsubscribe()
+        await self.endpoints.stop()
 
     async def _on_events(self, msg: Msg) -> None:
         self.index.apply(KV_EVENT_BATCH_DECODER.decode(msg.data))

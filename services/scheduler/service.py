@@ -16,6 +16,7 @@ from services.scheduler.router import Router
 from services.scheduler.validate import submit_error
 from shared import subjects
 from shared.config import EngineConfig, context_length_error
+from shared.endpoints import Endpoints
 from shared.hashing import max_cacheable_blocks
 from shared.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, Heartbeats
 from shared.log import get_logger
@@ -69,24 +70,22 @@ class SchedulerService:
         self._refused_workers: set[str] = set()
         self.workers = Heartbeats(nc, WORKER_SILENCE_S)
         self.clients = Heartbeats(nc, CLIENT_SILENCE_S)  # those with requests here
-        self._subs = []
+        self.endpoints = Endpoints(nc, "scheduler", f"{config.model}-{scheduler_id or 'local'}")
         self._watchdog: asyncio.Task | None = None
         self.is_draining = False
         self.num_deadline_exceeded = 0
         self.num_migrations = 0  # requests moved off a dead worker
 
     async def start(self) -> None:
-        on = self.nc.subscribe
-        group = f"scheduler.{self.model}"
-        self._subs += [
-            await on(subjects.submit(self.model), queue=group, cb=self._on_submit),
-            await on(subjects.abort(self.model), cb=self._on_abort),
-            await on(subjects.WORKERS_HELLO, cb=self._on_announce),
-            await on(subjects.WORKERS_HEARTBEAT, cb=self._on_announce),
-            await on(subjects.KV_RESYNC, cb=self._on_resync),
-            await on(subjects.CLIENTS_HEARTBEAT, cb=self._on_client_heartbeat),
-            await on(subjects.scheduler_stats(self.model), cb=self._on_stats),
-        ]
+        add = self.endpoints.add
+        await add("submit", subjects.submit(self.model), self._on_submit, queue=f"scheduler.{self.model}")
+        await add("abort", subjects.abort(self.model), self._on_abort)
+        await add("hello", subjects.WORKERS_HELLO, self._on_announce)
+        await add("worker_heartbeat", subjects.WORKERS_HEARTBEAT, self._on_announce)
+        await add("resync", subjects.KV_RESYNC, self._on_resync)
+        await add("client_heartbeat", subjects.CLIENTS_HEARTBEAT, self._on_client_heartbeat)
+        await add("stats", subjects.scheduler_stats(self.model), self._on_stats)
+        await self.endpoints.start()
         await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
         self._watchdog = asyncio.create_task(self._watch())
         log.info("scheduler_ready", model=self.model)
@@ -94,8 +93,7 @@ class SchedulerService:
     async def stop(self) -> None:
         if self._watchdog:
             self._watchdog.cancel()
-        for sub in self._subs:
-            await sub.unsubscribe()
+        await self.endpoints.stop()
         for pool in self.pools.values():
             await pool.stop()
 

@@ -18,6 +18,7 @@ from services.worker import memory
 from services.worker.model_runner import ModelRunner, StepOutput
 from services.worker.resend import SentTokens
 from shared import subjects
+from shared.endpoints import Endpoints
 from shared.log import get_logger
 from shared.messages import (
     DISCOVER_DECODER,
@@ -42,16 +43,17 @@ class WorkerService:
         self.runner = runner
         self.hello = hello
         self._tasks: list[asyncio.Task] = []
-        self._subs = []
+        self.endpoints = Endpoints(nc, "worker", hello.worker_id)
         self.last_step_at = 0.0  # monotonic
         self.executor = executor  # where the forward runs: the main thread (see main_thread.py)
         self.sent = SentTokens(runner.seqs)
         self._last_reply: tuple[int, bytes] | None = None  # (step_id, the encoded StepResult)
 
     async def start(self) -> None:
-        self._subs.append(await self.nc.subscribe(subjects.worker_step(self.hello.worker_id), cb=self._on_step))
-        self._subs.append(await self.nc.subscribe(subjects.WORKERS_DISCOVER, cb=self._on_discover))
-        self._subs.append(await self.nc.subscribe(subjects.WORKERS_RESEND, cb=self._on_resend))
+        await self.endpoints.add("step", subjects.worker_step(self.hello.worker_id), self._on_step)
+        await self.endpoints.add("discover", subjects.WORKERS_DISCOVER, self._on_discover)
+        await self.endpoints.add("resend", subjects.WORKERS_RESEND, self._on_resend)
+        await self.endpoints.start()
         await self.say_hello()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
         log.info("worker_ready", worker_id=self.hello.worker_id, model=self.hello.model,
@@ -68,8 +70,7 @@ class WorkerService:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for sub in self._subs:
-            await sub.unsubscribe()
+        await self.endpoints.stop()
 
     async def say_hello(self) -> None:
         await self.nc.publish(subjects.WORKERS_HELLO, encode(self.hello))
