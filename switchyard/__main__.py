@@ -1,16 +1,31 @@
-"""`python -m switchyard serve --from <reference>` (also `.venv/bin/switchyard serve ...`)."""
+"""The `switchyard` command (`pip install .`, or .venv/bin/switchyard): run the stack, serve a
+published pipeline, or build the CPU worker's kernels."""
 
 from __future__ import annotations
 
 import sys
 
-from switchyard import serve
+USAGE = """usage: switchyard run [make run's flags]                 the whole stack on the default model
+       switchyard serve --from <registry>/<repository>:<tag> [--plain-http] [make run's flags]
+       switchyard build-kernels [--force]                  the CPU worker's C kernels, once per host"""
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] != "serve":
-        sys.exit("usage: switchyard serve --from <registry>/<repository>:<tag> [--plain-http] [make run's flags]")
-    serve.main(sys.argv[2:])
+    command, argv = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
+    if command == "run":
+        from switchyard import launcher
+
+        launcher.main(argv)
+    elif command == "serve":
+        from switchyard import serve
+
+        serve.main(argv)
+    elif command == "build-kernels":
+        from services.worker.backends.torch_cpu.kernels import build
+
+        build.main(argv)
+    else:
+        sys.exit(USAGE)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,13 @@ SOURCE_FLAGS = {"decode_attention.c": ["-ffast-math", "-fno-finite-math-only"],
 
 
 def kernels_dir() -> Path:
-    """Where the library is built and found: SY_KERNELS_DIR, else build/kernels in the repository."""
-    return Path(os.environ.get("SY_KERNELS_DIR", REPO / "build" / "kernels"))
+    """Where the library is built and found: SY_KERNELS_DIR, else build/kernels in a checkout, else
+    (a package installed with pip) kernels/ in Switchyard's cache."""
+    if "SY_KERNELS_DIR" in os.environ:
+        return Path(os.environ["SY_KERNELS_DIR"])
+    if (REPO / "pyproject.toml").is_file():
+        return REPO / "build" / "kernels"
+    return Path(os.environ.get("SWITCHYARD_CACHE", Path.home() / ".cache" / "switchyard")) / "kernels"
 
 
 def variants() -> dict[str, list[str]]:
@@ -154,7 +159,7 @@ def build(directory: Path | None = None, force: bool = False) -> tuple[Path, boo
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=Path, default=None, help="where to build (default: SY_KERNELS_DIR or build/kernels)")
+    parser.add_argument("--dir", type=Path, default=None, help="where to build (default: SY_KERNELS_DIR, build/kernels in a checkout, else the cache)")
     parser.add_argument("--force", action="store_true", help="build even if an up-to-date library is there")
     args = parser.parse_args(argv)
     started = time.monotonic()
