@@ -9,7 +9,7 @@ import time
 import uvicorn
 
 from services.api.app import create_app
-from services.api.context import ApiContext, ServedModel
+from services.api.context import ApiContext, BatchState, PipelineState, ServerState, ServedModel
 from services.api.pipelines.deployments import DeploymentWatcher
 from services.api.pipelines.inference_log import InferenceLog
 from services.api.limits import LimitsWatcher
@@ -56,22 +56,23 @@ def main() -> None:
         nc = await connect(args.nats_url, "api")
         client = BusClient(nc)
         await client.start()
-        ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, idle_timeout_s=args.idle_timeout_s,
-                         request_timeout_s=args.request_timeout_s, max_body_bytes=args.max_body_bytes,
-                         api_keys=api_keys, registry=await Registry(nc).open(),
-                         tool_call_parser=args.tool_call_parser, batch_concurrency=args.batch_concurrency)
-        ctx.oci_registry = args.oci_registry
-        ctx.inference_log = InferenceLog(nc, args.inference_log_max_age_s, args.inference_log_max_bytes)
+        server = ServerState(idle_timeout_s=args.idle_timeout_s, request_timeout_s=args.request_timeout_s,
+                             max_body_bytes=args.max_body_bytes, api_keys=api_keys)
+        pipelines = PipelineState(registry=await Registry(nc).open(), oci_registry=args.oci_registry,
+                                  inference_log=InferenceLog(nc, args.inference_log_max_age_s,
+                                                             args.inference_log_max_bytes))
+        ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, server=server, pipelines=pipelines,
+                         batch=BatchState(concurrency=args.batch_concurrency), tool_call_parser=args.tool_call_parser)
         ctx.limits = LimitsWatcher(ctx)
         await ctx.limits.start()
         await ctx.limits.refresh(served.name)
-        ctx.deployments = DeploymentWatcher(ctx)
-        ctx.deployments.start()
+        ctx.pipelines.watcher = DeploymentWatcher(ctx)
+        ctx.pipelines.watcher.start()
         return ctx
 
     async def close_context(ctx: ApiContext) -> None:
-        await ctx.inference_log.flush()
-        await ctx.deployments.stop()
+        await ctx.pipelines.inference_log.flush()
+        await ctx.pipelines.watcher.stop()
         await ctx.limits.stop()
         await ctx.bus.stop()
         await bus.close(ctx.nc)

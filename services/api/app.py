@@ -35,7 +35,7 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.ctx = await make_context()
-        app.state.batch_runner = BatchRunner(app.state.ctx, app, app.state.ctx.batch_concurrency)
+        app.state.batch_runner = BatchRunner(app.state.ctx, app, app.state.ctx.batch.concurrency)
         app.state.batch_runner.start()
         yield
         await app.state.batch_runner.stop()

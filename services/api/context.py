@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nats.aio.client import Client
 
@@ -12,6 +13,14 @@ from shared.client import BusClient
 from shared.deployment import DeployedModel
 from shared.registry import Registry
 from shared.tokenizer import ModelTokenizer
+
+if TYPE_CHECKING:  # the features' classes import this module
+    from services.api.batch.batches import BatchStore
+    from services.api.batch.files import FileStore
+    from services.api.limits import LimitsWatcher
+    from services.api.pipelines.deployments import DeploymentWatcher
+    from services.api.pipelines.inference_log import InferenceLog
+    from services.api.responses.store import ResponseStore
 
 
 @dataclass
@@ -32,33 +41,55 @@ class ServedModel:
 
 
 @dataclass
-class ApiContext:
-    nc: Client
-    bus: BusClient
-    models: dict[str, ServedModel]
-    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+class ServerState:
+    """The gateway's own: its guards' settings (guards.py) and its lifecycle (server.py)."""
+
     idle_timeout_s: float = 300.0
     request_timeout_s: float = 600.0
     max_body_bytes: int = 16 * 2**20
     api_keys: tuple[str, ...] = ()
     is_draining: bool = False
     num_in_flight: int = 0
+
+
+@dataclass
+class PipelineState:
+    """Deployed pipelines (pipelines/): the registry, the names each deployment answers to, the logs."""
+
     registry: Registry | None = None
     aliases: dict[str, str] = field(default_factory=dict)  # pipeline or model name -> deployment
     pending: dict[str, str] = field(default_factory=dict)  # deployment -> pipeline, while it loads
-    deployments: object = None  # the DeploymentWatcher that fills models, aliases and pending
-    limits: object = None  # the LimitsWatcher that sets each served model's max_model_len
-    tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (openai/tools/parsers.py)
-    responses: object = None  # the ResponseStore (JetStream) of the Responses API, made on first use
-    files: object = None  # the FileStore (JetStream object store) of the Files API, made on first use
-    batches: object = None  # the BatchStore (JetStream key-value) of the Batch API, made on first use
-    batch_concurrency: int = 16  # lines of one batch in flight at once (batch/runner.py)
-    inference_log: object = None  # the deployed pipelines' InferenceLog (JetStream)
+    watcher: DeploymentWatcher | None = None  # fills the context's models, and aliases and pending
+    inference_log: InferenceLog | None = None  # the deployed pipelines' InferenceLog (JetStream)
     oci_registry: str | None = None  # where pipeline.publish() pushes (--oci-registry)
+
+
+@dataclass
+class BatchState:
+    """The Files and Batch APIs (batch/): their JetStream stores, made on first use."""
+
+    files: FileStore | None = None  # a JetStream object store
+    batches: BatchStore | None = None  # a JetStream key-value bucket
+    concurrency: int = 16  # lines of one batch in flight at once (batch/runner.py)
+
+
+@dataclass
+class ApiContext:
+    nc: Client
+    bus: BusClient
+    models: dict[str, ServedModel]
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    server: ServerState = field(default_factory=ServerState)
+    limits: LimitsWatcher | None = None  # sets each served model's max_model_len
+    tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (openai/tools/parsers.py)
+    responses: ResponseStore | None = None  # the Responses API's store (JetStream), made on first use
+    batch: BatchState = field(default_factory=BatchState)
+    pipelines: PipelineState = field(default_factory=PipelineState)
 
     def resolve(self, name: str) -> ServedModel | None:
         """A served model by its name, or by its pipeline's or model's name."""
-        return self.models.get(name) or self.models.get(self.aliases.get(name, ""))
+        return self.models.get(name) or self.models.get(self.pipelines.aliases.get(name, ""))
 
     def is_pending(self, name: str) -> bool:
-        return name in self.pending or self.aliases.get(name) in self.pending
+        pending = self.pipelines.pending
+        return name in pending or self.pipelines.aliases.get(name) in pending

@@ -42,19 +42,19 @@ class Guards:
         scope.setdefault("state", {})["arrival"] = (time.monotonic(), time.time())
         ctx: ApiContext = scope["app"].state.ctx
         path = scope["path"]
-        if ctx.api_keys and path not in OPEN_PATHS:
+        if ctx.server.api_keys and path not in OPEN_PATHS:
             headers = dict(scope["headers"])
             auth = headers.get(b"authorization", b"").decode("latin-1")
-            if not is_valid_key(auth, ctx.api_keys):
+            if not is_valid_key(auth, ctx.server.api_keys):
                 error = APIError(401, "Incorrect API key provided.", code="invalid_api_key",
                                  headers={"WWW-Authenticate": "Bearer"})
                 return await error.response()(scope, receive, send)
-        if ctx.is_draining and path not in OPEN_PATHS:
+        if ctx.server.is_draining and path not in OPEN_PATHS:
             return await APIError(503, "the server is shutting down", code="draining").response()(scope, receive, send)
-        ctx.num_in_flight += 1
+        ctx.server.num_in_flight += 1
         ctx.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send)
         finally:
-            ctx.num_in_flight -= 1
+            ctx.server.num_in_flight -= 1
             ctx.metrics.in_flight.dec()

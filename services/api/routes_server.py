@@ -25,7 +25,7 @@ async def health(request: Request) -> JSONResponse:
     """200 when the model the gateway was started with has a scheduler with a worker; 503 otherwise,
     or while draining. Deployed pipelines report their own readiness (pipelines/status)."""
     ctx: ApiContext = request.app.state.ctx
-    if ctx.is_draining:
+    if ctx.server.is_draining:
         return APIError(503, "the server is shutting down", code="draining").response()
     for name in [m.name for m in ctx.models.values() if m.pipeline is None]:
         try:
@@ -68,14 +68,14 @@ async def tokenizer_info(request: Request, model: str | None = None) -> JSONResp
 @router.get("/load")
 async def load(request: Request) -> JSONResponse:
     """vLLM's /load: the requests this gateway is serving now, this one not counted."""
-    return JSONResponse({"server_load": request.app.state.ctx.num_in_flight - 1})
+    return JSONResponse({"server_load": request.app.state.ctx.server.num_in_flight - 1})
 
 
 @router.post("/invocations")
 async def invocations(request: Request):
     """SageMaker's route, as vLLM serves it: a body with `messages` is a chat, one with `prompt` a completion."""
     ctx: ApiContext = request.app.state.ctx
-    raw = await read_json(request, ctx.max_body_bytes)
+    raw = await read_json(request, ctx.server.max_body_bytes)
     if "messages" in raw:
         return await chat(request)
     if "prompt" in raw:

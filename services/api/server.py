@@ -24,12 +24,12 @@ class DrainingServer(uvicorn.Server):
         if self.drain_started is not None or not hasattr(self.app.state, "ctx"):
             return super().handle_exit(sig, frame)
         self.drain_started = time.monotonic()
-        self.app.state.ctx.is_draining = True
-        log.info("api_draining", num_in_flight=self.app.state.ctx.num_in_flight, grace_s=self.grace_s)
+        self.app.state.ctx.server.is_draining = True
+        log.info("api_draining", num_in_flight=self.app.state.ctx.server.num_in_flight, grace_s=self.grace_s)
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_started is not None and not self.should_exit:
-            is_idle = self.app.state.ctx.num_in_flight == 0
+            is_idle = self.app.state.ctx.server.num_in_flight == 0
             if is_idle or time.monotonic() - self.drain_started > self.grace_s:
                 self.should_exit = True
         return await super().on_tick(counter)

@@ -55,9 +55,9 @@ class BatchRecord(msgspec.Struct):
 
 def batch_store(ctx) -> BatchStore:
     """The gateway's BatchStore (services.api.context.ApiContext.batches), made on first use."""
-    if ctx.batches is None:
-        ctx.batches = BatchStore(ctx.nc)
-    return ctx.batches
+    if ctx.batch.batches is None:
+        ctx.batch.batches = BatchStore(ctx.nc)
+    return ctx.batch.batches
 
 
 class BatchStore:

@@ -34,9 +34,9 @@ class FileObject(msgspec.Struct):
 
 def file_store(ctx) -> FileStore:
     """The gateway's FileStore (services.api.context.ApiContext.files), made on first use."""
-    if ctx.files is None:
-        ctx.files = FileStore(ctx.nc)
-    return ctx.files
+    if ctx.batch.files is None:
+        ctx.batch.files = FileStore(ctx.nc)
+    return ctx.batch.files
 
 
 class FileStore:

@@ -39,7 +39,7 @@ async def _batch(ctx: ApiContext, batch_id: str) -> tuple[BatchRecord, int]:
 @router.post("/v1/batches")
 async def create_batch(request: Request):
     ctx: ApiContext = request.app.state.ctx
-    body = validate(BatchRequest, await read_json(request, ctx.max_body_bytes))
+    body = validate(BatchRequest, await read_json(request, ctx.server.max_body_bytes))
     if body.endpoint not in ENDPOINTS:
         raise APIError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}, got {body.endpoint!r}",
                        param="endpoint")

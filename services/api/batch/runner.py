@@ -72,7 +72,7 @@ class BatchRunner:
     async def _scan(self) -> None:
         store = batch_store(self.ctx)
         for batch_id in await store.ids():
-            if self.ctx.is_draining:
+            if self.ctx.server.is_draining:
                 return
             if batch_id in self.running or batch_id in self.settled:
                 continue
@@ -106,7 +106,7 @@ class BatchRunner:
         """One line through this gateway's route: (a 2xx answer?, the output file's line)."""
         body = {**item["body"], "stream": False}
         body.setdefault("priority", BATCH_PRIORITY)
-        headers = {"authorization": f"Bearer {self.ctx.api_keys[0]}"} if self.ctx.api_keys else None
+        headers = {"authorization": f"Bearer {self.ctx.server.api_keys[0]}"} if self.ctx.server.api_keys else None
         reply = await self.client.post(item["url"], content=msgspec.json.encode(body), headers=headers)
         try:
             answer = reply.json()
@@ -182,7 +182,7 @@ class _Run:
                         task.cancel()  # lines in flight are aborted
                     await asyncio.gather(*workers, return_exceptions=True)
                     return True
-                if self.runner.ctx.is_draining:  # lines in flight finish; the next gateway goes on
+                if self.runner.ctx.server.is_draining:  # lines in flight finish; the next gateway goes on
                     self.stopping = True
                     await asyncio.gather(*workers, return_exceptions=True)
                     self.record.lease_until = 0.0

@@ -107,7 +107,7 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     model_name: the model the route's path names; it takes the place of the body's `model`.
     """
     ctx: ApiContext = request.app.state.ctx
-    raw = await read_json(request, ctx.max_body_bytes)
+    raw = await read_json(request, ctx.server.max_body_bytes)
     if model_name is not None:
         raw["model"] = model_name
     elif raw.get("model") is None and len(ctx.models) == 1:  # vLLM's rule: the one model served

@@ -87,7 +87,7 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
                 samplings: list[SamplingParams], arrived: tuple[float, float]) -> Choices:
     generations, prompt_index = [], []
-    log = recorder(ctx.inference_log, model, body)
+    log = recorder(ctx.pipelines.inference_log, model, body)
     for p, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
         ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
         for j in range(body.n):
@@ -95,7 +95,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
             detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings)
             generations.append(Generation(
                 ctx.bus, model.name, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
-                idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s, arrival=arrived,
+                idle_timeout_s=ctx.server.idle_timeout_s, request_timeout_s=ctx.server.request_timeout_s, arrival=arrived,
                 user=body.user, priority=body.priority))
             generations[-1].on_finished, generations[-1].keeps_output = log, log is not None
             prompt_index.append(p)

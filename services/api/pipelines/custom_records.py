@@ -26,12 +26,12 @@ async def custom_records(ctx: ApiContext, model: ServedModel, rows: list) -> lis
             raise APIError(400, str(exc), param="input_schema") from None
     try:
         msg = await ctx.nc.request(subjects.custom_predict(model.name), msgspec.json.encode({"rows": rows}),
-                                   timeout=ctx.request_timeout_s or None)
+                                   timeout=ctx.server.request_timeout_s or None)
     except NoRespondersError:
         raise APIError(503, f"the custom runtime of {model.name!r} is not running (yet)",
                        code="model_not_ready") from None
     except (TimeoutError, NatsTimeoutError):
-        raise APIError(504, f"the custom runtime of {model.name!r} did not answer in {ctx.request_timeout_s:g}s",
+        raise APIError(504, f"the custom runtime of {model.name!r} did not answer in {ctx.server.request_timeout_s:g}s",
                        code="timeout") from None
     reply = msgspec.json.decode(msg.data)
     if "error" in reply:

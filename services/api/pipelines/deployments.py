@@ -30,7 +30,7 @@ class DeploymentWatcher:
         self._generations: dict[str, int] = {}  # pipeline -> generation served (or being loaded)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self.ctx.registry.follow_pipelines(self._apply))
+        self._task = asyncio.create_task(self.ctx.pipelines.registry.follow_pipelines(self._apply))
 
     async def stop(self) -> None:
         if self._task:
@@ -42,30 +42,30 @@ class DeploymentWatcher:
                 return
             self._remove(name)
             self._generations[name] = pipeline.generation
-            self.ctx.pending[pipeline.deployment] = pipeline.name
-            self.ctx.aliases[name] = pipeline.deployment
+            self.ctx.pipelines.pending[pipeline.deployment] = pipeline.name
+            self.ctx.pipelines.aliases[name] = pipeline.deployment
             for step in pipeline.steps[:1]:
-                self.ctx.aliases.setdefault(step.model, pipeline.deployment)
+                self.ctx.pipelines.aliases.setdefault(step.model, pipeline.deployment)
             asyncio.create_task(self._load(pipeline))
         elif name in self._generations:
             self._remove(name)
 
     def _remove(self, name: str) -> None:
         self._generations.pop(name, None)
-        gone = {d for d, p in self.ctx.pending.items() if p == name}
+        gone = {d for d, p in self.ctx.pipelines.pending.items() if p == name}
         gone |= {m.name for m in self.ctx.models.values() if m.pipeline == name}
         for deployment in gone:
-            self.ctx.pending.pop(deployment, None)
+            self.ctx.pipelines.pending.pop(deployment, None)
             if self.ctx.models.pop(deployment, None) is not None:
                 log.info("deployment_removed", model=deployment)
-        for alias, target in list(self.ctx.aliases.items()):
+        for alias, target in list(self.ctx.pipelines.aliases.items()):
             if target in gone:
-                self.ctx.aliases.pop(alias)
+                self.ctx.pipelines.aliases.pop(alias)
 
     async def _load(self, pipeline: Pipeline) -> None:
         try:
-            deployed = await load_deployed(self.ctx.registry, pipeline)
-            path = await self.ctx.registry.model_path(deployed.version)
+            deployed = await load_deployed(self.ctx.pipelines.registry, pipeline)
+            path = await self.ctx.pipelines.registry.model_path(deployed.version)
             tokenizer = await asyncio.to_thread(load_tokenizer, path)
             oc = deployed.version.openai_config
             openai = openai_defaults_from(msgspec.to_builtins(oc)) if oc else OpenaiDefaults()
@@ -77,7 +77,7 @@ class DeploymentWatcher:
             return
         if self._generations.get(pipeline.name) != pipeline.generation:
             return  # undeployed or redeployed while loading
-        self.ctx.pending.pop(pipeline.deployment, None)
+        self.ctx.pipelines.pending.pop(pipeline.deployment, None)
         self.ctx.models[served.name] = served
         await self.ctx.limits.refresh(served.name)  # its limits, if its scheduler published them before
         log.info("deployment_served", model=served.name, pipeline=pipeline.name)

@@ -38,7 +38,7 @@ def _deployment(request: Request, deployment: str, pipeline: str) -> str:
     served = ctx.models.get(deployment)
     if served is not None and served.pipeline == pipeline:
         return deployment
-    if ctx.pending.get(deployment) == pipeline:
+    if ctx.pipelines.pending.get(deployment) == pipeline:
         raise APIError(503, f"pipeline {pipeline!r} is deployed but not ready yet", code="model_not_ready")
     raise APIError(404, f"no deployment {deployment!r} of pipeline {pipeline!r}", code="deployment_not_found")
 
@@ -59,7 +59,7 @@ async def records(request: Request, deployment: str, pipeline: str) -> JSONRespo
     (the seed product's rule); a model without it takes the rows one after another."""
     ctx: ApiContext = request.app.state.ctx
     model = ctx.models[_deployment(request, deployment, pipeline)]
-    raw = await read_json_rows(request, ctx.max_body_bytes)
+    raw = await read_json_rows(request, ctx.server.max_body_bytes)
     if len(raw) > 1 and model.deployed.version.continuous_batching_config is not None:
         raise APIError(400, MULTI_ROW_ERROR, code="batch_size")
     version = model.deployed.version

@@ -35,7 +35,7 @@ async def get_logs(request: Request) -> JSONResponse:
         raise APIError(400, f"limit: an integer from 1 to {MAX_LIMIT} is required, got {limit!r}", param="limit")
     start, end = _number(body, "start"), _number(body, "end")
     ctx: ApiContext = request.app.state.ctx
-    records = await ctx.inference_log.read(pipeline.name, limit, start, end)
+    records = await ctx.pipelines.inference_log.read(pipeline.name, limit, start, end)
     return JSONResponse({"logs": msgspec.to_builtins(records)})
 
 
@@ -50,7 +50,7 @@ async def replay(request: Request) -> JSONResponse:
     log_id = body.get("log_id")
     if not isinstance(log_id, str) or not log_id.isalnum():
         raise APIError(400, "log_id: the log_id of an inference log record is required", param="log_id")
-    record = await ctx.inference_log.get(pipeline.name, log_id)
+    record = await ctx.pipelines.inference_log.get(pipeline.name, log_id)
     if record is None:
         raise APIError(404, f"no inference log record {log_id!r} in pipeline {pipeline.name!r}", param="log_id",
                        code="log_not_found")
@@ -67,7 +67,7 @@ async def replay(request: Request) -> JSONResponse:
                        param="model_version", code="version_not_deployed")
     gen = Generation(ctx.bus, model.name, record.prompt_token_ids, record.sampling,
                      IncrementalDetokenizer(model.tokenizer.tokenizer, record.stop), ctx.metrics, cache_salt=None,
-                     idle_timeout_s=ctx.idle_timeout_s, request_timeout_s=ctx.request_timeout_s,
+                     idle_timeout_s=ctx.server.idle_timeout_s, request_timeout_s=ctx.server.request_timeout_s,
                      arrival=arrival(request))
     gen.keeps_output = True
     await gen.submit()

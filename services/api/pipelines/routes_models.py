@@ -51,9 +51,9 @@ SINGLE_BATCH_ERROR = ("Continuous batching is not supported with single batch mo
 
 def registry_of(request: Request):
     ctx: ApiContext = request.app.state.ctx
-    if ctx.registry is None:
+    if ctx.pipelines.registry is None:
         raise APIError(503, "the model registry (NATS JetStream) is not available")
-    return ctx, ctx.registry
+    return ctx, ctx.pipelines.registry
 
 
 def as_json(record) -> dict:

@@ -57,7 +57,7 @@ async def publish(request: Request) -> JSONResponse:
             raise APIError(409, f"model {step.model!r} version {step.version} is not ready "
                            f"({version.status if version else 'missing'})", param="pipeline")
     publish_id = len(pipeline.publishes) + 1
-    ref, plain_http = _target(ctx.oci_registry, pipeline.name, str(publish_id))
+    ref, plain_http = _target(ctx.pipelines.oci_registry, pipeline.name, str(publish_id))
     now = time.time()
     record = Publish(id=publish_id, pipeline_name=pipeline.name, pipeline_version=pipeline.generation,
                      status="Published", created_at=now, updated_at=now, pipeline_url=str(ref),

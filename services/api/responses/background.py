@@ -50,7 +50,7 @@ async def _run(ctx: ApiContext, keep, load, choices: Choices, responder: ChatRes
         response["error"] = error
         return response
 
-    ctx.num_in_flight += 1  # a drain waits for it, as for any request
+    ctx.server.num_in_flight += 1  # a drain waits for it, as for any request
     sub = await ctx.nc.subscribe(subjects.background_cancel(response_id), cb=on_cancel)
     async def stored_cancelled() -> bool:
         record = await load()
@@ -89,7 +89,7 @@ async def _run(ctx: ApiContext, keep, load, choices: Choices, responder: ChatRes
         final = answer("failed", {"code": "server_error", "message": f"{type(exc).__name__}: {exc}"})
     finally:
         generating = False
-        ctx.num_in_flight -= 1
+        ctx.server.num_in_flight -= 1
     try:
         if final["status"] != "cancelled" and await stored_cancelled():
             final = answer("cancelled")  # cancelled meanwhile where no one heard: the client was told so
