@@ -58,7 +58,9 @@ def main() -> None:
     for setting in args.settings.split(","):
         dtype, quantization = setting.split(":")
         got, seconds = answers(runner(dtype=dtype, quantization=quantization), prompts, args.max_tokens)
-        first_differs = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None)
+        # where two answers part; one that stops early parts where it stops
+        first_differs = [next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b),
+                              None if len(x) == len(y) else min(len(x), len(y)))
                          for x, y in zip(got, reference, strict=True)]
         same = sum(d is None for d in first_differs)
         print(f"{setting}: {same}/{len(prompts)} the reference's, first different token "

@@ -15,10 +15,10 @@ import time
 import torch
 
 from services.worker.backends.kv_pool import KVSpec
-from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
+from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
 from services.worker.backends.torch_cpu.quantization import native_blocks, quantize
 from services.worker.loader import load_model

@@ -9,9 +9,9 @@ import json
 import llguidance
 import pytest
 
+from services.api.errors import APIError
 from services.api.openai.body import validate
 from services.api.openai.chat_template import render_chat
-from services.api.errors import APIError
 from services.api.openai.protocol import ChatCompletionRequest
 from services.api.openai.tools.choice import forced_grammar, plan_tools
 from services.api.openai.tools.parsers import HermesParser, JsonParser

@@ -9,11 +9,11 @@ import time
 import uvicorn
 
 from services.api.app import create_app
-from services.api.context import ApiContext, BatchState, PipelineState, ServerState, ServedModel
-from services.api.pipelines.deployments import DeploymentWatcher
-from services.api.pipelines.inference_log import InferenceLog
+from services.api.context import ApiContext, BatchState, PipelineState, ServedModel, ServerState
 from services.api.limits import LimitsWatcher
 from services.api.openai.defaults import load_openai_config
+from services.api.pipelines.deployments import DeploymentWatcher
+from services.api.pipelines.inference_log import InferenceLog
 from services.api.processes import Supervisor, reuse_port_socket
 from services.api.server import DrainingServer
 from shared import bus

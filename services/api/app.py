@@ -10,17 +10,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.api.batch.routes_batches import router as batches_router
+from services.api.batch.routes_files import router as files_router
 from services.api.batch.runner import BatchRunner
-from services.api.openai.body import validation_error
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import Guards
-from services.api.batch.routes_batches import router as batches_router
-from services.api.batch.routes_files import router as files_router
-from services.api.pipelines.routes_infer import router as infer_router
-from services.api.pipelines.routes_models import router as models_router
+from services.api.openai.body import validation_error
 from services.api.openai.routes import router as openai_router
+from services.api.pipelines.routes_infer import router as infer_router
 from services.api.pipelines.routes_logs import router as pipeline_logs_router
+from services.api.pipelines.routes_models import router as models_router
 from services.api.pipelines.routes_pipelines import router as pipelines_router
 from services.api.pipelines.routes_publish import router as publish_router
 from services.api.responses.routes import router as responses_router

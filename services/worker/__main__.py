@@ -11,9 +11,9 @@ import uuid
 
 import torch
 
-from services.worker.custom_runtime import supervise
 from services.worker.backends import create_backend
 from services.worker.backends.spec import WorkerSpec
+from services.worker.custom_runtime import supervise
 from services.worker.deployment import drain_when_orphaned, fetch_deployment
 from services.worker.guided import GrammarCompiler
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread

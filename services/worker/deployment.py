@@ -6,9 +6,9 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from shared.custom_environment import python_for
 from shared.bus import close, connect
 from shared.config import ConfigError
+from shared.custom_environment import python_for
 from shared.deployment import DeployedModel, load_deployed
 from shared.model_files import artifact_root, cache_root
 from shared.registry import Registry

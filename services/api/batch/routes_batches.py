@@ -12,11 +12,11 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from services.api.batch.batches import ENDPOINTS, Batch, BatchRecord, batch_store
-from services.api.openai.body import read_json, validate
+from services.api.batch.routes_files import file_info
 from services.api.context import ApiContext
 from services.api.errors import APIError
+from services.api.openai.body import read_json, validate
 from services.api.openai.protocol import _Request
-from services.api.batch.routes_files import file_info
 
 router = APIRouter()
 WINDOW_S = 24 * 3600

@@ -8,9 +8,9 @@ from fastapi.responses import JSONResponse, Response
 from nats.js.errors import APIError as JetStreamError
 from starlette.datastructures import UploadFile
 
+from services.api.batch.files import MAX_FILE_BYTES, PURPOSES, FileObject, file_store
 from services.api.context import ApiContext
 from services.api.errors import APIError
-from services.api.batch.files import MAX_FILE_BYTES, PURPOSES, FileObject, file_store
 
 router = APIRouter()
 

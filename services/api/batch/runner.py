@@ -16,10 +16,10 @@ import httpx
 import msgspec
 from fastapi import FastAPI
 
-from services.api.batch.lines import BatchLines, Line
 from services.api.batch.batches import ACTIVE, BatchRecord, batch_store, read_input
-from services.api.context import ApiContext
 from services.api.batch.files import file_store
+from services.api.batch.lines import BatchLines, Line
+from services.api.context import ApiContext
 from shared.log import get_logger
 
 log = get_logger("api")

@@ -10,8 +10,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from services.api.openai.generation import Delta, Generation
 from services.api.openai.format import Usage
+from services.api.openai.generation import Delta, Generation
 
 
 class Choices:

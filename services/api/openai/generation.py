@@ -6,11 +6,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from shared.detokenizer import IncrementalDetokenizer
 from services.api.errors import APIError
 from services.api.metrics import ApiMetrics
 from services.api.openai.format import Usage
 from shared.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
+from shared.detokenizer import IncrementalDetokenizer
 from shared.log import get_logger
 from shared.messages import FinishReason, Logprobs, RejectCode, SamplingParams
 

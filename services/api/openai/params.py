@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 
-from services.api.openai.chat_template import ChatTemplateError, render_chat
 from services.api.context import ServedModel
 from services.api.errors import APIError
+from services.api.openai.chat_template import ChatTemplateError, render_chat
 from services.api.openai.protocol import (
     MAX_N,
     ChatCompletionRequest,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.api.openai import format as fmt
 from services.api.context import ServedModel
+from services.api.openai import format as fmt
+from services.api.openai.format import Usage
 from services.api.openai.generation import Delta
 from services.api.openai.logprobs_format import CompletionLogprobs, chat_logprobs, prompt_logprobs
-from services.api.openai.format import Usage
 from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from services.api.openai.tools.choice import ToolPlan
 from services.api.openai.tools.parsers import parser_for

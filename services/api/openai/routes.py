@@ -10,15 +10,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
+from services.api.context import ApiContext, ServedModel
+from services.api.errors import APIError
+from services.api.guards import arrival
+from services.api.off_loop import off_loop
 from services.api.openai.body import parse
 from services.api.openai.choices import Choices
-from services.api.context import ApiContext, ServedModel
-from shared.detokenizer import IncrementalDetokenizer
-from services.api.errors import APIError
 from services.api.openai.generation import Generation
-from services.api.guards import arrival
-from services.api.pipelines.inference_log import recorder
-from services.api.off_loop import off_loop
 from services.api.openai.params import (
     chat_logprobs,
     choice_seed,
@@ -30,6 +28,8 @@ from services.api.openai.params import (
 from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.api.openai.responder import ChatResponder, CompletionResponder, Responder
 from services.api.openai.tools.choice import forced_grammar, plan_tools
+from services.api.pipelines.inference_log import recorder
+from shared.detokenizer import IncrementalDetokenizer
 from shared.messages import SamplingParams
 
 router = APIRouter()

@@ -16,15 +16,15 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from services.api.openai.body import read_json, validate
 from services.api.context import ApiContext
-from services.api.pipelines.custom_records import custom_records
 from services.api.errors import APIError
 from services.api.guards import arrival
 from services.api.off_loop import off_loop
+from services.api.openai.body import read_json, validate
 from services.api.openai.params import completion_prompts, sampling_params
 from services.api.openai.protocol import CompletionRequest
 from services.api.openai.routes import chat, choices_for, complete
+from services.api.pipelines.custom_records import custom_records
 from shared.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row
 
 router = APIRouter(prefix="/v1/api/pipelines/infer/{deployment}/{pipeline}")

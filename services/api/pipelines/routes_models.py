@@ -19,14 +19,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 
-from services.api.openai.body import decode_json, read_json
 from services.api.context import ApiContext
 from services.api.errors import APIError
+from services.api.openai.body import decode_json, read_json
 from services.api.openai.defaults import openai_defaults_from
-from shared.custom_environment import python_for
-from shared.custom_artifact import scripts_in
 from shared.arrow_schema import INPUTS, OUTPUTS, fields_of
 from shared.config import ConfigError
+from shared.custom_artifact import scripts_in
+from shared.custom_environment import python_for
 from shared.deploy_config import (
     ContinuousBatchingConfig,
     FrameworkConfig,

@@ -14,8 +14,8 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from services.api.openai.body import read_json
 from services.api.errors import APIError
+from services.api.openai.body import read_json
 from services.api.pipelines.routes_models import as_json, config_error, registry_of
 from shared import subjects
 from shared.agents import ENGINE_HOST, fits, free_resources, host_accepts, host_address, needs

@@ -8,9 +8,9 @@ from contextlib import aclosing
 
 import msgspec
 
-from services.api.openai.choices import Choices
 from services.api.context import ApiContext
 from services.api.errors import APIError
+from services.api.openai.choices import Choices
 from services.api.openai.responder import ChatResponder
 from services.api.responses.as_chat import ResponsesRequest, assistant_messages, output_items, response_object
 from shared import subjects

@@ -12,16 +12,16 @@ from fastapi.responses import JSONResponse
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from services.api.responses import background
-from services.api.openai.body import parse, validate
-from services.api.openai.choices import Choices
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import arrival
 from services.api.off_loop import off_loop
+from services.api.openai.body import parse, validate
+from services.api.openai.choices import Choices
 from services.api.openai.protocol import ChatCompletionRequest
 from services.api.openai.responder import ChatResponder
-from services.api.responses.store import ResponseStore
+from services.api.openai.routes import EventStream, chat_generation, collect
+from services.api.responses import background
 from services.api.responses.as_chat import (
     ResponsesRequest,
     assistant_messages,
@@ -33,7 +33,7 @@ from services.api.responses.as_chat import (
     output_items,
     response_object,
 )
-from services.api.openai.routes import EventStream, chat_generation, collect
+from services.api.responses.store import ResponseStore
 from shared import subjects
 
 router = APIRouter()

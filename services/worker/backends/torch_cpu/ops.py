@@ -6,7 +6,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.worker.backends.torch_cpu.attention import NATIVE_DTYPES, AttentionMetadata, paged_attention, write_kv
+from services.worker.backends.torch_cpu.attention import (
+    NATIVE_DTYPES,
+    AttentionMetadata,
+    paged_attention,
+    write_kv,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -7,8 +7,8 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
-from shared.detokenizer import IncrementalDetokenizer
 from services.custom_runtime import context
+from shared.detokenizer import IncrementalDetokenizer
 from shared.messages import FinishReason
 from shared.messages import SamplingParams as EngineSampling
 from vllm.engine.arg_utils import AsyncEngineArgs
