@@ -1,10 +1,4 @@
-"""Run the model on the process's main thread and the bus on an asyncio loop in another thread.
-
-torch's CPU kernels launched from a thread other than the main one ran ~1.7x slower here (each
-thread that starts OpenMP work gets a team of its own), so the forward stays on the main thread:
-the bus loop hands it work through MainThreadExecutor, and the main thread's signal handlers
-forward SIGINT/SIGTERM into the loop.
-"""
+"""Run the model on the process's main thread and the bus on an asyncio loop in another thread."""
 
 from __future__ import annotations
 
@@ -19,6 +13,9 @@ POLL_S = 0.2  # how often the idle main thread looks up (signals are handled bet
 
 
 class MainThreadExecutor(Executor):
+    """The bus loop hands the forward to the main thread: torch's CPU kernels launched from another
+    thread ran ~1.7x slower (each thread that starts OpenMP work gets a team of its own)."""
+
     def __init__(self) -> None:
         self._work: queue.Queue = queue.Queue()
 

@@ -1,14 +1,5 @@
-"""float32 and bfloat16 Linears on oneDNN with prepacked weights.
-
-torch's `F.linear` on float32 goes to MKL's sgemm. On an AMD EPYC with AVX2 (2 cores), oneDNN's
-matmul over a weight reordered once into its blocked layout ran 1.6-2x faster for 1 to 64 rows
-(bench/profile_step.py), the batches a decode step has; `pack_linears` gives the worker's model
-that path. On an AMD EPYC with AVX-512 BF16, the same for bfloat16 ran 1.2-1.9x faster than
-`F.linear` for 8 to 64 rows (20 distinct 3072x576 weights, docs/benchmarks.md), so bfloat16 is
-packed too where oneDNN has bf16 instructions to run it on. The packed weight is an opaque oneDNN
-tensor, which torch.compile cannot take as a graph input, so a model whose decode layers are
-compiled keeps its plain Linears. Quantized Linears are quant_linear's (quantization.py).
-"""
+"""float32 and bfloat16 Linears on oneDNN with prepacked weights, the dense path's matmul
+(docs/benchmarks.md measures it against F.linear)."""
 
 from __future__ import annotations
 
@@ -34,6 +25,11 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 class PackedLinear(nn.Module):
+    """A weight reordered once into oneDNN's blocked layout: for the 1 to 64 rows a decode step has,
+    faster than F.linear (MKL's sgemm) in float32, and in bfloat16 where oneDNN has bf16
+    instructions. The packed weight is an opaque oneDNN tensor, which torch.compile cannot take as
+    a graph input, so a model whose decode layers are compiled keeps its plain Linears."""
+
     def __init__(self, linear_: nn.Linear):
         super().__init__()
         self.register_buffer("packed", pack(linear_.weight))
