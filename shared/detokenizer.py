@@ -17,6 +17,7 @@ class IncrementalDetokenizer:
         self.stop = [s for s in stop if s]
         self.pending = ""  # decoded but not yet released (could begin a stop string)
         self.is_stopped = False
+        self.matched_stop: str | None = None  # the stop string that ended the text
 
     def push(self, token_ids: list[int]) -> str:
         """Feed new tokens; returns the text now safe to release (stops at a stop string)."""
@@ -39,7 +40,7 @@ class IncrementalDetokenizer:
         for stop in self.stop:
             at = self.pending.find(stop)
             if at != -1:
-                self.is_stopped = True
+                self.is_stopped, self.matched_stop = True, stop
                 text, self.pending = self.pending[:at], ""
                 return text
         keep = max((_overlap(self.pending, stop) for stop in self.stop), default=0)

@@ -29,9 +29,10 @@ class ModelTokenizer:
     add_bos: bool
     context_length: int
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """add_special_tokens: the BOS the model's tokenizer adds (if it adds one, and the text lacks it)."""
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self.bos_token is not None:
+        if add_special_tokens and self.add_bos and self.bos_token is not None:
             bos_id = self.tokenizer.token_to_id(self.bos_token)
             if not ids or ids[0] != bos_id:
                 ids = [bos_id, *ids]
@@ -55,6 +56,10 @@ class ModelTokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def token_string(self, token_id: int) -> str:
+        """The vocabulary's own string for a token ("Ġis" in a byte-level BPE), as vLLM's /tokenize lists it."""
+        return self.tokenizer.id_to_token(token_id) or ""
 
 
 def _byte_level_table() -> dict[str, int]:

@@ -70,13 +70,13 @@ CORRUPTIONS = [
     ("min_tokens", -2), ("stream", "maybe"), ("stream_options", 3), ("response_format", {"type": "xml"}),
     ("response_format", {"type": "json_schema"}), ("response_format", {"type": "json_schema",
                                                                        "json_schema": {"schema": {"type": 7}}}),
-    ("model", 42), ("model", ""), ("model", "no-such-model"), ("model", ["a"]),  # null: the served model
+    ("model", 42), ("model", "no-such-model"), ("model", ["a"]),  # null or "": the served model (vLLM's)
 ]
 COMPLETION_ONLY = [("prompt", 5), ("prompt", None), ("prompt", ""), ("prompt", []), ("prompt", [[]]),
                    ("prompt", [-1, 5]), ("prompt", [10**9]), ("prompt", {"text": "x"}), ("prompt", [1.5, 2]),
                    ("prompt", ["ok", 3]), ("prompt", "\ud800 lone surrogate"), ("logprobs", -1), ("logprobs", 21),
                    ("logprobs", "x"), ("echo", "sure")]
-CHAT_ONLY = [("messages", []), ("messages", None), ("messages", "hi"), ("messages", [{"role": "wizard", "content": "x"}]),
+CHAT_ONLY = [("messages", []), ("messages", None), ("messages", "hi"), ("messages", [{"role": "", "content": "x"}]), ("messages", [{"role": 5, "content": "x"}]),
              ("messages", [{"content": "x"}]), ("messages", [{"role": "user", "content": 5}]),
              ("messages", [{"role": "user", "content": [{"type": "image", "url": "x"}]}]),
              ("messages", [{"role": "user", "content": "\udfff"}]), ("top_logprobs", 50), ("logprobs", "x"),

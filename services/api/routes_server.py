@@ -94,15 +94,18 @@ async def tokenize(request: Request) -> JSONResponse:
     _, model, body = await parse(request, TokenizeRequest)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", param="prompt")
+    if body.tools is not None and body.messages is None:
+        raise APIError(400, "tools are rendered with chat messages; a prompt takes none", param="tools")
     if body.prompt is not None:
         text = body.prompt
     else:
-        text = await off_loop(render_messages, model, body.messages, body.add_generation_prompt,
+        text = await off_loop(render_messages, model, body.messages, body.add_generation_prompt, body.tools,
                               continue_final_message=body.continue_final_message)
-    ids = await off_loop(encode_text, model, text, "prompt")
+    special = True if body.add_special_tokens is None else body.add_special_tokens
+    ids = await off_loop(encode_text, model, text, "prompt", special)
     answer = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
     if body.return_token_strs:
-        answer["token_strs"] = [model.tokenizer.token_text(i) for i in ids]
+        answer["token_strs"] = [model.tokenizer.token_string(i) for i in ids]
     return JSONResponse(answer)
 
 

@@ -54,7 +54,9 @@ def decode_json(data: bytes | str, what: str, param: str | None = None):
     if deep:
         raise too_deep
     if huge and (path := _huge_int(value)) is not None:  # nothing downstream (msgpack, torch) takes them
-        raise APIError(400, f"{path or what}: integers must fit in 64 bits", param=path or param)
+        raise APIError(400, f"{path or what}: integers must fit in 64 bits: Input should be less than or equal to "
+                            f"{2**63 - 1} and greater than or equal to {-(2**63)} [type=less_than_equal]",
+                       param=path or param)  # pydantic's words, as vLLM's seed bound gives them
     return value
 
 
@@ -110,7 +112,7 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     raw = await read_json(request, ctx.server.max_body_bytes)
     if model_name is not None:
         raw["model"] = model_name
-    elif raw.get("model") is None and len(ctx.models) == 1:  # vLLM's rule: the one model served
+    elif raw.get("model") in (None, "") and ctx.models:  # vLLM's rule: no name is the stack's own model
         raw["model"] = next(iter(ctx.models))
     model = served_model(ctx, raw)
     if model is not None and not model.max_model_len and ctx.limits is not None:
@@ -137,7 +139,7 @@ def unrecognized(value, path: str = "") -> str | None:
     """The first field, anywhere in the body, that no model declares and that is not null."""
     if isinstance(value, BaseModel):
         for name, extra in (value.model_extra or {}).items():
-            if extra is not None:
+            if extra is not None and not getattr(value, "extra_is_template_context", False):
                 return f"{path}{name}"
         for name in type(value).model_fields:
             if (found := unrecognized(getattr(value, name), f"{path}{name}.")) is not None:
@@ -155,5 +157,7 @@ def validation_error(errors: list) -> APIError:
     message = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         message = "the request body is not valid JSON"
+    elif first.get("type"):
+        message += f" [type={first['type']}]"  # pydantic's error type, which vLLM's messages carry
     param = ".".join(loc) or None
     return APIError(400, f"{param + ': ' if param else ''}{message}", param=param)

@@ -26,31 +26,36 @@ class Usage:
         return body
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None,
+                      stop_reason: str | int | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
 def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: list[dict] | None,
-                tool_calls: list[dict] | None = None) -> dict:
+                tool_calls: list[dict] | None = None, stop_reason: str | int | None = None) -> dict:
     message = {"role": "assistant", "content": text}
     if tool_calls:
         message["content"] = text or None
         message["tool_calls"] = tool_calls
     return {"index": index, "message": message,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
-            "finish_reason": finish_reason}
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def chat_delta_choice(index: int, delta: dict, finish_reason: str | None, logprobs: list[dict] | None) -> dict:
+def chat_delta_choice(index: int, delta: dict, finish_reason: str | None, logprobs: list[dict] | None,
+                      stop_reason: str | int | None = None) -> dict:
     return {"index": index, "delta": delta,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
-            "finish_reason": finish_reason}
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
 def response(request_id: str, created: int, model: str, is_chat: bool, choices: list[dict],
              usage: Usage | None) -> dict:
+    """A whole response, with the keys vLLM always sends (null where it has nothing to say)."""
     body = {"id": request_id, "object": "chat.completion" if is_chat else "text_completion",
-            "created": created, "model": model, "choices": choices}
+            "created": created, "model": model, "choices": choices, "service_tier": None,
+            "system_fingerprint": None}
     if usage is not None:
         body["usage"] = usage.as_dict()
     return body

@@ -26,6 +26,9 @@ class Delta:
     token_ids: tuple[int, ...] = ()
     logprobs: list[Logprobs] | None = None  # one per token id, when asked
     prompt_logprobs: list[Logprobs | None] | None = None  # on the first delta, when asked
+    # vLLM's stop_reason, on the last delta: the stop string or stop token id that ended the text
+    # (None when another reason did, end of sequence included)
+    stop_reason: str | int | None = None
 
 
 class Generation:
@@ -138,11 +141,13 @@ class Generation:
                 delta = Delta(text, None, tuple(entry.token_ids), entry.logprobs, entry.prompt_logprobs)
                 if self.detokenizer.is_stopped:
                     self.finish_reason = delta.finish_reason = "stop"
+                    delta.stop_reason = self.detokenizer.matched_stop
                     yield self._sent(delta)
                     return
                 if entry.finish_reason is not None:
                     is_done = True
                     self.finish_reason = delta.finish_reason = entry.finish_reason.openai_name
+                    delta.stop_reason = self._stop_token(entry)
                     delta.text += self.detokenizer.flush()
                     yield self._sent(delta)
                     return
@@ -169,9 +174,14 @@ class Generation:
     def _visible(self, entry) -> list[int]:
         """A stop token id ends the text as a stop string does: its own text is not returned."""
         ids = entry.token_ids
+        return ids[:-1] if self._stop_token(entry) is not None else ids
+
+    def _stop_token(self, entry) -> int | None:
+        """The stop token id (one the request named) that ended the sequence, if one did."""
+        ids = entry.token_ids
         if entry.finish_reason == FinishReason.STOP and ids and ids[-1] in self.sampling.stop_token_ids:
-            return ids[:-1]
-        return ids
+            return ids[-1]
+        return None
 
     def _log_finished(self) -> None:
         u = self.usage()

@@ -1,7 +1,7 @@
 """Logprobs in OpenAI's two shapes: the completions API's parallel lists, and chat's token objects.
 
-The sampled token always appears in a completion's top_logprobs (as vLLM does), so a client can
-tell whether the sampled token was the most likely one (lm-evaluation-harness's is_greedy).
+The sampled token always appears in a completion's top_logprobs, first (as vLLM lists it), so a
+client can tell whether it was the most likely one (lm-evaluation-harness's is_greedy).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ class CompletionLogprobs:
                 part.top_logprobs.append(None)
                 continue
             part.token_logprobs.append(lp.logprob)
-            top = {name(i): v for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True)}
-            top.setdefault(name(token_id), lp.logprob)
+            top = {name(token_id): lp.logprob}  # the chosen token first, then the likeliest (vLLM's order)
+            for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True):
+                top.setdefault(name(i), v)
             part.top_logprobs.append(top)
         self.tokens += part.tokens
         self.token_logprobs += part.token_logprobs

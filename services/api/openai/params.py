@@ -36,7 +36,7 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     return (seed + index * _SEED_MIX) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def encode_text(model: ServedModel, text: str, param: str) -> list[int]:
+def encode_text(model: ServedModel, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
     """Refuses, before tokenizing it, a text too long for the model's context whatever its tokens
     (each token covers at most max_token_bytes bytes, and a character at least one byte)."""
     at_least = len(text) // model.tokenizer.max_token_bytes
@@ -44,7 +44,7 @@ def encode_text(model: ServedModel, text: str, param: str) -> list[int]:
         raise APIError(400, f"{param} is {len(text)} characters: at least {at_least} tokens, more than the model's "
                             f"context of {model.max_model_len} tokens", param=param, code="context_length_exceeded")
     try:
-        return model.tokenizer.encode(text)
+        return model.tokenizer.encode(text, add_special_tokens)
     except Exception as exc:  # e.g. lone surrogates the tokenizer cannot take
         raise APIError(400, f"{param} cannot be tokenized: {exc}", param=param) from None
 
@@ -87,7 +87,7 @@ def completion_prompts(body: CompletionRequest, model: ServedModel) -> list[list
     else:
         prompts = [encode_text(model, p, "prompt") if isinstance(p, str) else list(p) for p in prompt]
     if not prompts or any(not ids for ids in prompts):
-        raise APIError(400, "the prompt is empty", param="prompt")
+        raise APIError(400, "The decoder prompt cannot be empty", param="prompt")  # vLLM's words
     if len(prompts) * body.n > 2 * MAX_N:
         raise APIError(400, f"{len(prompts)} prompts x n={body.n} is more than {2 * MAX_N} choices", param="n")
     for ids in prompts:
@@ -96,8 +96,10 @@ def completion_prompts(body: CompletionRequest, model: ServedModel) -> list[list
 
 
 def check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
-    if any(t < 0 or t >= model.tokenizer.vocab_size for t in ids):
-        raise APIError(400, f"token ids must be in [0, {model.tokenizer.vocab_size})", param=param)
+    bad = next((t for t in ids if t < 0 or t >= model.tokenizer.vocab_size), None)
+    if bad is not None:  # vLLM's words first: clients match on them
+        raise APIError(400, f"Token id {bad} is out of vocabulary (ids are 0 to {model.tokenizer.vocab_size - 1})",
+                       param=param)
 
 
 def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max_tokens: int | None,

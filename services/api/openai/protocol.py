@@ -3,7 +3,7 @@ name (body.py), unless it is null: nothing is accepted and ignored."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,7 +52,7 @@ class _Sampling(_Request):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # vLLM's bounds, and so its words
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -130,7 +130,12 @@ class ToolCall(_Request):
 
 
 class ChatMessage(_Request):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    """OpenAI's roles, or one of the caller's own ("my-custom-role"), rendered by the chat template as
+    vLLM renders it. Fields this model does not declare reach the template too (template_messages):
+    a template may read them, as vLLM's do, so they are context, not arguments refused by name."""
+
+    extra_is_template_context: ClassVar[bool] = True  # body.unrecognized() lets them through
+    role: str = Field(min_length=1)
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's calls, in the history
     tool_call_id: str | None = None  # a tool message: the call it answers
@@ -173,8 +178,10 @@ class TokenizeRequest(_Request):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
-    return_token_strs: bool = False  # vLLM: the tokens' strings beside their ids
+    return_token_strs: bool = False  # vLLM: the vocabulary's strings of the tokens beside their ids
     continue_final_message: bool = False
+    add_special_tokens: bool | None = None  # the tokenizer's BOS; None: as the completion would encode it
+    tools: list[Tool] | None = None  # messages: rendered as the chat completion renders them
 
 
 class DetokenizeRequest(_Request):

@@ -26,6 +26,7 @@ class _Choice:
     has_started: bool = False
     tool_calls: list[dict] = field(default_factory=list)
     prompt_logprobs: list[dict | None] | None = None  # vLLM's shape, when the request asked
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
 
 
 class Responder:
@@ -89,20 +90,20 @@ class CompletionResponder(Responder):
                                                      delta.prompt_logprobs, self.body.return_tokens_as_token_ids)
         choice.text.append(text)
         choice.finish_reason = delta.finish_reason or choice.finish_reason
+        choice.stop_reason = delta.stop_reason if delta.stop_reason is not None else choice.stop_reason
         return text, logprobs
 
     def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
         text, logprobs = self.add(index, delta)
         return [fmt.chunk(request_id, created, self.model.name, False,
-                          [fmt.completion_choice(index, text, delta.finish_reason, logprobs)])]
+                          [fmt.completion_choice(index, text, delta.finish_reason, logprobs, delta.stop_reason)])]
 
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
         choices = [fmt.completion_choice(i, "".join(c.text), c.finish_reason,
-                                         c.logprobs.as_dict() if c.logprobs is not None else None)
+                                         c.logprobs.as_dict() if c.logprobs is not None else None, c.stop_reason)
                    for i, c in enumerate(self.choices)]
-        if self.body.prompt_logprobs is not None:
-            for choice, c in zip(choices, self.choices, strict=True):
-                choice["prompt_logprobs"] = c.prompt_logprobs
+        for choice, c in zip(choices, self.choices, strict=True):
+            choice["prompt_logprobs"] = c.prompt_logprobs  # null unless asked, as vLLM sends it
         return fmt.response(request_id, created, self.model.name, False, choices, usage)
 
 
@@ -150,6 +151,7 @@ class ChatResponder(Responder):
                 content, calls = content + ("" if self.is_forced else rest), calls + more
         choice.text.append(content)
         choice.tool_calls.extend(calls)
+        choice.stop_reason = delta.stop_reason if delta.stop_reason is not None else choice.stop_reason
         if delta.finish_reason:
             choice.finish_reason = "tool_calls" if delta.finish_reason == "stop" and choice.tool_calls \
                 else delta.finish_reason
@@ -159,8 +161,9 @@ class ChatResponder(Responder):
         logprobs, content, calls = self.add(index, delta)
 
         def chunk(body: dict, finish_reason: str | None = None, logprobs_=None) -> dict:
+            stop_reason = self.choices[index].stop_reason if finish_reason else None
             return fmt.chunk(request_id, created, self.model.name, True,
-                             [fmt.chat_delta_choice(index, body, finish_reason, logprobs_)])
+                             [fmt.chat_delta_choice(index, body, finish_reason, logprobs_, stop_reason)])
 
         # the finish reason rides on the last content chunk (as vLLM and the product send it), or
         # on a chunk of its own after tool calls or when the last token had no text
@@ -178,9 +181,8 @@ class ChatResponder(Responder):
         return out
 
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
-        choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls)
+        choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls, c.stop_reason)
                    for i, c in enumerate(self.choices)]
         body = fmt.response(request_id, created, self.model.name, True, choices, usage)
-        if self.wants_prompt_logprobs:  # vLLM puts the prompt's once, at the top
-            body["prompt_logprobs"] = self.choices[0].prompt_logprobs
+        body["prompt_logprobs"] = self.choices[0].prompt_logprobs  # vLLM's: once, at the top; null unless asked
         return body

@@ -67,7 +67,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """As chat templates expect them: text content, and tool calls with their fields."""
     out = []
     for m in messages:
-        message = {"role": m.role, "content": m.text()}
+        message = {**(m.model_extra or {}), "role": m.role, "content": m.text()}  # extras: the template's to read
         if m.tool_calls:
             message["tool_calls"] = [{"id": c.id, "type": c.type,
                                       "function": {"name": c.function.name,

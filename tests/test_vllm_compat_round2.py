@@ -1,0 +1,107 @@
+"""What vLLM's own OpenAI-server tests (test_basic, test_completion, test_chat, test_tokenization,
+test_return_tokens_as_ids, test_prompt_validation) found missing, asked of the stack with the openai
+client: null keys vLLM always sends, stop_reason, no model name, custom roles, /tokenize's
+vocabulary strings and options, the chosen token first in top_logprobs, and vLLM's error words."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.stack
+GREEDY = {"temperature": 0, "max_tokens": 8}
+
+
+def test_the_null_keys_vllm_always_sends(openai_client, model_name, stack):
+    completion = openai_client.completions.create(model=model_name, prompt="The capital of France is", **GREEDY)
+    assert completion.system_fingerprint is None and completion.choices[0].prompt_logprobs is None
+    chat = openai_client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
+                                                 **GREEDY)
+    assert chat.system_fingerprint is None and chat.prompt_logprobs is None
+    body = {"model": model_name, "prompt": "The capital of France is", **GREEDY}
+    invoked = httpx.post(stack.base_url + "/invocations", json=body, timeout=60).json()
+    assert invoked.keys() == httpx.post(stack.base_url + "/v1/completions", json=body, timeout=60).json().keys()
+    assert {"service_tier", "system_fingerprint"} <= invoked.keys()
+    assert {"stop_reason", "prompt_logprobs"} <= invoked["choices"][0].keys()
+
+
+def test_stop_reason_names_the_stop_string_or_token_that_ended_the_text(openai_client, model_name, stack):
+    free = openai_client.completions.create(model=model_name, prompt="The capital of France is", **GREEDY)
+    assert free.choices[0].finish_reason == "length" and free.choices[0].stop_reason is None
+    word = free.choices[0].text.split()[1]
+    stopped = openai_client.completions.create(model=model_name, prompt="The capital of France is", stop=[word],
+                                               **GREEDY)
+    assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].stop_reason == word
+    streamed = [c.choices[0] for c in openai_client.completions.create(
+        model=model_name, prompt="The capital of France is", stop=[word], stream=True, **GREEDY) if c.choices]
+    assert streamed[-1].finish_reason == "stop" and streamed[-1].stop_reason == word
+    as_ids = openai_client.completions.create(model=model_name, prompt="The capital of France is", logprobs=0,
+                                              extra_body={"return_tokens_as_token_ids": True}, **GREEDY)
+    second = int(as_ids.choices[0].logprobs.tokens[1].removeprefix("token_id:"))
+    by_token = openai_client.chat.completions.create(  # a chat: the same rule
+        model=model_name, messages=[{"role": "user", "content": "Go on: The capital of France is"}],
+        extra_body={"stop_token_ids": [second]}, temperature=0, max_tokens=64)
+    by_id = openai_client.completions.create(model=model_name, prompt="The capital of France is",
+                                             extra_body={"stop_token_ids": [second]}, **GREEDY)
+    assert by_id.choices[0].finish_reason == "stop" and by_id.choices[0].stop_reason == second
+    assert (by_token.choices[0].stop_reason == second) == (by_token.choices[0].finish_reason == "stop")
+
+
+@pytest.mark.parametrize("name", ["", None])
+def test_no_model_name_is_the_stacks_own_model(stack, model_name, name):
+    body = {"prompt": "Hello", "max_tokens": 2} | ({"model": name} if name is not None else {})
+    reply = httpx.post(stack.base_url + "/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200 and reply.json()["model"] == model_name
+
+
+def test_a_custom_role_and_a_messages_extra_field_reach_the_template(openai_client, model_name, stack):
+    messages = [{"role": "my-custom-role", "content": "Hello", "my_field": "kept for the template"}]
+    reply = openai_client.chat.completions.create(model=model_name, messages=messages, max_tokens=2)
+    assert reply.choices[0].message.role == "assistant"
+    rendered = httpx.post(stack.base_url + "/tokenize", json={"model": model_name, "messages": messages},
+                          timeout=30).json()
+    text = httpx.post(stack.base_url + "/detokenize", json={"model": model_name, "tokens": rendered["tokens"]},
+                      timeout=30).json()["prompt"]
+    assert "my-custom-role" in text and rendered["count"] == reply.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: my_field"):
+        openai_client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=2, extra_body={"my_field": 1})  # the request's own: refused
+
+
+def test_tokenize_gives_vocabulary_strings_and_takes_vllms_options(openai_client, model_name, stack):
+    def tokenize(**body) -> dict:
+        reply = httpx.post(stack.base_url + "/tokenize", json={"model": model_name, **body}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    got = tokenize(prompt="The capital is", return_token_strs=True)
+    assert got["token_strs"] == ["The", "Ġcapital", "Ġis"] and got["count"] == 3
+    assert tokenize(prompt="The capital is", add_special_tokens=False)["tokens"] == got["tokens"]
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    with_tools = tokenize(messages=messages, tools=[tool])
+    assert with_tools["count"] > tokenize(messages=messages)["count"]
+    chat = openai_client.chat.completions.create(model=model_name, messages=messages, tools=[tool], max_tokens=1)
+    assert with_tools["count"] == chat.usage.prompt_tokens
+
+
+def test_the_chosen_token_comes_first_in_top_logprobs_with_token_ids_and_echo(stack, model_name):
+    body = {"model": model_name, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 1.5,
+            "seed": 7, "logprobs": 3, "echo": True, "return_tokens_as_token_ids": True}
+    lp = httpx.post(stack.base_url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    generated = [(t, top) for t, top in zip(lp["tokens"], lp["top_logprobs"], strict=True) if top is not None]
+    assert len(generated) >= 6 and all(t.startswith("token_id:") for t, _ in generated)
+    assert all(next(iter(top)) == token for token, top in generated)
+    assert any(len(top) == 4 for _, top in generated)  # a sampled token outside the top 3: it is added, first
+
+
+def test_vllms_error_words_for_an_empty_prompt_an_unknown_token_and_a_seed_out_of_range(openai_client, model_name):
+    with pytest.raises(openai.BadRequestError, match="decoder prompt cannot be empty"):
+        openai_client.completions.create(model=model_name, prompt="", max_tokens=5)
+    with pytest.raises(openai.BadRequestError, match="out of vocabulary"):
+        openai_client.completions.create(model=model_name, prompt=[999999], max_tokens=5)
+    for seed in (2**63, -(2**63) - 1):
+        with pytest.raises(openai.BadRequestError, match="less_than_equal"):
+            openai_client.completions.create(model=model_name, prompt="Hi", max_tokens=5, seed=seed)
