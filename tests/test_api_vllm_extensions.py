@@ -74,7 +74,9 @@ def test_continuous_usage_stats_put_the_usage_on_every_chunk(openai_client, mode
 @pytest.mark.parametrize(("body", "message"), [
     ({"stream_options": {"include_usage": True}}, "The 'stream_options' parameter is only allowed when 'stream' "
                                                   "is enabled."),
-    ({"use_beam_search": True}, "use_beam_search is not supported"),
+    ({"length_penalty": 0.5}, "length_penalty ranks beams: it needs use_beam_search"),
+    ({"use_beam_search": True, "stop": ["."]}, "stop cannot be combined with use_beam_search"),
+    ({"use_beam_search": True, "top_p": 0.5}, "use_beam_search ranks beams by the model's logprobs: top_p"),
     ({"store": True}, "Unrecognized request argument supplied: store"),
     ({"guided_decoding_backend": "outlines"}, "Unrecognized request argument supplied: guided_decoding_backend"),
     ({"stream_options": {"include_usage": True, "extra": 1}, "stream": True},

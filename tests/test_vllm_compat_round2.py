@@ -1,7 +1,8 @@
 """What vLLM's own OpenAI-server tests (test_basic, test_completion, test_chat, test_tokenization,
 test_return_tokens_as_ids, test_prompt_validation) found missing, asked of the stack with the openai
 client: null keys vLLM always sends, stop_reason, no model name, custom roles, /tokenize's
-vocabulary strings and options, the chosen token first in top_logprobs, and vLLM's error words."""
+vocabulary strings and options, the chosen token first in top_logprobs, vLLM's error words, and
+beam search (against transformers' own)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,39 @@ def test_vllms_error_words_for_an_empty_prompt_an_unknown_token_and_a_seed_out_o
     for seed in (2**63, -(2**63) - 1):
         with pytest.raises(openai.BadRequestError, match="less_than_equal"):
             openai_client.completions.create(model=model_name, prompt="Hi", max_tokens=5, seed=seed)
+
+
+def test_beam_search_finds_the_beams_transformers_finds(openai_client, model_name, hf_model, hf_tokenizer):
+    """length_penalty 0: a beam's score is its summed logprob in vLLM's search and in transformers'. A
+    story's middle: no end of sequence among the candidates, where the two searches differ (vLLM's
+    finishes a beam on any of the 2n candidates, transformers' on the n best)."""
+    import torch
+
+    prompt = "Once upon a time, in a small village by the sea, there lived"
+    reply = openai_client.completions.create(model=model_name, prompt=prompt, n=3, max_tokens=5, temperature=0,
+                                             extra_body={"use_beam_search": True, "length_penalty": 0.0})
+    ids = torch.tensor([hf_tokenizer.encode(prompt)])
+    with torch.no_grad():
+        out = hf_model.generate(ids, num_beams=3, num_return_sequences=3, max_new_tokens=5, do_sample=False,
+                                length_penalty=0.0, early_stopping=False)
+    expected = [hf_tokenizer.decode(seq[ids.shape[1]:], skip_special_tokens=True) for seq in out]
+    assert [c.text for c in reply.choices] == expected and len(set(expected)) == 3
+    assert all(c.finish_reason == "length" for c in reply.choices)
+
+
+def test_beam_search_as_vllms_test_asks_it_whole_and_streamed(openai_client, model_name):
+    batch = openai_client.completions.create(model=model_name, prompt=["Hello, my name is"] * 2, n=2, max_tokens=5,
+                                             temperature=0, extra_body={"use_beam_search": True})
+    texts = [c.text for c in sorted(batch.choices, key=lambda c: c.index)]
+    assert len(texts) == 4 and texts[0] != texts[1] and texts[:2] == texts[2:]
+    assert 0 < batch.usage.completion_tokens <= 4 * 5  # the returned beams' tokens
+    streamed = {}
+    for chunk in openai_client.completions.create(model=model_name, prompt="Hello, my name is", n=2, max_tokens=5,
+                                                  temperature=0, stream=True, extra_body={"use_beam_search": True}):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[0], streamed[1]] == texts[:2]
+    chat = openai_client.chat.completions.create(model=model_name, n=2, max_tokens=6, temperature=0,
+                                                 messages=[{"role": "user", "content": "Name a colour."}],
+                                                 extra_body={"use_beam_search": True})
+    assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content

@@ -37,6 +37,10 @@ class Choices:
                 await gen.stream.abort()
 
     @property
+    def num_choices(self) -> int:
+        return len(self.generations)
+
+    @property
     def request_id(self) -> str:
         return self.generations[0].stream.request_id
 

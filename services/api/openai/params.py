@@ -119,9 +119,8 @@ def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max
             raise APIError(400, f"{name} must be at most {model.max_logprobs}, got {value}", param=name)
     check_token_ids(body.stop_token_ids or [], model, "stop_token_ids")
     check_token_ids(body.allowed_token_ids or [], model, "allowed_token_ids")
-    if body.use_beam_search:
-        raise APIError(400, "use_beam_search is not supported: this engine samples (greedy or random), it has no "
-                            "beam search", param="use_beam_search")
+    if body.length_penalty != 1.0 and not body.use_beam_search:
+        raise APIError(400, "length_penalty ranks beams: it needs use_beam_search", param="length_penalty")
     if body.prompt_logprobs is not None and body.stream:
         raise APIError(400, "prompt_logprobs is not available when streaming", param="prompt_logprobs")
     if body.stream_options is not None and not body.stream:

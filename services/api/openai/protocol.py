@@ -72,7 +72,8 @@ class _Sampling(_Request):
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
     return_tokens_as_token_ids: bool = False
     prompt_logprobs: int | None = Field(default=None, ge=0)  # vLLM: each prompt token's logprob, rank, top-k
-    use_beam_search: bool = False  # refused when true: the engine samples, it has no beam search
+    use_beam_search: bool = False  # vLLM's: n beams searched by the gateway (beam_search.py)
+    length_penalty: float = 1.0  # a beam's score: its logprob over its length to this power (beams only)
     priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # vLLM: lower is served first (scheduler.py)
 
     @property

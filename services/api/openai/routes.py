@@ -14,6 +14,7 @@ from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.guards import arrival
 from services.api.off_loop import off_loop
+from services.api.openai.beam_search import BeamChoices, check_beam_request
 from services.api.openai.body import parse
 from services.api.openai.choices import Choices
 from services.api.openai.generation import Generation
@@ -56,7 +57,7 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
     samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
                                  logprobs=body.logprobs, prompt_logprobs=prompt_logprobs) for ids in prompts]
     choices = choices_for(ctx, model, body, prompts, samplings, arrival(request))
-    responder = CompletionResponder(model, body, prompts, len(choices.generations))
+    responder = CompletionResponder(model, body, prompts, choices.num_choices)
     return await _respond(choices, responder, body, request, usage_every_chunk)
 
 
@@ -81,11 +82,14 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
                            param="response_format")
         sampling = msgspec.structs.replace(sampling, guided=forced)
     choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived)
-    return choices, ChatResponder(model, body, len(choices.generations), tools, prompt_ids)
+    return choices, ChatResponder(model, body, choices.num_choices, tools, prompt_ids)
 
 
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
-                samplings: list[SamplingParams], arrived: tuple[float, float]) -> Choices:
+                samplings: list[SamplingParams], arrived: tuple[float, float]) -> Choices | BeamChoices:
+    if body.use_beam_search:
+        check_beam_request(body, model)
+        return BeamChoices(ctx, model, body, prompts, samplings, arrived)
     generations, prompt_index = [], []
     log = recorder(ctx.pipelines.inference_log, model, body)
     for p, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
