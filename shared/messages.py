@@ -350,6 +350,23 @@ class SchedulerStatsRequest(msgspec.Struct, tag="sched_stats"):
     pass
 
 
+class Sleep(msgspec.Struct, tag="sleep"):
+    """vLLM's sleep mode (API -> scheduler -> each worker): running requests go back to waiting, the
+    workers free their weights and KV pool; requests wait until WakeUp. Levels 1 and 2 free the same
+    here: a CPU worker has no device memory to offload to, and reads its weights back from the file."""
+
+    level: int = 1
+
+
+class WakeUp(msgspec.Struct, tag="wake_up"):
+    pass
+
+
+class SleepState(msgspec.Struct, tag="sleep_state"):
+    is_sleeping: bool
+    error: str | None = None  # the order could not be carried out (a worker refused or did not answer)
+
+
 class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     model: str
     num_workers: int
@@ -376,6 +393,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     iteration_tokens_count: int = 0
     devices: list[str] = []  # what the model's workers run on (their hellos' device)
     num_migrations: int = 0  # requests moved off a worker that died, recomputed on another
+    is_sleeping: bool = False  # sleep mode: the workers freed their weights and KV pool
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
@@ -405,3 +423,5 @@ KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
 KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)
 SCHEDULER_STATS_DECODER = msgspec.msgpack.Decoder(SchedulerStats)
 KV_STATS_REPLY_DECODER = msgspec.msgpack.Decoder(KvStatsReply)
+SLEEP_ORDER_DECODER = msgspec.msgpack.Decoder(Union[Sleep, WakeUp])
+SLEEP_STATE_DECODER = msgspec.msgpack.Decoder(SleepState)

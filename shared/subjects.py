@@ -84,6 +84,16 @@ def scheduler_stats(model: str) -> str:
     return f"{PREFIX}.{model}.stats"
 
 
+def sleep(model: str) -> str:
+    """Request/reply: Sleep | WakeUp -> SleepState (the model's scheduler)."""
+    return f"{PREFIX}.{model}.sleep"
+
+
+def worker_sleep(worker_id: str) -> str:
+    """Request/reply: Sleep | WakeUp -> SleepState (one worker, from its pool's scheduler)."""
+    return f"{PREFIX}.worker.{worker_id}.sleep"
+
+
 def service_stats(service: str, instance_id: str = "*") -> str:
     """nats.py micro's stats request: a service's every instance answers, or the one named."""
     return f"$SRV.STATS.{service}" if not instance_id else f"$SRV.STATS.{service}.{instance_id}"

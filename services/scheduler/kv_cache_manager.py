@@ -91,6 +91,11 @@ class KVCacheManager:
         """How many leading blocks of a prompt this pool holds (routing without the KV index)."""
         return len(self.pool.cached_prefix(block_hashes))
 
+    def reset_prefix_cache(self) -> None:
+        assert not self.req_to_blocks, "the prefix cache is reset only while no request holds a block"
+        self.pool = BlockPool(self.pool.num_blocks)
+        self.num_cached_blocks.clear()
+
     def take_events(self):
         return self.pool.take_events()
 

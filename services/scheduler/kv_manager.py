@@ -37,6 +37,9 @@ class KVManager(Protocol):
     def num_cached_blocks_of(self, block_hashes: list[bytes]) -> int:
         """How many leading blocks of a prompt the pool holds (routing without the KV index)."""
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (its worker freed the KV pool); only while nothing runs."""
+
     def take_events(self) -> list:
         """Blocks stored and removed since the last call, for the KV index."""
 

@@ -28,12 +28,16 @@ from shared.liveness import Heartbeats
 from shared.log import get_logger
 from shared.messages import (
     ITERATION_TOKEN_BUCKETS,
+    SLEEP_STATE_DECODER,
     STEP_RESULT_DECODER,
     BlockStored,
     KvEventBatch,
     PoolCleared,
+    Sleep,
+    SleepState,
     Step,
     StepResult,
+    WakeUp,
     WorkerHello,
     WorkerKind,
     encode,
@@ -76,6 +80,9 @@ class PoolLoop:
         workers.heard(self.worker_id)
         self.is_alive = True
         self._wake = asyncio.Event()
+        self._park_asked = False  # sleep mode: the loop parks before its next step
+        self._parked = asyncio.Event()
+        self._resume = asyncio.Event()
         self._has_stepped = False
         self._task: asyncio.Task | None = None
         self.steps_run = 0
@@ -118,6 +125,9 @@ class PoolLoop:
     async def _run(self) -> None:
         await self.publish_snapshot()
         while self.is_alive:
+            if self._park_asked:
+                await self._park()
+                continue
             if not self.scheduler.has_work:
                 self._wake.clear()
                 await self._wake.wait()
@@ -141,6 +151,39 @@ class PoolLoop:
                         log.error("request_failed", request_id=done.request.request_id, error=done.error)
                         await publish_error(self.nc, done.request, f"engine error: {done.error}")
             await self._publish_kv_events()
+
+    # ---- sleep mode ----------------------------------------------------------------------------
+
+    async def park(self) -> None:
+        """Returns once the loop stands between steps with nothing running (sleep mode)."""
+        self._park_asked = True
+        self._resume.clear()
+        self._wake.set()
+        await self._parked.wait()
+
+    def resume(self) -> None:
+        self._park_asked = False
+        self._parked.clear()
+        self._resume.set()
+
+    async def order_worker(self, order: Sleep | WakeUp) -> SleepState:
+        """The worker frees (Sleep) or loads back (WakeUp) its weights and KV pool."""
+        msg = await self.nc.request(subjects.worker_sleep(self.worker_id), encode(order), timeout=self.step_timeout_s)
+        self.workers.heard(self.worker_id)
+        return SLEEP_STATE_DECODER.decode(msg.data)
+
+    async def _park(self) -> None:
+        """Running requests back to waiting (recomputed after the wake, their tokens kept), the
+        prefix cache forgotten (the worker frees the KV pool), the worker's sequences dropped by the
+        next Step's reset; then the loop waits to be resumed."""
+        self.scheduler.preempt_all()
+        self.scheduler.kv.reset_prefix_cache()
+        self._has_stepped = False
+        await self.nc.publish(subjects.kv_events(self.worker_id), encode(
+            KvEventBatch(pool=self.worker_id, model=self.hello.model, events=[PoolCleared()])))
+        self._parked.set()
+        await self._resume.wait()
+        self._wake.set()
 
     async def _step(self, step: Step) -> StepResult:
         step.reset = not self._has_stepped  # the worker may hold state from a scheduler before us

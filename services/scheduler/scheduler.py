@@ -79,6 +79,13 @@ class Scheduler:
         self._release(request)
         return request
 
+    def preempt_all(self) -> None:
+        """Every running request back to waiting, its blocks freed (sleep mode): recomputed later,
+        its tokens so far kept. The worker is told to forget them by the next Step's reset."""
+        for request in list(self.running):
+            self._preempt(request)
+        self.take_dropped_ids()
+
     def take_all(self) -> list[Request]:
         """Empty the scheduler (its worker is gone); returns every request it held."""
         requests = list(self.requests.values())

@@ -13,6 +13,7 @@ from services.scheduler.pool import PoolLoop
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.router import Router
+from services.scheduler.sleep_mode import put_to_sleep, wake_up
 from services.scheduler.validate import submit_error
 from shared import subjects
 from shared.config import EngineConfig, context_length_error
@@ -23,6 +24,7 @@ from shared.log import get_logger
 from shared.messages import (
     ABORT_DECODER,
     CLIENT_HEARTBEAT_DECODER,
+    SLEEP_ORDER_DECODER,
     SUBMIT_DECODER,
     WORKER_ANNOUNCE_DECODER,
     Accepted,
@@ -32,7 +34,10 @@ from shared.messages import (
     RejectCode,
     Rejected,
     SchedulerStats,
+    Sleep,
+    SleepState,
     Submit,
+    WakeUp,
     WorkerHeartbeat,
     WorkerHello,
     encode,
@@ -73,6 +78,8 @@ class SchedulerService:
         self.endpoints = Endpoints(nc, "scheduler", f"{config.model}-{scheduler_id or 'local'}")
         self._watchdog: asyncio.Task | None = None
         self.is_draining = False
+        self.is_sleeping = False  # sleep mode (sleep_mode.py): the pools parked, their workers' memory freed
+        self._sleep_lock = asyncio.Lock()
         self.num_deadline_exceeded = 0
         self.num_migrations = 0  # requests moved off a dead worker
 
@@ -85,6 +92,7 @@ class SchedulerService:
         await add("resync", subjects.KV_RESYNC, self._on_resync)
         await add("client_heartbeat", subjects.CLIENTS_HEARTBEAT, self._on_client_heartbeat)
         await add("stats", subjects.scheduler_stats(self.model), self._on_stats)
+        await add("sleep", subjects.sleep(self.model), self._on_sleep)
         await self.endpoints.start()
         await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
         self._watchdog = asyncio.create_task(self._watch())
@@ -265,6 +273,8 @@ class SchedulerService:
                         workers=self.workers)
         self.pools[hello.worker_id] = pool
         pool.start()
+        if self.is_sleeping:  # it joins a sleeping model: it sleeps too, and wakes with the others
+            asyncio.get_running_loop().create_task(put_to_sleep([pool], Sleep(), self.config.step_timeout_s))
         log.info("worker_joined", worker_id=hello.worker_id, backend=hello.backend.label, device=hello.device,
                  num_blocks=hello.num_blocks)
         asyncio.get_running_loop().create_task(self.publish_limits())
@@ -339,6 +349,22 @@ class SchedulerService:
             iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in self.pools.values()), strict=True)],
             iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
-            devices=self.devices, num_migrations=self.num_migrations,
+            devices=self.devices, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
         )
         await msg.respond(encode(stats))
+
+    async def _on_sleep(self, msg: Msg) -> None:
+        """Sleep or WakeUp for every pool of the model (sleep_mode.py); one order at a time."""
+        order = SLEEP_ORDER_DECODER.decode(msg.data)
+        async with self._sleep_lock:
+            pools = [p for p in self.pools.values() if p.is_alive]
+            error = None
+            if isinstance(order, Sleep) and not self.is_sleeping:
+                self.is_sleeping = True
+                log.info("model_sleeping", model=self.model, level=order.level, num_workers=len(pools))
+                error = await put_to_sleep(pools, order, self.config.step_timeout_s)
+            elif isinstance(order, WakeUp) and self.is_sleeping:
+                error = await wake_up(pools)
+                self.is_sleeping = False
+                log.info("model_awake", model=self.model, num_workers=len(pools))
+        await msg.respond(encode(SleepState(is_sleeping=self.is_sleeping, error=error)))

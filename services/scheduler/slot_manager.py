@@ -63,6 +63,9 @@ class SlotManager:
     def num_cached_blocks_of(self, block_hashes: list[bytes]) -> int:
         return 0
 
+    def reset_prefix_cache(self) -> None:
+        """Nothing is cached across slots."""
+
     def take_events(self) -> list:
         return []
 

@@ -94,11 +94,14 @@ def main() -> None:
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if config.load_format != "dummy" else None
     backend.warm_up()
-    runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar)
+    # sleep mode's wake builds the backend again from the file (a background compile would hold the old one)
+    rebuild = None if spec.compile else lambda: create_backend(device, spec)
+    runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild)
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
                         num_scheduler_steps=defaults.num_scheduler_steps.value if defaults else 1,
                         **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
+    del backend  # the runner holds it alone, so that sleep mode frees it
     executor = MainThreadExecutor()
 
     async def serve_bus(signalled: asyncio.Event) -> None:

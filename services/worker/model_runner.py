@@ -6,11 +6,13 @@ logprobs, the multi-step loop, a row that fails failing alone); the backend does
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from services.worker import memory
 from services.worker.backends.base import Backend, BatchRow
 from services.worker.guided import GrammarCompiler
 from services.worker.sampler import logprobs_of
@@ -32,13 +34,43 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, backend: Backend, max_model_len: int, eos_token_ids: list[int],
-                 grammar: GrammarCompiler | None = None):
-        self.backend = backend
+                 grammar: GrammarCompiler | None = None, rebuild: Callable[[], Backend] | None = None):
+        """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep."""
+        self.backend: Backend | None = backend
+        self.rebuild = rebuild
+        self._num_blocks = backend.num_blocks
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.grammar = grammar
         self.seqs: dict[str, SeqState] = {}
         self._row_errors: dict[str, str] = {}  # this iteration's rows that failed on their own
+
+    # ---- sleep mode (the scheduler parks this worker's pool first) --------------------------------
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.backend is None
+
+    def sleep(self) -> None:
+        """Let go of the backend, its weights and KV pool with it, and of every sequence (the
+        scheduler recomputes them after the wake), then hand the freed memory back to the OS."""
+        if self.rebuild is None:
+            raise RuntimeError("this worker cannot sleep: its backend compiles in the background (--compile)")
+        self.seqs.clear()
+        self._row_errors.clear()
+        self.backend = None
+        gc.collect()
+        memory.trim()
+
+    def wake_up(self) -> None:
+        """A backend built again from the model file, with the KV pool the scheduler knows."""
+        if self.backend is not None:
+            return
+        backend = self.rebuild()
+        if backend.num_blocks != self._num_blocks:
+            raise RuntimeError(f"woke with {backend.num_blocks} KV blocks, not the {self._num_blocks} announced")
+        backend.warm_up()
+        self.backend = backend
 
     # ---- deltas ------------------------------------------------------------------------------
 

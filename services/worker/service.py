@@ -23,7 +23,10 @@ from shared.log import get_logger
 from shared.messages import (
     DISCOVER_DECODER,
     RESEND_DECODER,
+    SLEEP_ORDER_DECODER,
     STEP_DECODER,
+    Sleep,
+    SleepState,
     StepResult,
     TokenBatch,
     TokenEntry,
@@ -53,6 +56,7 @@ class WorkerService:
         await self.endpoints.add("step", subjects.worker_step(self.hello.worker_id), self._on_step)
         await self.endpoints.add("discover", subjects.WORKERS_DISCOVER, self._on_discover)
         await self.endpoints.add("resend", subjects.WORKERS_RESEND, self._on_resend)
+        await self.endpoints.add("sleep", subjects.worker_sleep(self.hello.worker_id), self._on_sleep)
         await self.endpoints.start()
         await self.say_hello()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
@@ -94,9 +98,24 @@ class WorkerService:
             except Exception as exc:  # the bus is down: the next beat will tell
                 log.warning("heartbeat_failed", error=str(exc))
 
+    async def _on_sleep(self, msg: Msg) -> None:
+        """Sleep mode: free the weights and KV pool, or load them back (on the main thread, as a step)."""
+        order = SLEEP_ORDER_DECODER.decode(msg.data)
+        work = self.runner.sleep if isinstance(order, Sleep) else self.runner.wake_up
+        error = None
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, work)
+        except Exception as exc:  # noqa: BLE001 - told to the scheduler, which tells the caller
+            log.exception("sleep_mode_failed", order=type(order).__name__)
+            error = f"{type(exc).__name__}: {exc}"
+        log.info("worker_sleeping" if self.runner.is_sleeping else "worker_awake", worker_id=self.hello.worker_id)
+        await msg.respond(encode(SleepState(is_sleeping=self.runner.is_sleeping, error=error)))
+
     async def _maybe_announce_device(self) -> None:
         """A device line that changed (a CPU worker's background compile ended, or failed) is said
         again, so /v1/models shows what computes now."""
+        if self.runner.is_sleeping:
+            return
         device = self.runner.backend.hello_fields()["device"]
         if device != self.hello.device:
             self.hello.device = device

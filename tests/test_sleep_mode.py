@@ -1,0 +1,60 @@
+"""vLLM's sleep mode on the stack: /sleep frees the worker's weights and KV pool (its resident memory
+falls), a stream in flight and a request sent while asleep wait, and after /wake_up both finish
+with a lone run's greedy text."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import nats
+import pytest
+
+from tests.bus_helpers import scheduler_stats
+
+pytestmark = pytest.mark.stack
+BODY = {"prompt": "Tell me about the sea.", "max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+def _rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the_wake(
+        stack, model_name, async_openai_client):
+    worker = stack.service("worker-0").proc.pid
+    lone = (await async_openai_client.completions.create(model=model_name, **BODY)).choices[0].text
+    awake = _rss_mib(worker)
+    stream = await async_openai_client.completions.create(model=model_name, stream=True, **BODY)
+    streamed = [(await anext(stream)).choices[0].text]  # in flight when the model falls asleep
+    nc = await nats.connect(stack.admin_url)
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as http:
+        assert (await http.post("/sleep", params={"level": 1})).json() == {"is_sleeping": True}
+        try:
+            assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
+            asleep = _rss_mib(worker)
+            later = asyncio.create_task(async_openai_client.completions.create(model=model_name, **BODY))
+            async with asyncio.timeout(30):  # the stream's request and the new one wait in the queue
+                while (await scheduler_stats(nc, model_name)).num_waiting < 2:
+                    await asyncio.sleep(0.05)
+            assert not later.done() and (await scheduler_stats(nc, model_name)).num_running == 0
+        finally:
+            woke = await http.post("/wake_up")
+        assert woke.json() == {"is_sleeping": False}
+        assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
+    streamed += [chunk.choices[0].text async for chunk in stream if chunk.choices]
+    assert "".join(streamed) == lone and (await later).choices[0].text == lone
+    print(f"worker RSS: awake {awake:.0f} MiB, asleep {asleep:.0f} MiB, woken {_rss_mib(worker):.0f} MiB")
+    assert asleep < awake - 400  # the float32 weights alone are ~540 MB
+    await nc.close()
+
+
+async def test_sleep_mode_answers_bad_orders_by_name(stack):
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http:
+        assert (await http.post("/sleep", params={"level": 3})).status_code == 400
+        assert (await http.post("/wake_up", params={"tags": "weights"})).status_code == 400
+        assert (await http.post("/sleep", params={"model": "no-such-model"})).status_code == 404
+        assert (await http.post("/wake_up")).json() == {"is_sleeping": False}  # awake already: nothing to do
