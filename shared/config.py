@@ -209,6 +209,11 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         choices=("hermes", "json"),
                         help="how a model's text becomes tool calls: hermes (<tool_call>{json}</tool_call>, "
                              "SmolLM2/Qwen/Hermes) or json (the whole answer is a call or a list of calls)")
+    parser.add_argument("--reasoning-parser", default=os.environ.get("SY_REASONING_PARSER") or None,
+                        choices=("deepseek_r1", "qwen3"),
+                        help="where a chat answer's thinking is (<think>...</think>): it becomes the message's "
+                             "reasoning_content (deepseek_r1: the answer starts thinking; qwen3: when it opens "
+                             "<think>, or the template did); default: none")
     parser.add_argument("--batch-concurrency", type=int, default=int(os.environ.get("SY_BATCH_CONCURRENCY", "16")),
                         help="the Batch API: lines of one batch in flight at once, at low priority")
     parser.add_argument("--oci-registry", default=os.environ.get("SY_OCI_REGISTRY"),

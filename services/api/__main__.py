@@ -62,7 +62,8 @@ def main() -> None:
                                   inference_log=InferenceLog(nc, args.inference_log_max_age_s,
                                                              args.inference_log_max_bytes))
         ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, server=server, pipelines=pipelines,
-                         batch=BatchState(concurrency=args.batch_concurrency), tool_call_parser=args.tool_call_parser)
+                         batch=BatchState(concurrency=args.batch_concurrency), tool_call_parser=args.tool_call_parser,
+                         reasoning_parser=args.reasoning_parser)
         ctx.limits = LimitsWatcher(ctx)
         await ctx.limits.start()
         await ctx.limits.refresh(served.name)

@@ -100,7 +100,7 @@ async def tokenize(request: Request) -> JSONResponse:
         text = body.prompt
     else:
         text = await off_loop(render_messages, model, body.messages, body.add_generation_prompt, body.tools,
-                              continue_final_message=body.continue_final_message)
+                              body.continue_final_message, body.chat_template_kwargs)
     special = True if body.add_special_tokens is None else body.add_special_tokens
     ids = await off_loop(encode_text, model, text, "prompt", special)
     answer = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}

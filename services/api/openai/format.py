@@ -33,11 +33,15 @@ def completion_choice(index: int, text: str, finish_reason: str | None, logprobs
 
 
 def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: list[dict] | None,
-                tool_calls: list[dict] | None = None, stop_reason: str | int | None = None) -> dict:
-    message = {"role": "assistant", "content": text}
+                tool_calls: list[dict] | None = None, stop_reason: str | int | None = None,
+                reasoning: str | None = None) -> dict:
+    """reasoning: the thinking a reasoning parser took out (vLLM's reasoning_content; null without)."""
+    message = {"role": "assistant", "content": text, "reasoning_content": reasoning}
     if tool_calls:
-        message["content"] = text or None
+        message["content"] = text if text.strip() else None  # the blank line between thinking and a call is none
         message["tool_calls"] = tool_calls
+    elif reasoning is not None and not text:
+        message["content"] = None  # all thinking, no answer (cut by max_tokens): vLLM's null
     return {"index": index, "message": message,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
             "finish_reason": finish_reason, "stop_reason": stop_reason}

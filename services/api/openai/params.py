@@ -49,8 +49,12 @@ def encode_text(model: ServedModel, text: str, param: str, add_special_tokens: b
         raise APIError(400, f"{param} cannot be tokenized: {exc}", param=param) from None
 
 
+TEMPLATE_OWN_NAMES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
 def render_messages(model: ServedModel, messages: list[ChatMessage], add_generation_prompt: bool,
-                    tools: list[Tool] | None = None, continue_final_message: bool = False) -> str:
+                    tools: list[Tool] | None = None, continue_final_message: bool = False,
+                    template_kwargs: dict | None = None) -> str:
     """Chat messages through the model's chat template (its own, or the OpenAI config's override);
     with tools, or tool calls and results in the history, a template that can render them.
     continue_final_message (vLLM's): the last message is left open, so the model continues it."""
@@ -63,9 +67,13 @@ def render_messages(model: ServedModel, messages: list[ChatMessage], add_generat
                            param="continue_final_message")
     if not model.chat_template:
         raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
-    template, extra = model.chat_template, {}
+    taken = [k for k in template_kwargs or {} if k in TEMPLATE_OWN_NAMES]
+    if taken:
+        raise APIError(400, f"chat_template_kwargs cannot set {taken[0]!r}: the request's own fields set it",
+                       param="chat_template_kwargs")
+    template, extra = model.chat_template, dict(template_kwargs or {})  # e.g. enable_thinking, for the template
     if uses_tools(messages, tools):
-        template, extra = tool_template(model.chat_template), {"tools": template_tools(tools)}
+        template, extra = tool_template(model.chat_template), {**extra, "tools": template_tools(tools)}
     try:
         text = render_chat(template, template_messages(messages), bos_token=model.tokenizer.bos_token,
                            eos_token=model.tokenizer.eos_token, add_generation_prompt=add_generation_prompt, **extra)

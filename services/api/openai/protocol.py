@@ -172,6 +172,7 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     continue_final_message: bool = False  # vLLM: continue the final assistant message (add_generation_prompt false)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM: more variables for the chat template (enable_thinking)
 
 
 class TokenizeRequest(_Request):
@@ -183,6 +184,7 @@ class TokenizeRequest(_Request):
     continue_final_message: bool = False
     add_special_tokens: bool | None = None  # the tokenizer's BOS; None: as the completion would encode it
     tools: list[Tool] | None = None  # messages: rendered as the chat completion renders them
+    chat_template_kwargs: dict[str, Any] | None = None  # messages: as the chat completion passes them
 
 
 class DetokenizeRequest(_Request):

@@ -6,6 +6,7 @@ completions flavour also echoes the prompt (with its logprobs) when asked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.api.context import ServedModel
@@ -14,6 +15,7 @@ from services.api.openai.format import Usage
 from services.api.openai.generation import Delta
 from services.api.openai.logprobs_format import CompletionLogprobs, chat_logprobs, prompt_logprobs
 from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from services.api.openai.reasoning import ReasoningSplitter
 from services.api.openai.tools.choice import ToolPlan
 from services.api.openai.tools.parsers import parser_for
 
@@ -27,6 +29,7 @@ class _Choice:
     tool_calls: list[dict] = field(default_factory=list)
     prompt_logprobs: list[dict | None] | None = None  # vLLM's shape, when the request asked
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    reasoning: list[str] = field(default_factory=list)  # a reasoning parser's share of the text
 
 
 class Responder:
@@ -115,8 +118,11 @@ class ChatResponder(Responder):
     is_chat = True
 
     def __init__(self, model: ServedModel, body: ChatCompletionRequest, num_choices: int,
-                 tools: ToolPlan | None = None, prompt_ids: list[int] | None = None):
+                 tools: ToolPlan | None = None, prompt_ids: list[int] | None = None,
+                 reasoning: Callable[[], ReasoningSplitter] | None = None):
+        """reasoning: a splitter per choice (--reasoning-parser); its content goes on to the tool parser."""
         super().__init__(model, num_choices)
+        self.splitters = [reasoning() for _ in range(num_choices)] if reasoning else None
         self.prompt_ids = prompt_ids or []
         self.wants_prompt_logprobs = body.prompt_logprobs is not None
         self.wants_logprobs = body.logprobs
@@ -132,8 +138,8 @@ class ChatResponder(Responder):
                           [fmt.chat_delta_choice(i, {"role": "assistant", "content": ""}, None, None)])
                 for i in range(len(self.choices))]
 
-    def add(self, index: int, delta: Delta) -> tuple[list[dict] | None, str, list[dict]]:
-        """-> (logprobs, content, tool calls) this delta adds to its choice."""
+    def add(self, index: int, delta: Delta) -> tuple[list[dict] | None, str, list[dict], str]:
+        """-> (logprobs, content, tool calls, reasoning) this delta adds to its choice."""
         choice = self.choices[index]
         logprobs = None
         if self.wants_logprobs and delta.logprobs:
@@ -142,9 +148,15 @@ class ChatResponder(Responder):
         if self.wants_prompt_logprobs and delta.prompt_logprobs is not None:
             choice.prompt_logprobs = prompt_logprobs(self.model.tokenizer, self.prompt_ids, delta.prompt_logprobs,
                                                      self.as_token_ids)
-        content, calls = delta.text, []
+        content, calls, reasoning = delta.text, [], ""
+        if self.splitters is not None:
+            reasoning, content = self.splitters[index].feed(delta.text)
+            if delta.finish_reason:
+                more_reasoning, more_content = self.splitters[index].finish()
+                reasoning, content = reasoning + more_reasoning, content + more_content
+            choice.reasoning.append(reasoning)
         if self.parsers is not None:
-            content, calls = self.parsers[index].feed(delta.text)
+            content, calls = self.parsers[index].feed(content)
             if delta.finish_reason:
                 rest, more = self.parsers[index].finish()
                 # a forced answer is all call syntax: a call cut short (max_tokens) is not content
@@ -155,10 +167,10 @@ class ChatResponder(Responder):
         if delta.finish_reason:
             choice.finish_reason = "tool_calls" if delta.finish_reason == "stop" and choice.tool_calls \
                 else delta.finish_reason
-        return logprobs, content, calls
+        return logprobs, content, calls, reasoning
 
     def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
-        logprobs, content, calls = self.add(index, delta)
+        logprobs, content, calls, reasoning = self.add(index, delta)
 
         def chunk(body: dict, finish_reason: str | None = None, logprobs_=None) -> dict:
             stop_reason = self.choices[index].stop_reason if finish_reason else None
@@ -178,10 +190,11 @@ class ChatResponder(Responder):
             out.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]}))
         if delta.finish_reason and not (last and out):
             out.append(chunk({}, self.choices[index].finish_reason))
-        return out
+        return ([chunk({"reasoning_content": reasoning})] if reasoning else []) + out
 
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
-        choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls, c.stop_reason)
+        choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls, c.stop_reason,
+                                   "".join(c.reasoning) or None)
                    for i, c in enumerate(self.choices)]
         body = fmt.response(request_id, created, self.model.name, True, choices, usage)
         body["prompt_logprobs"] = self.choices[0].prompt_logprobs  # vLLM's: once, at the top; null unless asked

@@ -27,6 +27,7 @@ from services.api.openai.params import (
     sampling_params,
 )
 from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from services.api.openai.reasoning import ReasoningSplitter
 from services.api.openai.responder import ChatResponder, CompletionResponder, Responder
 from services.api.openai.tools.choice import forced_grammar, plan_tools
 from services.api.pipelines.inference_log import recorder
@@ -72,7 +73,7 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
     """A validated chat request as engine requests, and the responder that reads them back."""
     tools = plan_tools(body, ctx.tool_call_parser)
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
-                           body.continue_final_message)
+                           body.continue_final_message, body.chat_template_kwargs)
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=chat_logprobs(body), prompt_logprobs=body.prompt_logprobs)
@@ -82,7 +83,9 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
                            param="response_format")
         sampling = msgspec.structs.replace(sampling, guided=forced)
     choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived)
-    return choices, ChatResponder(model, body, choices.num_choices, tools, prompt_ids)
+    parser = ctx.reasoning_parser
+    splitter = (lambda: ReasoningSplitter(parser, text)) if parser else None
+    return choices, ChatResponder(model, body, choices.num_choices, tools, prompt_ids, reasoning=splitter)
 
 
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],

@@ -133,12 +133,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def output_items(text: str, tool_calls: list[dict], logprobs: list[dict] | None = None) -> list[dict]:
-    items = []
+def output_items(text: str, tool_calls: list[dict], logprobs: list[dict] | None = None,
+                 reasoning: str = "") -> list[dict]:
+    """reasoning: the thinking a reasoning parser took out, as a reasoning item before the answer."""
+    items = [reasoning_item(new_id("rs"), reasoning, "completed")] if reasoning else []
     if text:
         items.append(message_item(new_id("msg"), text, "completed", logprobs))
     items += [function_call_item(call, "completed") for call in tool_calls]
     return items
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict:
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if text else []}
 
 
 def message_item(item_id: str, text: str, status: str, logprobs: list[dict] | None = None) -> dict:

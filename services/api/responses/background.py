@@ -44,7 +44,8 @@ async def _run(ctx: ApiContext, keep, load, choices: Choices, responder: ChatRes
     def answer(status: str, error: dict | None = None) -> dict:
         choice = responder.choices[0]
         text = "".join(choice.text)
-        response = response_object(response_id, body, output_items(text, choice.tool_calls, choice.logprobs), status,
+        items = output_items(text, choice.tool_calls, choice.logprobs, "".join(choice.reasoning))
+        response = response_object(response_id, body, items, status,
                                    choices.usage(), choice.finish_reason if status == "completed" else None,
                                    created_at=created_at)
         response["error"] = error

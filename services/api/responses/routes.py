@@ -31,6 +31,7 @@ from services.api.responses.as_chat import (
     message_item,
     new_id,
     output_items,
+    reasoning_item,
     response_object,
 )
 from services.api.responses.store import ResponseStore
@@ -78,7 +79,8 @@ async def create_response(request: Request):
     await collect(choices, responder, request)
     choice = responder.choices[0]
     text = "".join(choice.text)
-    response = response_object(response_id, body, output_items(text, choice.tool_calls, choice.logprobs), "completed",
+    items = output_items(text, choice.tool_calls, choice.logprobs, "".join(choice.reasoning))
+    response = response_object(response_id, body, items, "completed",
                                choices.usage(), choice.finish_reason)
     await _keep(ctx, body, response, conversation + assistant_messages(text, choice.tool_calls))
     return JSONResponse(response)
@@ -127,6 +129,7 @@ async def _events(ctx: ApiContext, choices: Choices, responder: ChatResponder, b
     created = int(time.time())
     output: list[dict] = []
     text_id, texts, text_logprobs = None, [], []
+    reasoning_id, thoughts = None, []
 
     def event(kind: str, **fields) -> bytes:
         data = _json.encode({"type": kind, "sequence_number": next(numbers), **fields})
@@ -142,12 +145,32 @@ async def _events(ctx: ApiContext, choices: Choices, responder: ChatResponder, b
                       part=item["content"][0]),
                 event("response.output_item.done", output_index=index, item=item)]
 
+    def close_reasoning() -> list[bytes]:
+        text, index = "".join(thoughts), len(output)
+        item = reasoning_item(reasoning_id, text, "completed")
+        output.append(item)
+        return [event("response.reasoning_text.done", item_id=reasoning_id, output_index=index, content_index=0,
+                      text=text),
+                event("response.output_item.done", output_index=index, item=item)]
+
     started = response_object(response_id, body, [], "in_progress", None, created_at=created)
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
     try:
         async for index, delta in choices.deltas():
-            logprobs, content, calls = responder.add(index, delta)
+            logprobs, content, calls, reasoning = responder.add(index, delta)
+            if reasoning:  # the thinking streams as a reasoning item of its own, before the answer's
+                if reasoning_id is None:
+                    reasoning_id, thoughts = new_id("rs"), []
+                    yield event("response.output_item.added", output_index=len(output),
+                                item=reasoning_item(reasoning_id, "", "in_progress"))
+                thoughts.append(reasoning)
+                yield event("response.reasoning_text.delta", item_id=reasoning_id, output_index=len(output),
+                            content_index=0, delta=reasoning)
+            if reasoning_id is not None and (content or calls or delta.finish_reason):
+                for e in close_reasoning():
+                    yield e
+                reasoning_id = None
             if content:
                 if text_id is None:
                     text_id, texts, text_logprobs = new_id("msg"), [], []
