@@ -79,6 +79,7 @@ def test_tokenize_gives_vocabulary_strings_and_takes_vllms_options(openai_client
     got = tokenize(prompt="The capital is", return_token_strs=True)
     assert got["token_strs"] == ["The", "Ġcapital", "Ġis"] and got["count"] == 3
     assert tokenize(prompt="The capital is", add_special_tokens=False)["tokens"] == got["tokens"]
+    assert tokenize(prompt="The capital is")["token_strs"] is None  # asked for or null, as vLLM answers
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}
     messages = [{"role": "user", "content": "Weather in Paris?"}]

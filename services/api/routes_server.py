@@ -103,10 +103,8 @@ async def tokenize(request: Request) -> JSONResponse:
                               body.continue_final_message, body.chat_template_kwargs)
     special = True if body.add_special_tokens is None else body.add_special_tokens
     ids = await off_loop(encode_text, model, text, "prompt", special)
-    answer = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
-    if body.return_token_strs:
-        answer["token_strs"] = [model.tokenizer.token_string(i) for i in ids]
-    return JSONResponse(answer)
+    strs = [model.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None  # null: vLLM's
+    return JSONResponse({"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids, "token_strs": strs})
 
 
 @router.post("/detokenize")
