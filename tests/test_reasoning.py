@@ -118,3 +118,51 @@ def test_chat_template_kwargs_reach_the_template(thinking_stack, model_name):
     with pytest.raises(openai.BadRequestError, match="chat_template_kwargs cannot set 'messages'"):
         client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2,
                                        extra_body={"chat_template_kwargs": {"messages": []}})
+
+
+def _ids(base: str, model_name: str, prompt: list[int], max_tokens: int) -> tuple[list[int], str]:
+    """A plain completion's token ids and text (no parser), greedy."""
+    choice = httpx.post(base + "/v1/completions", json={
+        "model": model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
+        "return_tokens_as_token_ids": True}, timeout=60).json()["choices"][0]
+    return [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]], choice["text"]
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_thinking_budget_closes_the_thinking_and_the_answer_follows(thinking_stack, model_name, stream):
+    base = thinking_stack.base_url
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+    prompt = httpx.post(base + "/tokenize", json={"model": model_name, "messages": ASK}).json()["tokens"]
+    thought_ids, thought = _ids(base, model_name, prompt, 4)
+    close = httpx.post(base + "/tokenize", json={"model": model_name, "prompt": "\n</think>\n\n",
+                                                 "add_special_tokens": False}).json()["tokens"]
+    _, answer = _ids(base, model_name, prompt + thought_ids + close, 8)
+    reply = client.chat.completions.create(model=model_name, messages=ASK, max_tokens=12, temperature=0,
+                                           stream=stream, extra_body={"thinking_token_budget": 4})
+    if stream:
+        deltas = [c.choices[0].delta for c in reply if c.choices]
+        reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+        content = "".join(d.content or "" for d in deltas)
+    else:
+        reasoning, content = reply.choices[0].message.reasoning_content, reply.choices[0].message.content
+        assert reply.usage.completion_tokens == 12
+    assert reasoning == thought + "\n" and content == "\n\n" + answer
+
+
+@pytest.mark.stack
+def test_structured_output_applies_after_the_thinking(thinking_stack, model_name):
+    client = openai.OpenAI(base_url=thinking_stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+              "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model=model_name, messages=ASK, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        extra_body={"thinking_token_budget": 6})
+    message = reply.choices[0].message
+    assert message.reasoning_content and not message.reasoning_content.lstrip().startswith("{")
+    assert set(json.loads(message.content)) == {"city"}  # the grammar held the answer, not the thinking
+    with pytest.raises(openai.BadRequestError, match="thinking_token_budget needs a reasoning parser"):
+        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=4,
+                                       extra_body={"thinking_token_budget": 4,
+                                                   "chat_template_kwargs": {"enable_thinking": False}})

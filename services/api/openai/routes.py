@@ -29,6 +29,7 @@ from services.api.openai.params import (
 from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.api.openai.reasoning import ReasoningSplitter
 from services.api.openai.responder import ChatResponder, CompletionResponder, Responder
+from services.api.openai.thinking import ThinkingGeneration
 from services.api.openai.tools.choice import forced_grammar, plan_tools
 from services.api.pipelines.inference_log import recorder
 from shared.detokenizer import IncrementalDetokenizer
@@ -82,10 +83,38 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
             raise APIError(400, "response_format cannot be combined with a tool_choice that forces a call",
                            param="response_format")
         sampling = msgspec.structs.replace(sampling, guided=forced)
-    choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived)
     parser = ctx.reasoning_parser
     splitter = (lambda: ReasoningSplitter(parser, text)) if parser else None
+    thinks_first = splitter is not None and splitter().in_reasoning
+    if body.thinking_token_budget is not None and not thinks_first:
+        raise APIError(400, "thinking_token_budget needs a reasoning parser (--reasoning-parser) and a prompt "
+                            "that opens the thinking (the chat template's <think>)", param="thinking_token_budget")
+    if thinks_first and (sampling.guided is not None or body.thinking_token_budget is not None):
+        choices = thinking_choices(ctx, model, body, prompt_ids, sampling, arrived)  # the grammar after the thinking
+    else:
+        choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived)
     return choices, ChatResponder(model, body, choices.num_choices, tools, prompt_ids, reasoning=splitter)
+
+
+def thinking_choices(ctx: ApiContext, model: ServedModel, body: ChatCompletionRequest, prompt_ids: list[int],
+                     sampling: SamplingParams, arrived: tuple[float, float]) -> Choices:
+    """Each choice thinks, then answers under the request's grammar (thinking.py)."""
+    def make(ids: list[int], params: SamplingParams, stop: list[str]) -> Generation:
+        return Generation(ctx.bus, model.name, ids, params, IncrementalDetokenizer(model.tokenizer.tokenizer, stop),
+                          ctx.metrics, cache_salt=body.cache_salt, idle_timeout_s=ctx.server.idle_timeout_s,
+                          request_timeout_s=ctx.server.request_timeout_s, arrival=arrived, user=body.user,
+                          priority=body.priority)
+
+    ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
+    log = recorder(ctx.pipelines.inference_log, model, body)
+    generations = []
+    for j in range(body.n):
+        seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, j))
+        gen = ThinkingGeneration(make, prompt_ids, seeded, body.stop_strings, body.thinking_token_budget,
+                                 lambda text: model.tokenizer.encode(text, add_special_tokens=False))
+        gen.on_finished, gen.keeps_output = log, log is not None
+        generations.append(gen)
+    return Choices(generations, [0] * body.n)
 
 
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
