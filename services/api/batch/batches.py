@@ -54,7 +54,7 @@ class BatchRecord(msgspec.Struct):
 
 
 def batch_store(ctx) -> BatchStore:
-    """The gateway's BatchStore (services.api.context.ApiContext.batches), made on first use."""
+    """The gateway's BatchStore (ApiContext.batch.batches), made on first use."""
     if ctx.batch.batches is None:
         ctx.batch.batches = BatchStore(ctx.nc)
     return ctx.batch.batches

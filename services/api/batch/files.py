@@ -33,7 +33,7 @@ class FileObject(msgspec.Struct):
 
 
 def file_store(ctx) -> FileStore:
-    """The gateway's FileStore (services.api.context.ApiContext.files), made on first use."""
+    """The gateway's FileStore (ApiContext.batch.files), made on first use."""
     if ctx.batch.files is None:
         ctx.batch.files = FileStore(ctx.nc)
     return ctx.batch.files
