@@ -38,7 +38,7 @@ class ModelRunner:
         """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep."""
         self.backend: Backend | None = backend
         self.rebuild = rebuild
-        self._num_blocks = backend.num_blocks
+        self._num_blocks = 0  # the KV pool's, while asleep: the one the wake must give back
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.grammar = grammar
@@ -56,8 +56,11 @@ class ModelRunner:
         scheduler recomputes them after the wake), then hand the freed memory back to the OS."""
         if self.rebuild is None:
             raise RuntimeError("this worker cannot sleep: its backend compiles in the background (--compile)")
+        if self.backend is None:
+            return  # asleep already
         self.seqs.clear()
         self._row_errors.clear()
+        self._num_blocks = self.backend.num_blocks
         self.backend = None
         gc.collect()
         memory.trim()
