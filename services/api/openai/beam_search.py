@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -62,7 +63,7 @@ class BeamChoices:
         self.prompts, self.samplings, self.arrived = prompts, samplings, arrived
         self.arrival = arrived[0]
         self.num_choices = len(prompts) * body.n
-        self.length_penalty = getattr(body, "length_penalty", 1.0)
+        self.length_penalty = body.length_penalty
         eos = model.tokenizer.eos_token
         self.eos_ids = set() if body.ignore_eos or eos is None else {model.tokenizer.tokenizer.token_to_id(eos)}
         self.first_token_at: float | None = None
@@ -73,7 +74,7 @@ class BeamChoices:
 
     async def submit(self) -> None:
         """Nothing is held in the engine between steps: each step submits its own requests."""
-        self.request_id = f"beam-{time.monotonic_ns():x}"
+        self.request_id = f"beam-{uuid.uuid4().hex}"
 
     async def abort(self) -> None:
         for gen in self._in_flight:
