@@ -1,5 +1,5 @@
 """OpenAI request bodies, validated with pydantic. A field no model here declares is refused by
-name (body.py), unless it is null: nothing is accepted and ignored."""
+name (body.py), unless it is null, or a chat message's own (the template's to read)."""
 
 from __future__ import annotations
 
