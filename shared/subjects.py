@@ -1,15 +1,25 @@
 """The only place a NATS subject string is spelled."""
 
+import re
+
 PREFIX = "sy.v1"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-/]")
+
+
+def token(name: str) -> str:
+    """A name (a model's, a worker's) as one subject token: "Qwen/Qwen2.5-0.5B" has a dot, which
+    would split it in two, so every character but [A-Za-z0-9_-/] is written %XX (distinct names
+    stay distinct)."""
+    return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), name)
 
 
 def submit(model: str) -> str:
     """Request/reply: Submit -> Accepted | Rejected."""
-    return f"{PREFIX}.{model}.submit"
+    return f"{PREFIX}.{token(model)}.submit"
 
 
 def abort(model: str) -> str:
-    return f"{PREFIX}.{model}.abort"
+    return f"{PREFIX}.{token(model)}.abort"
 
 
 def api_out(api_id: str) -> str:
@@ -19,12 +29,12 @@ def api_out(api_id: str) -> str:
 
 def tokens(model: str) -> str:
     """Observer subject: every step's tokens for a model."""
-    return f"{PREFIX}.tokens.{model}"
+    return f"{PREFIX}.tokens.{token(model)}"
 
 
 def worker_step(worker_id: str) -> str:
     """Request/reply: Step -> StepResult."""
-    return f"{PREFIX}.worker.{worker_id}.step"
+    return f"{PREFIX}.worker.{token(worker_id)}.step"
 
 
 WORKERS_HELLO = f"{PREFIX}.workers.hello"
@@ -37,7 +47,7 @@ MODEL_LIMITS = f"{PREFIX}.models.limits"  # schedulers publish each model's max_
 
 
 def kv_events(pool: str) -> str:
-    return f"{PREFIX}.kv.events.{pool}"
+    return f"{PREFIX}.kv.events.{token(pool)}"
 
 
 KV_EVENTS_ALL = f"{PREFIX}.kv.events.*"
@@ -64,12 +74,12 @@ BATCH_LINES = f"{PREFIX}.batches.*.lines"
 
 def custom_predict(deployment: str) -> str:
     """Request/reply, queue group: a custom model's records, answered by its runtime process."""
-    return f"{PREFIX}.custom.{deployment}.predict"
+    return f"{PREFIX}.custom.{token(deployment)}.predict"
 
 
 def inference_log(pipeline: str, log_id: str) -> str:
     """JetStream (stream SY_INFERENCE_LOGS): one engine request served for a deployed pipeline."""
-    return f"{PREFIX}.inference_logs.{pipeline}.{log_id}"
+    return f"{PREFIX}.inference_logs.{token(pipeline)}.{log_id}"  # log_id may be "*"
 
 
 INFERENCE_LOGS = f"{PREFIX}.inference_logs.>"
@@ -81,17 +91,17 @@ def background_cancel(response_id: str) -> str:
 
 
 def scheduler_stats(model: str) -> str:
-    return f"{PREFIX}.{model}.stats"
+    return f"{PREFIX}.{token(model)}.stats"
 
 
 def sleep(model: str) -> str:
     """Request/reply: Sleep | WakeUp -> SleepState (the model's scheduler)."""
-    return f"{PREFIX}.{model}.sleep"
+    return f"{PREFIX}.{token(model)}.sleep"
 
 
 def worker_sleep(worker_id: str) -> str:
     """Request/reply: Sleep | WakeUp -> SleepState (one worker, from its pool's scheduler)."""
-    return f"{PREFIX}.worker.{worker_id}.sleep"
+    return f"{PREFIX}.worker.{token(worker_id)}.sleep"
 
 
 def service_stats(service: str, instance_id: str = "*") -> str:

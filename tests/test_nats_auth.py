@@ -105,3 +105,29 @@ async def test_an_abort_without_the_submitters_key_is_refused_and_the_owners_get
     await watcher.unsubscribe()
     await owner.stop()
     await nc.close()
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-8B", "my model*>"])
+async def test_a_model_name_with_dots_or_wildcards_is_one_token_the_permissions_allow(locked, model):
+    """Hub names carry dots (Qwen2.5, Llama-3.1): each name is one subject token, so the gateway's
+    submit reaches the scheduler through its per-token permissions, and no name reaches another's."""
+    scheduler, scheduler_errors = await _connect_as(locked, "scheduler")
+    api, api_errors = await _connect_as(locked, "api")
+    mine, other = await scheduler.subscribe(subjects.submit(model)), await scheduler.subscribe(subjects.submit("x"))
+    await scheduler.flush()
+    await api.publish(subjects.submit(model), b"hello")
+    await api.flush()
+    assert (await mine.next_msg(timeout=5)).data == b"hello"
+    with pytest.raises(nats.errors.TimeoutError):
+        await other.next_msg(timeout=0.2)
+    await scheduler.close()
+    await api.close()
+    assert scheduler_errors == api_errors == []
+
+
+def test_distinct_names_stay_distinct_tokens():
+    names = ["Qwen2.5", "Qwen2%2E5", "Qwen2_5", "a b", "a%20b", "a/b", "a.b.c"]
+    tokens = [subjects.token(n) for n in names]
+    assert len(set(tokens)) == len(names)
+    assert all("." not in t and " " not in t and "*" not in t and ">" not in t for t in tokens)
+    assert subjects.token("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

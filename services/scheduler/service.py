@@ -85,7 +85,7 @@ class SchedulerService:
 
     async def start(self) -> None:
         add = self.endpoints.add
-        await add("submit", subjects.submit(self.model), self._on_submit, queue=f"scheduler.{self.model}")
+        await add("submit", subjects.submit(self.model), self._on_submit, queue=f"scheduler.{subjects.token(self.model)}")
         await add("abort", subjects.abort(self.model), self._on_abort)
         await add("hello", subjects.WORKERS_HELLO, self._on_announce)
         await add("worker_heartbeat", subjects.WORKERS_HEARTBEAT, self._on_announce)
