@@ -93,6 +93,19 @@ def small_llama(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def small_qwen3(tmp_path_factory) -> str:
+    """config.json of a 2-layer Qwen3 (q/k RMSNorm per head, head size beside the width) for the
+    `dummy` loader: the faster backends are checked on a second family beside small_llama."""
+    config = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 300, "hidden_size": 96, "intermediate_size": 256,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+              "max_position_embeddings": 4096, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": True, "eos_token_id": 299}
+    path = tmp_path_factory.mktemp("small-qwen3") / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """nats-server on a free port + kvcache + one worker + scheduler + API, real processes."""
     s = _start_stack(tmp_path_factory, "stack", num_workers=1, extra_args=[])

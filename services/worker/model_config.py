@@ -58,6 +58,10 @@ def _sliding_window(raw: dict) -> int | None:
     return int(raw["sliding_window"])
 
 
+# llama.cpp's architecture names -> the Hugging Face class each file's tensors are
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
 class ModelConfig(msgspec.Struct, kw_only=True):
     architecture: str  # Hugging Face class name, the registry key
     vocab_size: int
@@ -122,26 +126,28 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     @classmethod
     def from_gguf_fields(cls, fields: dict, has_output_weight: bool) -> ModelConfig:
         arch = fields["general.architecture"]
-        if arch != "llama":
-            raise ValueError(f"GGUF architecture {arch!r} is not supported (llama only)")
+        if arch not in GGUF_ARCHITECTURES:
+            raise ValueError(f"GGUF architecture {arch!r} is not supported; known: {', '.join(GGUF_ARCHITECTURES)}")
         p = f"{arch}."
         num_heads = fields[p + "attention.head_count"]
         hidden = fields[p + "embedding_length"]
         eos = fields.get("tokenizer.ggml.eos_token_id")
         vocab = fields.get(p + "vocab_size") or len(fields["tokenizer.ggml.tokens"])
         return cls(
-            architecture="LlamaForCausalLM",
+            architecture=GGUF_ARCHITECTURES[arch],
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=fields[p + "feed_forward_length"],
             num_layers=fields[p + "block_count"],
             num_heads=num_heads,
             num_kv_heads=fields.get(p + "attention.head_count_kv", num_heads),
-            head_dim=fields.get(p + "rope.dimension_count", hidden // num_heads),
+            head_dim=fields.get(p + "attention.key_length") or fields.get(p + "rope.dimension_count",
+                                                                            hidden // num_heads),
             rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
             rope_scaling=_gguf_rope_scaling(fields, p),
             rms_norm_eps=float(fields.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             tie_word_embeddings=not has_output_weight,
+            attention_bias=arch == "qwen2",
             max_position_embeddings=fields.get(p + "context_length", 2048),
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[] if eos is None else [eos],

@@ -1,6 +1,6 @@
 """The CUDA backend's whole forward (Triton kernels, its inputs, its sampler) against the torch
 backend, run on the CPU under TRITON_INTERPRET=1 in float32: the same greedy tokens on SmolLM2,
-and on a small random Llama with GQA the same tokens batched as alone, with prefix-cache hits,
+and on a small random Llama with GQA (and a Qwen3) the same tokens batched as alone, with prefix-cache hits,
 chunked prefills and preemption. (CUDA graphs and memory sizing need a GPU: tests/gpu/.)"""
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ def test_smollm2_greedy_tokens_equal_the_torch_backends(default_model_path, load
     assert greedy_generate(cuda_runner(triton, 16), ids, 6) == greedy_generate(make_runner(loaded_model), ids, 6)
 
 
-def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(small_llama):
-    reference, triton = load_model(small_llama, "dummy"), load_model(small_llama, "dummy", ops=TritonOps())
+@pytest.mark.parametrize("family", ["small_llama", "small_qwen3"])
+def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(request, family):
+    config = request.getfixturevalue(family)
+    reference, triton = load_model(config, "dummy"), load_model(config, "dummy", ops=TritonOps())
     gen = torch.Generator().manual_seed(3)
     shared = torch.randint(0, 299, (40,), generator=gen).tolist()
     prompts = [shared + torch.randint(0, 299, (n,), generator=gen).tolist() for n in (3, 20, 37)]

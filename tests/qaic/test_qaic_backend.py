@@ -57,10 +57,12 @@ def run_torch(loaded, max_tokens: int = 12) -> dict[str, list[int]]:
     return engine.run()
 
 
-def test_the_static_shapes_give_the_torch_backends_tokens(small_llama):
-    backend = qaic_backend(small_llama)
+@pytest.mark.parametrize("family", ["small_llama", "small_qwen3"])
+def test_the_static_shapes_give_the_torch_backends_tokens(request, family):
+    config = request.getfixturevalue(family)
+    backend = qaic_backend(config)
     assert backend.kind == WorkerKind.SLOTS and backend.hello_fields()["device"] == EMULATED_ON
-    assert run_qaic(backend, backend) == run_torch(load_model(small_llama, "dummy"))
+    assert run_qaic(backend, backend) == run_torch(load_model(config, "dummy"))
 
 
 def test_mxfp6_weights_compute_exactly_what_they_store(small_llama):

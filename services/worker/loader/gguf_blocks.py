@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 
-from services.worker.loader.gguf_file import our_name, unpermute_rotary
+from services.worker.loader.gguf_file import our_name, rows_permuted, unpermute_rotary
 from services.worker.model_config import ModelConfig
 
 BLOCK = 32
@@ -80,7 +80,7 @@ def read(path: str, config: ModelConfig) -> dict[str, QuantBlocks]:
         if kind not in KEPT:
             continue
         blocks = decode(kind, np.asarray(tensor.data))
-        heads = {"attn_q.weight": config.num_heads, "attn_k.weight": config.num_kv_heads}
+        heads = {"attn_q.weight": config.num_heads, "attn_k.weight": config.num_kv_heads} if rows_permuted(config) else {}
         for suffix, num_heads in heads.items():
             if tensor.name.endswith(suffix):
                 blocks = QuantBlocks(*(None if t is None else

@@ -1,4 +1,4 @@
-"""GGUF -> our weight names: dequantize with `gguf`, undo llama.cpp's Q/K rotary permutation.
+"""GGUF -> our weight names: dequantize with `gguf`, undo llama.cpp's Q/K rotary permutation (llama only).
 
 The dequantized weights are cached as safetensors so a restart skips the slow part.
 """
@@ -23,6 +23,7 @@ _LAYER_NAMES = {
     "attn_q": "attention.wq", "attn_k": "attention.wk", "attn_v": "attention.wv",
     "attn_output": "attention.wo", "ffn_gate": "feed_forward.w1", "ffn_down": "feed_forward.w2",
     "ffn_up": "feed_forward.w3", "attn_norm": "attention_norm", "ffn_norm": "ffn_norm",
+    "attn_q_norm": "attention.q_norm", "attn_k_norm": "attention.k_norm",
 }
 _TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output", "rope_freqs": "rope_freqs"}
 
@@ -33,6 +34,11 @@ def our_name(gguf_name: str) -> str:
     if parts[0] == "blk":
         return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
     return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+
+
+def rows_permuted(config: ModelConfig) -> bool:
+    """llama.cpp's converter permutes Q and K rows for its llama architecture only (Qwen's it keeps)."""
+    return config.architecture == "LlamaForCausalLM"
 
 
 def unpermute_rotary(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -52,10 +58,8 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor"):
         w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
         w = w.reshape([int(d) for d in reversed(tensor.shape)])
-        if tensor.name.endswith("attn_q.weight"):
-            w = unpermute_rotary(w, config.num_heads)
-        elif tensor.name.endswith("attn_k.weight"):
-            w = unpermute_rotary(w, config.num_kv_heads)
+        if rows_permuted(config) and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
+            w = unpermute_rotary(w, config.num_heads if tensor.name.endswith("attn_q.weight") else config.num_kv_heads)
         state_dict[our_name(tensor.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # several workers may build it at once
     save_file(state_dict, str(tmp))

@@ -15,7 +15,8 @@ _LAYER_NAMES = {
     "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
     "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
     "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
-    "post_attention_layernorm": "ffn_norm",
+    "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attention.q_norm",
+    "self_attn.k_norm": "attention.k_norm",
 }
 _TOP_NAMES = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
 

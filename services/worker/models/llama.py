@@ -71,13 +71,18 @@ class Attention(nn.Module):
         self.wqkv = fuse_linears([self.wq, self.wk, self.wv])
         del self.wq, self.wk, self.wv
 
-    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta):
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[T, hidden] -> q [T, heads, d], k and v [T, kv_heads, d], before the rotary."""
         n = x.shape[0]
         q, k, v = self.wqkv(x).split(self.sizes, dim=-1)
-        q, k = self.ops.rotary(q.view(n, self.num_heads, self.head_dim), k.view(n, self.num_kv_heads, self.head_dim),
-                               cos, sin)
-        o = self.ops.attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), kv_cache, meta, self.scale)
-        return self.wo(o.reshape(n, -1))
+        return (q.view(n, self.num_heads, self.head_dim), k.view(n, self.num_kv_heads, self.head_dim),
+                v.view(n, self.num_kv_heads, self.head_dim))
+
+    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta):
+        q, k, v = self.qkv(x)
+        q, k = self.ops.rotary(q, k, cos, sin)
+        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale)
+        return self.wo(o.reshape(x.shape[0], -1))
 
 
 class FeedForward(nn.Module):
@@ -98,9 +103,11 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    attention_class = Attention
+
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
-        self.attention = Attention(cfg, ops)
+        self.attention = self.attention_class(cfg, ops)
         self.feed_forward = FeedForward(cfg, ops)
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
@@ -119,11 +126,13 @@ def run_layers(layers, x, residual, cos, sin, kv_caches, meta) -> tuple[torch.Te
 
 
 class Llama(nn.Module):
+    block_class = TransformerBlock
+
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
         self.config = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(TransformerBlock(cfg, ops) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.block_class(cfg, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg)

@@ -1,13 +1,15 @@
-"""Architecture name -> model class. Qwen2 and Mistral share the Llama code path."""
+"""Architecture name -> model class (one file per family; Qwen2 and Mistral share the Llama code path)."""
 
 from __future__ import annotations
 
 from services.worker.models.llama import Llama
+from services.worker.models.qwen3 import Qwen3
 
 _REGISTRY: dict[str, type] = {
     "LlamaForCausalLM": Llama,
     "MistralForCausalLM": Llama,  # Llama + (unused below its window) sliding-window attention
     "Qwen2ForCausalLM": Llama,  # Llama + q/k/v biases (config.attention_bias)
+    "Qwen3ForCausalLM": Qwen3,  # Llama + q/k RMSNorm per head
 }
 
 

@@ -1,0 +1,132 @@
+"""Families beyond Llama against transformers: Qwen2.5 (q/k/v biases) and Qwen3 (q/k RMSNorm).
+
+Random weights saved by transformers for each real config's attention geometry (query and KV
+heads, head size), rope theta, norm eps and tied embeddings, shrunk in width, depth and
+vocabulary so a CPU runs it in seconds. Logits must match over 1,500 positions, and the
+scheduler's batching, prefix cache, chunked prefill and preemption must give a lone run's tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.loader import load_model
+from tests.inproc_engine import InProcessEngine
+from tests.model_helpers import greedy_generate, make_runner, prefill_logits
+
+transformers = pytest.importorskip("transformers")
+
+# name: (config class, model class, the real config's geometry; width, depth and vocabulary shrunk)
+REAL = {
+    "Qwen2.5-0.5B-Instruct": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=896, num_attention_heads=14, num_key_value_heads=2, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, max_position_embeddings=32768, use_sliding_window=False)),
+    "Qwen3-0.6B": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=256, num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=40960)),
+    "Qwen3-8B": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=256, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=40960)),
+}
+VOCAB = 2048
+
+
+@pytest.fixture(scope="module", params=sorted(REAL))
+def family(request, tmp_path_factory):
+    """(name, transformers' model, ours) for one family, written by save_pretrained and loaded back."""
+    config_cls, model_cls, geometry = REAL[request.param]
+    torch.manual_seed(0)
+    # a wider init than training's 0.02 gives peaked next-token distributions, so greedy choices are not ties
+    config = getattr(transformers, config_cls)(vocab_size=VOCAB, intermediate_size=512, num_hidden_layers=2,
+                                                initializer_range=0.08, **geometry)
+    theirs = getattr(transformers, model_cls)(config).eval()
+    folder = tmp_path_factory.mktemp(request.param)
+    theirs.save_pretrained(folder, safe_serialization=True)
+    return request.param, theirs, load_model(str(folder))
+
+
+def test_logits_match_transformers_over_1500_positions(family):
+    name, theirs, ours = family
+    assert ours.config.architecture == type(theirs).__name__
+    ids = torch.randint(0, VOCAB, (1500,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([ids])).logits[0].float()
+    got = prefill_logits(make_runner(ours, num_blocks=96), ids)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=0)
+
+
+def test_greedy_tokens_match_transformers(family):
+    name, theirs, ours = family
+    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.inference_mode():
+        expected = theirs.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    assert greedy_generate(make_runner(ours, num_blocks=8), prompt, 24) == expected[0, len(prompt):].tolist()
+
+
+def test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_tokens(family):
+    name, _, ours = family
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.randint(0, VOCAB, (40,), generator=gen).tolist()  # two full blocks every prompt shares
+    prompts = [shared + torch.randint(0, VOCAB, (30 + 7 * i,), generator=gen).tolist() for i in range(4)]
+    alone = {f"r{i}": greedy_generate(make_runner(ours, num_blocks=8), p, 24) for i, p in enumerate(prompts)}
+    # 64 tokens a step chunk every prompt; 14 blocks of 16 cannot hold four rows growing by 24
+    engine = InProcessEngine(ours, num_blocks=14, max_num_batched_tokens=64)
+    for i, p in enumerate(prompts):
+        engine.add(f"r{i}", p, 24, min_tokens=24)  # as greedy_generate: the full length, EOS or not
+    assert engine.run() == alone
+    assert engine.scheduler.num_preemptions > 0
+    assert max(engine.num_cached_tokens.values()) >= 32  # a later prompt found the shared blocks
+
+
+GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+              "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def write_gguf(model, path: str, arch: str) -> None:
+    """The checkpoint as llama.cpp's converter writes a Qwen file (float32 tensors, Q/K rows as they
+    are: it permutes them for its llama architecture only), through the gguf package's writer."""
+    import gguf
+
+    c = model.config
+    w = gguf.GGUFWriter(path, arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    for name, tensor in model.state_dict().items():
+        stem, kind = name.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            _, _, idx, rest = stem.split(".", 3)
+            ours = f"blk.{idx}.{GGUF_LAYER[rest]}.{kind}"
+        else:
+            ours = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}[stem] + "." + kind
+            if stem == "lm_head" and c.tie_word_embeddings:
+                continue
+        w.add_tensor(ours, tensor.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gguf_written_from_the_checkpoint_loads_the_same_model(family, tmp_path):
+    name, theirs, ours = family
+    path = str(tmp_path / "model.gguf")
+    write_gguf(theirs, path, "qwen3" if "Qwen3" in name else "qwen2")
+    from_gguf = load_model(path)
+    assert from_gguf.config.architecture == ours.config.architecture
+    assert from_gguf.config.head_dim == ours.config.head_dim
+    ids = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(4)).tolist()
+    torch.testing.assert_close(prefill_logits(make_runner(from_gguf, num_blocks=16), ids),
+                               prefill_logits(make_runner(ours, num_blocks=16), ids), atol=1e-5, rtol=0)
