@@ -262,6 +262,7 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     prefill_seq_len: int = 0
     vocab_size: int = 0  # the logits' width: the scheduler checks every token id of a Submit against it
     num_scheduler_steps: int = 1  # the worker's pick of decode iterations per Step, where the engine leaves it at 0
+    architecture: str = ""  # the loaded model's Hugging Face class, e.g. "Qwen3ForCausalLM"
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
@@ -294,6 +295,7 @@ class ModelLimits(msgspec.Struct, tag="limits"):
     model: str
     max_model_len: int
     devices: list[str] = []  # what its workers run on, e.g. "cpu", "qaic, emulated on cpu"
+    architectures: list[str] = []  # what its workers loaded (their hellos' architecture)
 
 
 # ---- KV events and the cluster index -------------------------------------------------------
@@ -392,6 +394,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     iteration_tokens_sum: int = 0
     iteration_tokens_count: int = 0
     devices: list[str] = []  # what the model's workers run on (their hellos' device)
+    architectures: list[str] = []  # what the model's workers loaded (their hellos' architecture)
     num_migrations: int = 0  # requests moved off a worker that died, recomputed on another
     is_sleeping: bool = False  # sleep mode: the workers freed their weights and KV pool
 

@@ -112,6 +112,7 @@ def test_models_and_health(stack, model_name):
     assert httpx.get(stack.base_url + "/health").status_code == 200
     models = httpx.get(stack.base_url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [model_name]
+    assert models["data"][0]["architectures"] == ["LlamaForCausalLM"]  # as its worker loaded it
 
 
 def test_chat_stream_finish_reason_rides_on_the_last_content_chunk(openai_client, model_name):

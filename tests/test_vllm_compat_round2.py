@@ -143,3 +143,39 @@ def test_beam_search_as_vllms_test_asks_it_whole_and_streamed(openai_client, mod
                                                  messages=[{"role": "user", "content": "Name a colour."}],
                                                  extra_body={"use_beam_search": True})
     assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content
+
+
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids(openai_client, model_name, hf_tokenizer):
+    """vLLM's return_token_ids: null keys unless asked; the ids decode to the text (a chat's end with
+    the end-of-turn token that stopped it); streamed, the prompt's ids come once, first."""
+    prompt = "Repeat after me: I love cats 🐱"
+    plain = openai_client.completions.create(model=model_name, prompt=prompt, **GREEDY)
+    assert plain.choices[0].token_ids is None and plain.choices[0].prompt_token_ids is None
+    asked = openai_client.completions.create(model=model_name, prompt=prompt, echo=True,
+                                             extra_body={"return_token_ids": True}, **GREEDY)
+    choice = asked.choices[0]
+    assert choice.prompt_token_ids == hf_tokenizer.encode(prompt) and len(choice.token_ids) == 8
+    assert choice.text.startswith(prompt)  # the ids hold a character the text waits to complete
+    assert hf_tokenizer.decode(choice.token_ids).startswith(choice.text[len(prompt):])
+    streamed = [c.choices[0] for c in openai_client.completions.create(
+        model=model_name, prompt=prompt, stream=True, extra_body={"return_token_ids": True}, **GREEDY)]
+    assert streamed[0].prompt_token_ids == choice.prompt_token_ids
+    assert all(getattr(c, "prompt_token_ids", None) is None for c in streamed[1:])
+    assert [t for c in streamed for t in c.token_ids] == choice.token_ids
+
+    messages = [{"role": "user", "content": prompt}]
+    chat = openai_client.chat.completions.create(model=model_name, messages=messages, temperature=0, max_tokens=40,
+                                                 extra_body={"return_token_ids": True})
+    assert chat.choices[0].finish_reason == "stop"
+    assert hf_tokenizer.decode(chat.choices[0].token_ids) == chat.choices[0].message.content + "<|im_end|>"
+    assert hf_tokenizer.decode(chat.prompt_token_ids).endswith("I love cats 🐱<|im_end|>\n<|im_start|>assistant\n")
+    chunks = list(openai_client.chat.completions.create(model=model_name, messages=messages, temperature=0,
+                                                        max_tokens=40, stream=True,
+                                                        extra_body={"return_token_ids": True}))
+    assert chunks[0].prompt_token_ids == chat.prompt_token_ids
+    assert all("prompt_token_ids" not in c.model_dump() for c in chunks[1:])
+    ids = [t for c in chunks if c.choices and "token_ids" in c.choices[0].model_dump()
+           for t in c.choices[0].token_ids]
+    assert ids == chat.choices[0].token_ids
+    without = openai_client.chat.completions.create(model=model_name, messages=messages, **GREEDY)
+    assert without.prompt_token_ids is None and without.choices[0].token_ids is None

@@ -33,16 +33,16 @@ class LimitsWatcher:
         except Exception:  # no scheduler yet: it publishes when its first worker joins
             return
         stats = SCHEDULER_STATS_DECODER.decode(msg.data)
-        self.apply(model, stats.max_model_len, stats.devices)
+        self.apply(model, stats.max_model_len, stats.devices, stats.architectures)
 
-    def apply(self, model: str, max_model_len: int, devices: list[str]) -> None:
+    def apply(self, model: str, max_model_len: int, devices: list[str], architectures: list[str]) -> None:
         served = self.ctx.models.get(model)
         if served is not None:
-            served.devices = devices
+            served.devices, served.architectures = devices, architectures
             if served.max_model_len != max_model_len:
                 served.max_model_len = max_model_len
                 log.info("model_limits", model=model, max_model_len=max_model_len, devices=devices)
 
     async def _on_limits(self, msg: Msg) -> None:
         limits = MODEL_LIMITS_DECODER.decode(msg.data)
-        self.apply(limits.model, limits.max_model_len, limits.devices)
+        self.apply(limits.model, limits.max_model_len, limits.devices, limits.architectures)

@@ -35,7 +35,8 @@ async def health(request: Request) -> JSONResponse:
         stats = SCHEDULER_STATS_DECODER.decode(msg.data)
         if stats.num_workers == 0:
             return APIError(503, f"no worker is ready for {name!r}").response()
-        ctx.limits.apply(name, stats.max_model_len, stats.devices)  # ready implies the gateway knows the model's limit
+        # ready implies the gateway knows the model's limit
+        ctx.limits.apply(name, stats.max_model_len, stats.devices, stats.architectures)
         if stats.is_draining:
             return APIError(503, f"the scheduler for {name!r} is shutting down").response()
     return JSONResponse({"status": "ok"})
@@ -47,7 +48,8 @@ async def list_models(request: Request) -> JSONResponse:
     for model in [m for m in ctx.models.values() if not m.max_model_len]:
         await ctx.limits.refresh(model.name)
     data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "switchyard",
-             "root": m.name, "parent": None, "max_model_len": m.max_model_len or None, "devices": m.devices}
+             "root": m.name, "parent": None, "max_model_len": m.max_model_len or None, "devices": m.devices,
+             "architectures": m.architectures}
             for m in ctx.models.values()]
     return JSONResponse({"object": "list", "data": data})
 

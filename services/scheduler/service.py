@@ -199,6 +199,10 @@ class SchedulerService:
         return sorted({p.hello.device for p in self.pools.values() if p.is_alive})
 
     @property
+    def architectures(self) -> list[str]:
+        return sorted({p.hello.architecture for p in self.pools.values() if p.is_alive and p.hello.architecture})
+
+    @property
     def num_running(self) -> int:
         return sum(len(p.scheduler.running) for p in self.pools.values() if p.is_alive)
 
@@ -282,7 +286,8 @@ class SchedulerService:
     async def publish_limits(self) -> None:
         """The model's max_model_len as its workers announced it (the API reads it from here)."""
         alive = any(p.is_alive for p in self.pools.values())
-        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.devices)
+        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.devices,
+                             architectures=self.architectures)
         await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
@@ -349,7 +354,7 @@ class SchedulerService:
             iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in self.pools.values()), strict=True)],
             iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
-            devices=self.devices, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
+            devices=self.devices, architectures=self.architectures, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
         )
         await msg.respond(encode(stats))
 

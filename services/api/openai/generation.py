@@ -62,6 +62,7 @@ class Generation:
         self.finish_reason = "abort"  # until the stream says otherwise: disconnect or timeout
         self.on_finished = None  # called with this generation at its end (a pipeline's inference log)
         self.keeps_output = False  # then output_ids and output_text hold what the client was sent
+        self.held_ids: list[int] = []  # tokens with no text yet (a split character, a possible stop string)
         self.output_ids: list[int] = []
         self.output_text: list[str] = []
 
@@ -153,8 +154,8 @@ class Generation:
                     return
                 if text or delta.logprobs or delta.prompt_logprobs:
                     yield self._sent(delta)
-                elif self.keeps_output:
-                    self.output_ids.extend(delta.token_ids)
+                else:  # they ride on the next delta sent (a delta with logprobs is always sent)
+                    self.held_ids.extend(delta.token_ids)
         except TimeoutError:
             raise APIError(504, f"no token for {self.idle_timeout_s}s; the request was aborted",
                            code="timeout") from None
@@ -164,6 +165,8 @@ class Generation:
             self._log_finished()
 
     def _sent(self, delta: Delta) -> Delta:
+        if self.held_ids:
+            delta.token_ids, self.held_ids = (*self.held_ids, *delta.token_ids), []
         if self.first_byte_at is None:
             self.first_byte_at = time.monotonic()
         if self.keeps_output:  # only where something reads it: an inference log, a replay

@@ -71,6 +71,7 @@ class _Sampling(_Request):
     structured_outputs: StructuredOutputs | None = None
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
     return_tokens_as_token_ids: bool = False
+    return_token_ids: bool | None = None  # vLLM: the prompt's and each choice's token ids beside the text
     prompt_logprobs: int | None = Field(default=None, ge=0)  # vLLM: each prompt token's logprob, rank, top-k
     use_beam_search: bool = False  # vLLM's: n beams searched by the gateway (beam_search.py)
     length_penalty: float = 1.0  # a beam's score: its logprob over its length to this power (beams only)

@@ -30,6 +30,7 @@ class _Choice:
     prompt_logprobs: list[dict | None] | None = None  # vLLM's shape, when the request asked
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     reasoning: list[str] = field(default_factory=list)  # a reasoning parser's share of the text
+    token_ids: list[int] = field(default_factory=list)  # every token it generated (return_token_ids)
 
 
 class Responder:
@@ -77,6 +78,7 @@ class CompletionResponder(Responder):
 
     def add(self, index: int, delta: Delta) -> tuple[str, dict | None]:
         choice = self.choices[index]
+        choice.token_ids.extend(delta.token_ids)
         text, logprobs = delta.text, None
         if not choice.has_started:
             choice.has_started = True
@@ -97,16 +99,24 @@ class CompletionResponder(Responder):
         return text, logprobs
 
     def chunks(self, request_id: str, created: int, index: int, delta: Delta) -> list[dict]:
+        is_first = not self.choices[index].has_started
         text, logprobs = self.add(index, delta)
-        return [fmt.chunk(request_id, created, self.model.name, False,
-                          [fmt.completion_choice(index, text, delta.finish_reason, logprobs, delta.stop_reason)])]
+        choice = fmt.completion_choice(index, text, delta.finish_reason, logprobs, delta.stop_reason)
+        if self.body.return_token_ids:  # vLLM's: the prompt's ids on a choice's first chunk, then each delta's
+            if is_first:
+                choice["prompt_token_ids"] = self.prompts[self.prompt_of[index]]
+            choice["token_ids"] = list(delta.token_ids)
+        return [fmt.chunk(request_id, created, self.model.name, False, [choice])]
 
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
         choices = [fmt.completion_choice(i, "".join(c.text), c.finish_reason,
                                          c.logprobs.as_dict() if c.logprobs is not None else None, c.stop_reason)
                    for i, c in enumerate(self.choices)]
-        for choice, c in zip(choices, self.choices, strict=True):
+        asked = bool(self.body.return_token_ids)
+        for i, (choice, c) in enumerate(zip(choices, self.choices, strict=True)):
             choice["prompt_logprobs"] = c.prompt_logprobs  # null unless asked, as vLLM sends it
+            choice["prompt_token_ids"] = self.prompts[self.prompt_of[i]] if asked else None
+            choice["token_ids"] = c.token_ids if asked else None
         return fmt.response(request_id, created, self.model.name, False, choices, usage)
 
 
@@ -127,6 +137,8 @@ class ChatResponder(Responder):
         self.wants_prompt_logprobs = body.prompt_logprobs is not None
         self.wants_logprobs = body.logprobs
         self.as_token_ids = body.return_tokens_as_token_ids
+        self.wants_token_ids = bool(body.return_token_ids)
+        self.unsent_ids: list[list[int]] = [[] for _ in range(num_choices)]  # ids no chunk has carried yet
         if body.logprobs:
             for choice in self.choices:
                 choice.logprobs = []
@@ -134,13 +146,17 @@ class ChatResponder(Responder):
         self.is_forced = bool(tools and tools.is_forced)
 
     def first_chunks(self, request_id: str, created: int) -> list[dict]:
-        return [fmt.chunk(request_id, created, self.model.name, True,
-                          [fmt.chat_delta_choice(i, {"role": "assistant", "content": ""}, None, None)])
-                for i in range(len(self.choices))]
+        first = [fmt.chunk(request_id, created, self.model.name, True,
+                           [fmt.chat_delta_choice(i, {"role": "assistant", "content": ""}, None, None)])
+                 for i in range(len(self.choices))]
+        if self.wants_token_ids:  # vLLM's: the prompt's ids once, on the first chunk only
+            first[0]["prompt_token_ids"] = self.prompt_ids
+        return first
 
     def add(self, index: int, delta: Delta) -> tuple[list[dict] | None, str, list[dict], str]:
         """-> (logprobs, content, tool calls, reasoning) this delta adds to its choice."""
         choice = self.choices[index]
+        choice.token_ids.extend(delta.token_ids)
         logprobs = None
         if self.wants_logprobs and delta.logprobs:
             logprobs = chat_logprobs(self.model.tokenizer, delta.token_ids, delta.logprobs, self.as_token_ids)
@@ -190,12 +206,20 @@ class ChatResponder(Responder):
             out.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]}))
         if delta.finish_reason and not (last and out):
             out.append(chunk({}, self.choices[index].finish_reason))
-        return ([chunk({"reasoning_content": reasoning})] if reasoning else []) + out
+        out = ([chunk({"reasoning_content": reasoning})] if reasoning else []) + out
+        if self.wants_token_ids:  # the delta's ids ride on its first chunk, or on a later one where it has none
+            self.unsent_ids[index].extend(delta.token_ids)
+            if out:
+                out[0]["choices"][0]["token_ids"], self.unsent_ids[index] = self.unsent_ids[index], []
+        return out
 
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
         choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls, c.stop_reason,
                                    "".join(c.reasoning) or None)
                    for i, c in enumerate(self.choices)]
+        for choice, c in zip(choices, self.choices, strict=True):
+            choice["token_ids"] = c.token_ids if self.wants_token_ids else None
         body = fmt.response(request_id, created, self.model.name, True, choices, usage)
         body["prompt_logprobs"] = self.choices[0].prompt_logprobs  # vLLM's: once, at the top; null unless asked
+        body["prompt_token_ids"] = self.prompt_ids if self.wants_token_ids else None
         return body
