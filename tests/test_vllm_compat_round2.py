@@ -102,6 +102,8 @@ def test_the_chosen_token_comes_first_in_top_logprobs_with_token_ids_and_echo(st
 def test_vllms_error_words_for_an_empty_prompt_an_unknown_token_and_a_seed_out_of_range(openai_client, model_name):
     with pytest.raises(openai.BadRequestError, match="decoder prompt cannot be empty"):
         openai_client.completions.create(model=model_name, prompt="", max_tokens=5)
+    with pytest.raises(openai.BadRequestError, match="Either prompt or prompt_embeds must be provided and non-empty"):
+        openai_client.completions.create(model=model_name, prompt=None, max_tokens=5)
     with pytest.raises(openai.BadRequestError, match="out of vocabulary"):
         openai_client.completions.create(model=model_name, prompt=[999999], max_tokens=5)
     for seed in (2**63, -(2**63) - 1):

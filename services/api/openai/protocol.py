@@ -93,6 +93,13 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _has_prompt(cls, data):
+        if isinstance(data, dict) and data.get("prompt") is None:  # vLLM's words, which clients match on
+            raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+        return data
+
 
 class TextPart(_Request):
     type: Literal["text"]
