@@ -205,10 +205,11 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated keys; when set, every route but /health needs one")
     parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", 16 * 2**20)))
     parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", "20")))
-    parser.add_argument("--tool-call-parser", default=os.environ.get("SY_TOOL_CALL_PARSER", "hermes"),
-                        choices=("hermes", "json"),
+    parser.add_argument("--tool-call-parser", default=os.environ.get("SY_TOOL_CALL_PARSER", "auto"),
+                        choices=("auto", "hermes", "json", "mistral"),
                         help="how a model's text becomes tool calls: hermes (<tool_call>{json}</tool_call>, "
-                             "SmolLM2/Qwen/Hermes) or json (the whole answer is a call or a list of calls)")
+                             "SmolLM2/Qwen/Hermes), json (Llama 3.x: the whole answer is a call or a list of "
+                             "calls), mistral ([TOOL_CALLS][...]); auto (default): the chat template's own syntax")
     parser.add_argument("--reasoning-parser", default=os.environ.get("SY_REASONING_PARSER") or None,
                         choices=("deepseek_r1", "qwen3"),
                         help="where a chat answer's thinking is (<think>...</think>): it becomes the message's "

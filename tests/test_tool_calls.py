@@ -14,7 +14,7 @@ from services.api.openai.body import validate
 from services.api.openai.chat_template import render_chat
 from services.api.openai.protocol import ChatCompletionRequest
 from services.api.openai.tools.choice import forced_grammar, plan_tools
-from services.api.openai.tools.parsers import HermesParser, JsonParser
+from services.api.openai.tools.parsers import HermesParser, JsonParser, MistralParser, resolve
 from services.api.openai.tools.prompt import HERMES_CHATML, template_messages, template_tools
 from shared.guided import grammar_for
 
@@ -68,6 +68,29 @@ def test_json_parser_reads_a_call_or_a_list_of_calls():
     assert _parse_in_pieces(JsonParser(), "The answer is 4.", 5) == ("The answer is 4.", [])
 
 
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_mistral_parser_reads_both_of_its_call_formats(size):
+    listed = 'Let me look. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    content, calls = _parse_in_pieces(MistralParser(), listed, size)
+    assert content == "Let me look. " and calls[0]["function"] == {"name": "get_weather",
+                                                                   "arguments": '{"city": "Paris"}'}
+    v11 = '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}'
+    assert [c["function"]["name"] for c in _parse_in_pieces(MistralParser(), v11, size)[1]] == ["get_weather",
+                                                                                               "get_time"]
+    assert _parse_in_pieces(MistralParser(), "No [TOOL_CALLS]{bad", size) == ("No [TOOL_CALLS]{bad", [])
+    assert _parse_in_pieces(MistralParser(), "a [TOOL_C", size) == ("a [TOOL_C", [])  # cut short: text
+
+
+def test_auto_picks_the_parser_the_chat_template_writes_calls_for():
+    mistral = "{%- if message.tool_calls %}{{ '[TOOL_CALLS]' }}{{ message.tool_calls | tojson }}{%- endif %}"
+    llama3 = "{%- if builtin_tools is defined or tools is not none %}<|python_tag|>{%- endif %}ipython"
+    qwen = "{%- for tool_call in message.tool_calls %}<tool_call>\n{{ tool_call | tojson }}\n</tool_call>"
+    chatml = "{% for message in messages %}<|im_start|>{{ message.role }}{% endfor %}"  # SmolLM2's: no tools
+    assert [resolve("auto", t) for t in (mistral, llama3, qwen, chatml, None)] == \
+        ["mistral", "json", "hermes", "hermes", "hermes"]
+    assert resolve("json", qwen) == "json"  # a parser named is the one used
+
+
 def test_tool_choice_is_validated_as_openai_does():
     with pytest.raises(APIError, match="'tool_choice' is only allowed when 'tools' are specified"):
         plan_tools(request(tool_choice="required"), "hermes")
@@ -110,6 +133,10 @@ def test_a_forced_call_admits_only_the_allowed_functions_with_valid_arguments(to
     as_json = forced_grammar(plan_tools(request(tools=[TIME], tool_choice="required", parallel_tool_calls=False),
                                         "json"))
     assert _accepts(tokenizer, as_json, '{"name": "get_time", "arguments": {"zone": "UTC"}}')
+    mistral = forced_grammar(plan_tools(request(tools=[TIME], tool_choice="required", parallel_tool_calls=False),
+                                        "mistral"))
+    assert _accepts(tokenizer, mistral, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]')
+    assert not _accepts(tokenizer, mistral, '[{"name": "get_time", "arguments": {"zone": "UTC"}}]')  # no marker
 
 
 def test_the_hermes_template_renders_tools_calls_and_results():

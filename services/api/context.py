@@ -82,7 +82,7 @@ class ApiContext:
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     server: ServerState = field(default_factory=ServerState)
     limits: LimitsWatcher | None = None  # sets each served model's max_model_len
-    tool_call_parser: str = "hermes"  # how the models' text becomes tool calls (openai/tools/parsers.py)
+    tool_call_parser: str = "auto"  # how the models' text becomes tool calls (openai/tools/parsers.py)
     reasoning_parser: str | None = None  # where a chat answer's thinking is (openai/reasoning.py); None: none
     responses: ResponseStore | None = None  # the Responses API's store (JetStream), made on first use
     batch: BatchState = field(default_factory=BatchState)

@@ -31,6 +31,7 @@ from services.api.openai.reasoning import ReasoningSplitter
 from services.api.openai.responder import ChatResponder, CompletionResponder, Responder
 from services.api.openai.thinking import ThinkingGeneration
 from services.api.openai.tools.choice import forced_grammar, plan_tools
+from services.api.openai.tools.parsers import resolve as resolve_parser
 from services.api.pipelines.inference_log import recorder
 from shared.detokenizer import IncrementalDetokenizer
 from shared.messages import SamplingParams
@@ -72,7 +73,7 @@ async def chat(request: Request, model_name: str | None = None, usage_every_chun
 def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionRequest,
                     arrived: tuple[float, float]) -> tuple[Choices, ChatResponder]:
     """A validated chat request as engine requests, and the responder that reads them back."""
-    tools = plan_tools(body, ctx.tool_call_parser)
+    tools = plan_tools(body, resolve_parser(ctx.tool_call_parser, model.chat_template))
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
                            body.continue_final_message, body.chat_template_kwargs)
     prompt_ids = encode_text(model, text, "messages")

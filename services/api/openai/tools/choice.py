@@ -22,8 +22,8 @@ from services.api.openai.protocol import ChatCompletionRequest, Tool
 from shared.guided import GuidedError, grammar_for, json_layout
 from shared.messages import Guided, GuidedKind
 
-PARSERS = ("hermes", "json")  # --tool-call-parser
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_CALLS = "[TOOL_CALLS]"
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ToolPlan:
     tools: list[Tool]
     choice: str  # "auto", "required", or the one function's name
     parallel: bool
-    parser: str  # "hermes" | "json"
+    parser: str  # "hermes" | "json" | "mistral" (auto resolved by the model's template)
 
     @property
     def is_forced(self) -> bool:
@@ -94,10 +94,14 @@ def forced_grammar(plan: ToolPlan) -> Guided | None:
         start = f"start: {block} (\"\\n\" {block})*" if plan.allows_several else f"start: {block}"
         lark = "\n".join([start, f'TC_OPEN: "{TOOL_CALL_OPEN}\\n"', f'TC_CLOSE: "\\n{TOOL_CALL_CLOSE}"',
                           f"call: %json {json.dumps(_with_defs(call, defs))}", ""])
-    else:  # json: the whole answer is a call, or a list of calls
-        schema = {"type": "array", "items": call, "minItems": 1, "x-guidance": json_layout()} \
-            if plan.allows_several else call
-        lark = f"start: %json {json.dumps(_with_defs(schema, defs))}\n"
+    else:  # json: the whole answer is a call, or a list of calls; mistral: always a list, after its marker
+        schema = call
+        if plan.allows_several or plan.parser == "mistral":
+            schema = {"type": "array", "items": call, "minItems": 1, "x-guidance": json_layout()}
+            if not plan.allows_several:
+                schema["maxItems"] = 1
+        body = f"%json {json.dumps(_with_defs(schema, defs))}"
+        lark = f'start: "{MISTRAL_CALLS}" calls\ncalls: {body}\n' if plan.parser == "mistral" else f"start: {body}\n"
     guided = Guided(GuidedKind.LARK, lark)
     try:
         grammar_for(guided)

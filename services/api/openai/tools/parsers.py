@@ -2,7 +2,10 @@
 
 - hermes (SmolLM2, Qwen, Hermes): calls are `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
   blocks; text outside them is content. A tail that could begin a block is held back.
-- json: the whole answer is a call object or a list of them; decided when the answer ends.
+- json (Llama 3.x): the whole answer is a call object or a list of them; decided when the answer ends.
+- mistral: content, then `[TOOL_CALLS]` and a JSON list of calls (or, from Mistral's v11
+  tokenizers, `[TOOL_CALLS]name[ARGS]{...}` per call); decided when the answer ends.
+- auto (the default): the chat template's own call syntax picks one of these (`resolve`).
 Text that looks like a call but is not one (bad JSON, no name) stays content, as the model wrote it.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from services.api.openai.tools.choice import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from services.api.openai.tools.choice import MISTRAL_CALLS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 
 def tool_call(name: str, arguments) -> dict:
@@ -109,5 +112,65 @@ class JsonParser:
         return text, []
 
 
-def parser_for(name: str, accepts=lambda call: True) -> HermesParser | JsonParser:
-    return HermesParser(accepts) if name == "hermes" else JsonParser(accepts)
+class MistralParser:
+    def __init__(self, accepts=lambda call: True):
+        self.accepts = accepts
+        self.buffer = ""
+        self.in_calls = False
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        self.buffer += text
+        if self.in_calls:
+            return "", []
+        start = self.buffer.find(MISTRAL_CALLS)
+        if start >= 0:
+            content, self.buffer, self.in_calls = self.buffer[:start], self.buffer[start:], True
+            return content, []
+        keep = _held_back(self.buffer, MISTRAL_CALLS)
+        content, self.buffer = self.buffer[: len(self.buffer) - keep], self.buffer[len(self.buffer) - keep :]
+        return content, []
+
+    def finish(self) -> tuple[str, list[dict]]:
+        text, self.buffer = self.buffer, ""
+        if not self.in_calls:
+            return text, []
+        calls = self._calls(text)
+        if calls and all(c is not None and self.accepts(c) for c in calls):
+            return "", calls
+        return text, []
+
+    @staticmethod
+    def _calls(text: str) -> list[dict | None]:
+        parts = [p for p in text.split(MISTRAL_CALLS) if p.strip()]
+        if len(parts) == 1 and parts[0].lstrip().startswith(("[", "{")):
+            try:
+                value = json.loads(parts[0])
+            except json.JSONDecodeError:
+                return []
+            return [_as_call(v) for v in (value if isinstance(value, list) else [value])]
+        calls = []
+        for part in parts:  # v11: name[ARGS]{arguments}
+            name, sep, arguments = part.partition("[ARGS]")
+            try:
+                calls.append(tool_call(name.strip(), json.loads(arguments)) if sep and name.strip() else None)
+            except json.JSONDecodeError:
+                calls.append(None)
+        return calls
+
+
+
+def resolve(name: str, chat_template: str | None) -> str:
+    """--tool-call-parser auto: the format the model's chat template writes calls in (a template
+    without tools gets the Hermes one, tools/prompt.py)."""
+    if name != "auto":
+        return name
+    template = chat_template or ""
+    if MISTRAL_CALLS in template:
+        return "mistral"
+    if "<|python_tag|>" in template or "ipython" in template:  # Llama 3.x: a JSON object is the call
+        return "json"
+    return "hermes"
+
+
+def parser_for(name: str, accepts=lambda call: True) -> HermesParser | JsonParser | MistralParser:
+    return {"hermes": HermesParser, "json": JsonParser, "mistral": MistralParser}[name](accepts)
