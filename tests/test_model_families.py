@@ -130,3 +130,31 @@ def test_a_gguf_written_from_the_checkpoint_loads_the_same_model(family, tmp_pat
     ids = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(4)).tolist()
     torch.testing.assert_close(prefill_logits(make_runner(from_gguf, num_blocks=16), ids),
                                prefill_logits(make_runner(ours, num_blocks=16), ids), atol=1e-5, rtol=0)
+
+
+# Phi-3-mini's geometry (head size 96, as many KV heads as query heads), shrunk; the 128k variant's
+# LongRoPE with 48 short and long factors, its context capped at the original 4,096 (ModelConfig)
+PHI3 = dict(hidden_size=384, num_attention_heads=4, num_key_value_heads=4, rope_theta=10000.0, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+@pytest.mark.parametrize("variant", ["Phi-3-mini-4k", "Phi-3-mini-128k"])
+def test_phi3_fused_projections_and_longrope_match_transformers(tmp_path, variant):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(5)
+    rope = {} if variant.endswith("4k") else dict(
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        rope_scaling={"type": "longrope", "short_factor": (1 + torch.rand(48, generator=gen)).tolist(),
+                      "long_factor": (4 + 8 * torch.rand(48, generator=gen)).tolist()})
+    config = transformers.Phi3Config(vocab_size=VOCAB, intermediate_size=512, num_hidden_layers=2,
+                                     initializer_range=0.08, **PHI3, **rope)
+    theirs = transformers.Phi3ForCausalLM(config).eval()
+    theirs.save_pretrained(tmp_path, safe_serialization=True)
+    ours = load_model(str(tmp_path))
+    ids = torch.randint(0, VOCAB, (1500,), generator=gen).tolist()
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(prefill_logits(make_runner(ours, num_blocks=96), ids), expected, atol=2e-4, rtol=0)
+    if rope:
+        assert ours.config.limit_context(131072, configured=False) == 4096
+        assert ours.model.rotary.magnitude > 1.0  # transformers' attention factor on cos and sin

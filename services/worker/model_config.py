@@ -19,7 +19,7 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling", "rope_parameters",
          "rms_norm_eps", "tie_word_embeddings", "attention_bias", "max_position_embeddings", "sliding_window",
          "use_sliding_window", "bos_token_id", "eos_token_id", "hidden_act", "mlp_bias", "layer_types",
-         "max_window_layers"}
+         "max_window_layers", "original_max_position_embeddings"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
           "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
@@ -112,16 +112,28 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             eos_token_ids=[] if eos is None else (eos if isinstance(eos, list) else [eos]),
         )
 
+    def exact_context(self) -> tuple[int, str] | None:
+        """The longest context computed exactly where a feature not implemented limits it, and why:
+        within a sliding window every key is inside it; within LongRoPE's original length its short
+        factors are the ones transformers uses."""
+        limits = []
+        if self.sliding_window is not None:
+            limits.append((self.sliding_window, f"the model's sliding window of {self.sliding_window} tokens; "
+                                                "sliding-window attention is not implemented"))
+        if self.rope_scaling.rope_type == "longrope":
+            n = self.rope_scaling.original_max_position_embeddings
+            limits.append((n, f"LongRoPE's original context of {n} tokens; its long factors are not implemented"))
+        return min(limits) if limits else None
+
     def limit_context(self, max_model_len: int, configured: bool) -> int:
-        """Sliding-window attention is not implemented: a context up to the window is exact (every
-        key is inside it), so the context is capped there, and a longer one asked for is refused."""
-        if self.sliding_window is None or max_model_len <= self.sliding_window:
+        """A context the model would compute inexactly is capped at the exact one, and refused when asked for."""
+        limit = self.exact_context()
+        if limit is None or max_model_len <= limit[0]:
             return max_model_len
         if configured:
-            raise ConfigError(f"max_model_len {max_model_len} exceeds the model's sliding window of "
-                              f"{self.sliding_window} tokens; sliding-window attention is not implemented, so "
-                              f"contexts are limited to the window: set max_model_len <= {self.sliding_window}")
-        return self.sliding_window
+            raise ConfigError(f"max_model_len {max_model_len} exceeds {limit[1]}, so contexts are limited to "
+                              f"that: set max_model_len <= {limit[0]}")
+        return limit[0]
 
     @classmethod
     def from_gguf_fields(cls, fields: dict, has_output_weight: bool) -> ModelConfig:

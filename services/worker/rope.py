@@ -1,4 +1,6 @@
-"""Rotary position embedding's frequencies: plain, linear scaling, and Llama 3's frequency scaling.
+"""Rotary position embedding's frequencies: plain, linear scaling, Llama 3's frequency scaling, and
+LongRoPE's short factors (Phi-3; its long factors are not implemented, so contexts stay within the
+original length, where the short ones are exact: ModelConfig.limit_context).
 
 Configs name them two ways: transformers 4 wrote `rope_theta` beside `rope_scaling` ({"rope_type"
 or "type", ...}); transformers 5 writes `rope_parameters` with `rope_theta` inside. Both are read;
@@ -20,6 +22,7 @@ _KEYS = {
     "default": set(),
     "linear": {"factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+    "longrope": {"factor", "short_factor", "long_factor", "attention_factor", "original_max_position_embeddings"},
 }
 
 
@@ -29,6 +32,19 @@ class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: list[float] | None = None  # longrope: each frequency's divisor within the original length
+    long_factor: list[float] | None = None  # longrope: beyond it (not implemented: the context is capped)
+    attention_factor: float | None = None  # longrope: cos and sin are multiplied by it
+
+    def magnitude(self, max_position_embeddings: int) -> float:
+        """What cos and sin are multiplied by: LongRoPE's attention factor, as transformers derives it
+        where the config leaves it out (from the ratio of the context lengths); 1 for the others."""
+        if self.rope_type != "longrope":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        factor = max_position_embeddings / self.original_max_position_embeddings
+        return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(self.original_max_position_embeddings))
 
 
 def parse_hf_rope(raw: dict, where: str) -> tuple[float, RopeScaling]:
@@ -39,6 +55,11 @@ def parse_hf_rope(raw: dict, where: str) -> tuple[float, RopeScaling]:
     theta = float(params.pop("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
+    if params.get("partial_rotary_factor", 1.0) == 1.0:  # transformers 5 writes the full rotation's 1.0
+        params.pop("partial_rotary_factor", None)
+    if rope_type == "longrope":
+        params.setdefault("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+        params = {k: v for k, v in params.items() if v is not None}
     if rope_type not in _KEYS:
         raise ConfigError(f"{where}: rope type {rope_type!r} is not implemented (implemented: "
                           f"{', '.join(_KEYS)}); refusing to serve it with the wrong position encoding")
@@ -46,6 +67,8 @@ def parse_hf_rope(raw: dict, where: str) -> tuple[float, RopeScaling]:
     if extra:
         raise ConfigError(f"{where}: rope parameter(s) {sorted(extra)} are not implemented for rope type "
                           f"{rope_type!r}")
+    if rope_type == "longrope" and not {"short_factor", "original_max_position_embeddings"} <= set(params):
+        raise ConfigError(f"{where}: rope type 'longrope' needs short_factor and original_max_position_embeddings")
     if rope_type == "llama3" and set(params) != _KEYS["llama3"]:
         raise ConfigError(f"{where}: rope type 'llama3' needs {sorted(_KEYS['llama3'])}, got {sorted(params)}")
     return theta, RopeScaling(rope_type=rope_type, **params)
@@ -53,7 +76,10 @@ def parse_hf_rope(raw: dict, where: str) -> tuple[float, RopeScaling]:
 
 def inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     """[head_dim / 2] float32 inverse frequencies, scaled as the rope type says."""
-    base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if scaling.rope_type == "longrope":  # in transformers' order of operations: angles at long positions agree
+        return 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32) * theta**exponents)
+    base = 1.0 / (theta**exponents)
     if scaling.rope_type == "linear":
         return base / scaling.factor
     if scaling.rope_type == "llama3":

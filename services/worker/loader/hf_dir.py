@@ -19,6 +19,23 @@ _LAYER_NAMES = {
     "self_attn.k_norm": "attention.k_norm",
 }
 _TOP_NAMES = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
+# checkpoints that store projections fused (Phi-3): split into ours (load_model fuses them again)
+_FUSED = {"self_attn.qkv_proj": ("attention.wq", "attention.wk", "attention.wv"),
+          "mlp.gate_up_proj": ("feed_forward.w1", "feed_forward.w3")}
+
+
+def _split(hf_name: str, tensor: torch.Tensor, config: ModelConfig) -> dict[str, torch.Tensor] | None:
+    """'model.layers.3.self_attn.qkv_proj.weight' -> its q, k and v rows by our names (None: not fused)."""
+    stem, kind = hf_name.rsplit(".", 1)
+    if not stem.startswith("model.layers."):
+        return None
+    _, _, idx, rest = stem.split(".", 3)
+    if rest not in _FUSED:
+        return None
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    sizes = [q, kv, kv] if rest == "self_attn.qkv_proj" else [config.intermediate_size] * 2
+    parts = tensor.split(sizes, dim=0)
+    return {f"layers.{idx}.{ours}.{kind}": part for ours, part in zip(_FUSED[rest], parts, strict=True)}
 
 
 def our_name(hf_name: str) -> str | None:
@@ -42,7 +59,8 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for file in tqdm(files, desc="loading safetensors", unit="file"):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                ours = our_name(name)
-                if ours is not None:
+                if (parts := _split(name, f.get_tensor(name), config)) is not None:
+                    state_dict.update((k, v.float()) for k, v in parts.items())
+                elif (ours := our_name(name)) is not None:
                     state_dict[ours] = f.get_tensor(name).float()
     return config, state_dict

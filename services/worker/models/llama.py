@@ -37,10 +37,13 @@ class Rotary(nn.Module):
         if cfg.rope_freq_factors is not None:
             freqs = freqs / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
         self.register_buffer("inv_freq", freqs, persistent=False)
+        self.magnitude = cfg.rope_scaling.magnitude(cfg.max_position_embeddings)  # LongRoPE's; else 1
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [T, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
+        if self.magnitude != 1.0:
+            return emb.cos() * self.magnitude, emb.sin() * self.magnitude
         return emb.cos(), emb.sin()
 
 

@@ -10,6 +10,7 @@ _REGISTRY: dict[str, type] = {
     "MistralForCausalLM": Llama,  # Llama + (unused below its window) sliding-window attention
     "Qwen2ForCausalLM": Llama,  # Llama + q/k/v biases (config.attention_bias)
     "Qwen3ForCausalLM": Qwen3,  # Llama + q/k RMSNorm per head
+    "Phi3ForCausalLM": Llama,  # Llama's layers; its checkpoints fuse qkv and gate_up (loader/hf_dir.py)
 }
 
 
