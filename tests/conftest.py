@@ -106,6 +106,19 @@ def small_qwen3(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def small_qwen3_moe(tmp_path_factory) -> str:
+    """config.json of a 2-layer Qwen3-MoE (8 experts, top 2) for the `dummy` loader."""
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 300, "hidden_size": 96,
+              "intermediate_size": 256, "moe_intermediate_size": 64, "num_experts": 8, "num_experts_per_tok": 2,
+              "norm_topk_prob": True, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 32, "max_position_embeddings": 4096, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": True, "eos_token_id": 299}
+    path = tmp_path_factory.mktemp("small-qwen3-moe") / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """nats-server on a free port + kvcache + one worker + scheduler + API, real processes."""
     s = _start_stack(tmp_path_factory, "stack", num_workers=1, extra_args=[])

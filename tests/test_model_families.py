@@ -158,3 +158,42 @@ def test_phi3_fused_projections_and_longrope_match_transformers(tmp_path, varian
     if rope:
         assert ours.config.limit_context(131072, configured=False) == 4096
         assert ours.model.rotary.magnitude > 1.0  # transformers' attention factor on cos and sin
+
+
+# Mixtral-8x7B's routing (8 experts, top 2, renormalized) and Qwen3-30B-A3B's (128 experts, top 8,
+# renormalized; experts narrower than the width), with their attention geometry, shrunk: 8 and 16 experts
+MOE = {
+    "Mixtral-8x7B": ("MixtralConfig", "MixtralForCausalLM", dict(
+        hidden_size=256, num_attention_heads=8, num_key_value_heads=2, rope_theta=1000000.0, rms_norm_eps=1e-5,
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=256)),
+    "Qwen3-30B-A3B": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        hidden_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=128, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, num_experts=16, num_experts_per_tok=8, moe_intermediate_size=96, intermediate_size=512,
+        norm_topk_prob=True)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MOE))
+def moe_family(request, tmp_path_factory):
+    config_cls, model_cls, geometry = MOE[request.param]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(vocab_size=VOCAB, num_hidden_layers=2, initializer_range=0.08,
+                                                tie_word_embeddings=False, **geometry)
+    theirs = getattr(transformers, model_cls)(config).eval()
+    folder = tmp_path_factory.mktemp(request.param)
+    theirs.save_pretrained(folder, safe_serialization=True)
+    return request.param, theirs, load_model(str(folder))
+
+
+def test_routed_experts_match_transformers(moe_family):
+    name, theirs, ours = moe_family
+    config = theirs.config
+    assert ours.config.num_experts == (getattr(config, "num_local_experts", None) or config.num_experts)
+    ids = torch.randint(0, VOCAB, (1500,), generator=torch.Generator().manual_seed(6)).tolist()
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(prefill_logits(make_runner(ours, num_blocks=96), ids), expected, atol=2e-4, rtol=0)
+
+
+def test_routed_experts_batched_give_a_lone_runs_tokens(moe_family):
+    test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_tokens(moe_family)

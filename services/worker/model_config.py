@@ -19,12 +19,14 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling", "rope_parameters",
          "rms_norm_eps", "tie_word_embeddings", "attention_bias", "max_position_embeddings", "sliding_window",
          "use_sliding_window", "bos_token_id", "eos_token_id", "hidden_act", "mlp_bias", "layer_types",
-         "max_window_layers", "original_max_position_embeddings"}
+         "max_window_layers", "original_max_position_embeddings", "num_local_experts", "num_experts",
+         "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
           "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
           "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "is_encoder_decoder",
-          "chunk_size_feed_forward", "tokenizer_class", "embd_pdrop", "resid_pdrop"}
+          "chunk_size_feed_forward", "tokenizer_class", "embd_pdrop", "resid_pdrop",
+          "output_router_logits", "router_aux_loss_coef"}
 
 
 def _check_implemented(raw: dict, where: str) -> None:
@@ -36,6 +38,9 @@ def _check_implemented(raw: dict, where: str) -> None:
         raise ConfigError(f"{where}: hidden_act {raw['hidden_act']!r} is not implemented (silu only)")
     if raw.get("mlp_bias"):
         raise ConfigError(f"{where}: mlp_bias is not implemented")
+    if raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
+        raise ConfigError(f"{where}: decoder_sparse_step and mlp_only_layers (dense layers among the experts' "
+                          "layers) are not implemented: every layer routes to experts here")
 
 
 def _gguf_rope_scaling(fields: dict, prefix: str) -> RopeScaling:
@@ -81,6 +86,10 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = []
+    num_experts: int = 0  # a mixture of experts in place of each MLP (models/moe.py); 0: a dense MLP
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # an expert's width (Qwen3-MoE); 0: intermediate_size (Mixtral)
+    norm_topk_prob: bool = True  # the top-k routing weights renormalized to sum to 1 (Mixtral always)
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -110,6 +119,10 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             sliding_window=_sliding_window(raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=[] if eos is None else (eos if isinstance(eos, list) else [eos]),
+            num_experts=raw.get("num_local_experts") or raw.get("num_experts") or 0,
+            num_experts_per_tok=raw.get("num_experts_per_tok", 0),
+            moe_intermediate_size=raw.get("moe_intermediate_size", 0),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", archs[0] == "MixtralForCausalLM")),
         )
 
     def exact_context(self) -> tuple[int, str] | None:

@@ -34,7 +34,7 @@ def test_smollm2_greedy_tokens_equal_the_torch_backends(default_model_path, load
     assert greedy_generate(cuda_runner(triton, 16), ids, 6) == greedy_generate(make_runner(loaded_model), ids, 6)
 
 
-@pytest.mark.parametrize("family", ["small_llama", "small_qwen3"])
+@pytest.mark.parametrize("family", ["small_llama", "small_qwen3", "small_qwen3_moe"])
 def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(request, family):
     config = request.getfixturevalue(family)
     reference, triton = load_model(config, "dummy"), load_model(config, "dummy", ops=TritonOps())

@@ -16,8 +16,11 @@ _LAYER_NAMES = {
     "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
     "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
     "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attention.q_norm",
-    "self_attn.k_norm": "attention.k_norm",
+    "self_attn.k_norm": "attention.k_norm", "block_sparse_moe.gate": "feed_forward.gate",
+    "mlp.gate": "feed_forward.gate",
 }
+# an expert's projections (Mixtral's, Qwen3-MoE's) -> our stacked [experts, out, in] parameters
+_EXPERT_NAMES = {"w1": "w1", "w3": "w3", "w2": "w2", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 _TOP_NAMES = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
 # checkpoints that store projections fused (Phi-3): split into ours (load_model fuses them again)
 _FUSED = {"self_attn.qkv_proj": ("attention.wq", "attention.wk", "attention.wv"),
@@ -49,18 +52,38 @@ def our_name(hf_name: str) -> str | None:
     return f"{_TOP_NAMES[stem]}.{kind}" if stem in _TOP_NAMES else None
 
 
+def _expert(hf_name: str) -> tuple[str, int] | None:
+    """'model.layers.3.mlp.experts.7.up_proj.weight' -> ('layers.3.feed_forward.w3', 7)."""
+    parts = hf_name.split(".")
+    if len(parts) == 8 and parts[:2] == ["model", "layers"] and parts[4] == "experts" and parts[7] == "weight" \
+            and parts[3] in ("mlp", "block_sparse_moe") and parts[6] in _EXPERT_NAMES:
+        return f"layers.{parts[2]}.feed_forward.{_EXPERT_NAMES[parts[6]]}", int(parts[5])
+    return None
+
+
+def _stacked(experts: dict[str, dict[int, torch.Tensor]], num_experts: int) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, by_index in experts.items():
+        if sorted(by_index) != list(range(num_experts)):
+            raise ValueError(f"{name}: the checkpoint has experts {sorted(by_index)}, the config {num_experts}")
+        out[name] = torch.stack([by_index[e] for e in range(num_experts)])
+    return out
+
+
 def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     root = Path(path)
     config = ModelConfig.from_hf_config(root / "config.json")
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path}: no *.safetensors files")
-    state_dict = {}
+    state_dict, experts = {}, {}
     for file in tqdm(files, desc="loading safetensors", unit="file"):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                if (parts := _split(name, f.get_tensor(name), config)) is not None:
+                if (expert := _expert(name)) is not None:
+                    experts.setdefault(expert[0], {})[expert[1]] = f.get_tensor(name).float()
+                elif (parts := _split(name, f.get_tensor(name), config)) is not None:
                     state_dict.update((k, v.float()) for k, v in parts.items())
                 elif (ours := our_name(name)) is not None:
                     state_dict[ours] = f.get_tensor(name).float()
-    return config, state_dict
+    return config, state_dict | _stacked(experts, config.num_experts)

@@ -107,11 +107,12 @@ class FeedForward(nn.Module):
 
 class TransformerBlock(nn.Module):
     attention_class = Attention
+    feed_forward_class = FeedForward
 
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
         self.attention = self.attention_class(cfg, ops)
-        self.feed_forward = FeedForward(cfg, ops)
+        self.feed_forward = self.feed_forward_class(cfg, ops)
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
