@@ -197,3 +197,37 @@ def test_routed_experts_match_transformers(moe_family):
 
 def test_routed_experts_batched_give_a_lone_runs_tokens(moe_family):
     test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_tokens(moe_family)
+
+
+@pytest.mark.stack
+def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokenizer):
+    """Random Qwen3-0.6B-shaped weights with SmolLM2's tokenizer, served by `make run`'s services:
+    greedy completions equal transformers' generate, and /v1/models names the architecture."""
+    import httpx
+    import openai
+
+    from tests.conftest import _start_stack
+
+    folder = tmp_path_factory.mktemp("qwen3-stack")
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(vocab_size=len(hf_tokenizer), intermediate_size=512, num_hidden_layers=2,
+                                      initializer_range=0.08, eos_token_id=hf_tokenizer.eos_token_id,
+                                      bos_token_id=hf_tokenizer.bos_token_id, **REAL["Qwen3-0.6B"][2])
+    theirs = transformers.Qwen3ForCausalLM(config).eval()
+    theirs.save_pretrained(folder, safe_serialization=True)
+    hf_tokenizer.save_pretrained(folder)
+    stack = _start_stack(tmp_path_factory, "qwen3-stack", 1, ["--model-path", str(folder), "--model", "qwen3-test",
+                                                                  "--max-model-len", "4096"])
+    try:
+        models = httpx.get(stack.base_url + "/v1/models").json()["data"]
+        assert [(m["id"], m["architectures"]) for m in models] == [("qwen3-test", ["Qwen3ForCausalLM"])]
+        client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
+        prompt = "The capital of France is"
+        ids = hf_tokenizer.encode(prompt)
+        got = client.completions.create(model="qwen3-test", prompt=prompt, max_tokens=12, temperature=0,
+                                        extra_body={"ignore_eos": True, "return_token_ids": True})
+        with torch.inference_mode():
+            expected = theirs.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        assert got.choices[0].token_ids == expected[0, len(ids):].tolist()
+    finally:
+        stack.stop()
