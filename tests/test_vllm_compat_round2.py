@@ -181,3 +181,19 @@ def test_return_token_ids_gives_the_prompts_and_each_choices_ids(openai_client, 
     assert ids == chat.choices[0].token_ids
     without = openai_client.chat.completions.create(model=model_name, messages=messages, **GREEDY)
     assert without.prompt_token_ids is None and without.choices[0].token_ids is None
+
+
+def test_chat_echo_puts_the_final_assistant_message_first(openai_client, model_name):
+    """vLLM's chat `echo` with continue_final_message: the answer's content starts with the message it continues."""
+    saying = "Here is a common saying about apple. An apple a day, keeps"
+    messages = [{"role": "user", "content": "tell me a common saying"}, {"role": "assistant", "content": saying}]
+    body = {"continue_final_message": True, "add_generation_prompt": False}
+    plain = openai_client.chat.completions.create(model=model_name, messages=messages, temperature=0, max_tokens=12,
+                                                  extra_body=body)
+    echoed = openai_client.chat.completions.create(model=model_name, messages=messages, temperature=0,
+                                                   max_tokens=12, extra_body={**body, "echo": True})
+    assert echoed.choices[0].message.content == saying + plain.choices[0].message.content
+    streamed = [c.choices[0].delta.content or "" for c in openai_client.chat.completions.create(
+        model=model_name, messages=messages, temperature=0, max_tokens=12, stream=True,
+        extra_body={**body, "echo": True}) if c.choices]
+    assert "".join(streamed) == echoed.choices[0].message.content and streamed[1] == saying

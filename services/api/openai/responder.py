@@ -138,6 +138,8 @@ class ChatResponder(Responder):
         self.wants_logprobs = body.logprobs
         self.as_token_ids = body.return_tokens_as_token_ids
         self.wants_token_ids = bool(body.return_token_ids)
+        last = body.messages[-1]
+        self.echo = last.text() if body.echo and last.role == "assistant" else ""  # vLLM's chat echo
         self.unsent_ids: list[list[int]] = [[] for _ in range(num_choices)]  # ids no chunk has carried yet
         if body.logprobs:
             for choice in self.choices:
@@ -151,6 +153,10 @@ class ChatResponder(Responder):
                  for i in range(len(self.choices))]
         if self.wants_token_ids:  # vLLM's: the prompt's ids once, on the first chunk only
             first[0]["prompt_token_ids"] = self.prompt_ids
+        if self.echo:
+            first += [fmt.chunk(request_id, created, self.model.name, True,
+                                [fmt.chat_delta_choice(i, {"content": self.echo}, None, None)])
+                      for i in range(len(self.choices))]
         return first
 
     def add(self, index: int, delta: Delta) -> tuple[list[dict] | None, str, list[dict], str]:
@@ -214,7 +220,8 @@ class ChatResponder(Responder):
         return out
 
     def response(self, request_id: str, created: int, usage: Usage) -> dict:
-        choices = [fmt.chat_choice(i, "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls, c.stop_reason,
+        choices = [fmt.chat_choice(i, self.echo + "".join(c.text), c.finish_reason, c.logprobs, c.tool_calls,
+                                   c.stop_reason,
                                    "".join(c.reasoning) or None)
                    for i, c in enumerate(self.choices)]
         for choice, c in zip(choices, self.choices, strict=True):
