@@ -397,6 +397,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     architectures: list[str] = []  # what the model's workers loaded (their hellos' architecture)
     num_migrations: int = 0  # requests moved off a worker that died, recomputed on another
     is_sleeping: bool = False  # sleep mode: the workers freed their weights and KV pool
+    sleep_level: int = 0  # the level asked when it fell asleep (1 or 2); 0 awake
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's

@@ -16,6 +16,15 @@ pytestmark = pytest.mark.stack
 BODY = {"prompt": "Tell me about the sea.", "max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
+async def _sleep_states(http: httpx.AsyncClient) -> dict[str, float]:
+    """vLLM's vllm:engine_sleep_state gauge from /metrics, by its sleep_state label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await http.get("/metrics")).text
+    return {s.labels["sleep_state"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "vllm:engine_sleep_state" for s in f.samples}
+
+
 def _rss_mib(pid: int) -> float:
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -35,6 +44,7 @@ async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the
         assert (await http.post("/sleep", params={"level": 1})).json() == {"is_sleeping": True}
         try:
             assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
+            assert await _sleep_states(http) == {"awake": 0, "weights_offloaded": 1, "discard_all": 0}
             asleep = _rss_mib(worker)
             later = asyncio.create_task(async_openai_client.completions.create(model=model_name, **BODY))
             async with asyncio.timeout(30):  # the stream's request and the new one wait in the queue
@@ -45,6 +55,7 @@ async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the
             woke = await http.post("/wake_up")
         assert woke.json() == {"is_sleeping": False}
         assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
+        assert await _sleep_states(http) == {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
     streamed += [chunk.choices[0].text async for chunk in stream if chunk.choices]
     assert "".join(streamed) == lone and (await later).choices[0].text == lone
     print(f"worker RSS: awake {awake:.0f} MiB, asleep {asleep:.0f} MiB, woken {_rss_mib(worker):.0f} MiB")

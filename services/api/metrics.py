@@ -154,6 +154,12 @@ def engine_families(stats: dict[str, SchedulerStats]) -> list:
         for model, s in stats.items():
             family.add_metric([model], getattr(s, field))
         families.append(family)
+    sleep = GaugeMetricFamily("vllm:engine_sleep_state", "Sleep mode: 1 on the state the engine is in.",
+                              labels=["model_name", "sleep_state"])
+    for model, s in stats.items():  # vLLM's states: awake, level 1 (weights offloaded), level 2 (discarded)
+        for state, level in (("awake", 0), ("weights_offloaded", 1), ("discard_all", 2)):
+            sleep.add_metric([model, state], float(s.sleep_level == level))
+    families.append(sleep)
     cache = GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration.",
                               labels=["model_name", "block_size", "cache_dtype", "num_gpu_blocks", "enable_prefix_caching"])
     iteration = HistogramMetricFamily("vllm:iteration_tokens_total", "Tokens per model iteration.",

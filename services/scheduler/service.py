@@ -79,6 +79,7 @@ class SchedulerService:
         self._watchdog: asyncio.Task | None = None
         self.is_draining = False
         self.is_sleeping = False  # sleep mode (sleep_mode.py): the pools parked, their workers' memory freed
+        self.sleep_level = 0  # the level it was put to sleep at (vLLM's engine_sleep_state reports it)
         self._sleep_lock = asyncio.Lock()
         self.num_deadline_exceeded = 0
         self.num_migrations = 0  # requests moved off a dead worker
@@ -355,6 +356,7 @@ class SchedulerService:
             iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
             devices=self.devices, architectures=self.architectures, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
+            sleep_level=self.sleep_level,
         )
         await msg.respond(encode(stats))
 
@@ -365,11 +367,11 @@ class SchedulerService:
             pools = [p for p in self.pools.values() if p.is_alive]
             error = None
             if isinstance(order, Sleep) and not self.is_sleeping:
-                self.is_sleeping = True
+                self.is_sleeping, self.sleep_level = True, order.level
                 log.info("model_sleeping", model=self.model, level=order.level, num_workers=len(pools))
                 error = await put_to_sleep(pools, order, self.config.step_timeout_s)
             elif isinstance(order, WakeUp) and self.is_sleeping:
                 error = await wake_up(pools)
-                self.is_sleeping = False
+                self.is_sleeping, self.sleep_level = False, 0
                 log.info("model_awake", model=self.model, num_workers=len(pools))
         await msg.respond(encode(SleepState(is_sleeping=self.is_sleeping, error=error)))
