@@ -202,7 +202,8 @@ def test_routed_experts_batched_give_a_lone_runs_tokens(moe_family):
 @pytest.mark.stack
 def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokenizer):
     """Random Qwen3-0.6B-shaped weights with SmolLM2's tokenizer, served by `make run`'s services:
-    greedy completions equal transformers' generate, and /v1/models names the architecture."""
+    greedy completions equal transformers' generate, and /v1/models names the architecture. (With
+    vLLM's --max-logprobs -1, which the default stack does not set, so its -1 is checked here.)"""
     import httpx
     import openai
 
@@ -217,7 +218,7 @@ def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokeniz
     theirs.save_pretrained(folder, safe_serialization=True)
     hf_tokenizer.save_pretrained(folder)
     stack = _start_stack(tmp_path_factory, "qwen3-stack", 1, ["--model-path", str(folder), "--model", "qwen3-test",
-                                                                  "--max-model-len", "4096"])
+                                                                  "--max-model-len", "4096", "--max-logprobs", "-1"])
     try:
         models = httpx.get(stack.base_url + "/v1/models").json()["data"]
         assert [(m["id"], m["architectures"]) for m in models] == [("qwen3-test", ["Qwen3ForCausalLM"])]
@@ -229,5 +230,9 @@ def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokeniz
         with torch.inference_mode():
             expected = theirs.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
         assert got.choices[0].token_ids == expected[0, len(ids):].tolist()
+        # --max-logprobs -1 (vLLM's): a request's -1 is every token of the vocabulary
+        whole = client.chat.completions.create(model="qwen3-test", messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=1, logprobs=True, top_logprobs=-1)
+        assert len(whole.choices[0].logprobs.content[0].top_logprobs) == len(hf_tokenizer)
     finally:
         stack.stop()

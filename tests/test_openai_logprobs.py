@@ -66,11 +66,14 @@ def test_chat_logprobs_with_top_alternatives(openai_client, model_name):
 
 
 def test_logprobs_above_the_cap_are_refused(openai_client, model_name):
-    with pytest.raises(openai.BadRequestError, match="at most 20"):
+    with pytest.raises(openai.BadRequestError, match="greater than max allowed: 20"):
         openai_client.completions.create(model=model_name, prompt=PROMPT, max_tokens=1, logprobs=21)
-    with pytest.raises(openai.BadRequestError, match="at most 20"):
+    with pytest.raises(openai.BadRequestError, match="greater than max allowed: 20"):
         openai_client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "x"}],
                                               max_tokens=1, logprobs=True, top_logprobs=21)
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs of 49152, which is greater than max allowed"):
+        openai_client.completions.create(model=model_name, prompt=PROMPT, max_tokens=1,
+                                         extra_body={"prompt_logprobs": -1})  # vLLM's -1: the whole vocabulary
 
 
 PERSON = {

@@ -122,9 +122,11 @@ def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max
     if max_tokens < 1:
         raise APIError(400, f"the prompt ({num_prompt} tokens) leaves no room in the model's context "
                             f"of {model.max_model_len} tokens", param="messages")
+    limit = model.tokenizer.vocab_size if model.max_logprobs == -1 else model.max_logprobs  # vLLM's -1: no limit
     for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-        if value is not None and value > model.max_logprobs:
-            raise APIError(400, f"{name} must be at most {model.max_logprobs}, got {value}", param=name)
+        if value is not None and value > limit:
+            raise APIError(400, f"Requested {name} of {value}, which is greater than max allowed: {limit} "
+                                "(--max-logprobs)", param=name)
     check_token_ids(body.stop_token_ids or [], model, "stop_token_ids")
     check_token_ids(body.allowed_token_ids or [], model, "allowed_token_ids")
     if body.length_penalty != 1.0 and not body.use_beam_search:
@@ -160,6 +162,11 @@ def logit_bias(raw: dict[str, float] | None, model: ServedModel) -> dict[int, fl
             raise APIError(400, f"logit_bias values must be in [-100, 100], got {value}", param="logit_bias")
         bias[int(key)] = float(value)
     return bias
+
+
+def whole_vocabulary(n: int | None, model: ServedModel) -> int | None:
+    """vLLM's -1 for a number of logprobs: every token of the vocabulary."""
+    return model.tokenizer.vocab_size if n == -1 else n
 
 
 def chat_logprobs(body: ChatCompletionRequest) -> int | None:

@@ -72,7 +72,8 @@ class _Sampling(_Request):
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool | None = None  # vLLM: the prompt's and each choice's token ids beside the text
-    prompt_logprobs: int | None = Field(default=None, ge=0)  # vLLM: each prompt token's logprob, rank, top-k
+    # vLLM: each prompt token's logprob, rank, top-k; -1 (here and in logprobs): the whole vocabulary
+    prompt_logprobs: int | None = Field(default=None, ge=-1)
     use_beam_search: bool = False  # vLLM's: n beams searched by the gateway (beam_search.py)
     length_penalty: float = 1.0  # a beam's score: its logprob over its length to this power (beams only)
     priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # vLLM: lower is served first (scheduler.py)
@@ -91,7 +92,7 @@ class _Sampling(_Request):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0)
+    logprobs: int | None = Field(default=None, ge=-1)
 
     @model_validator(mode="before")
     @classmethod
@@ -175,7 +176,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     add_generation_prompt: bool = True
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)
+    top_logprobs: int | None = Field(default=None, ge=-1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True

@@ -25,6 +25,7 @@ from services.api.openai.params import (
     encode_text,
     render_messages,
     sampling_params,
+    whole_vocabulary,
 )
 from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.api.openai.reasoning import ReasoningSplitter
@@ -55,10 +56,12 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
     """model_name: set by a route whose path names the model (a pipeline's inference URL)."""
     ctx, model, body = await parse(request, CompletionRequest, lambda m: m.openai.completion, model_name)
     prompts = await off_loop(completion_prompts, body, model)
-    echoed = body.logprobs if body.echo and body.logprobs is not None else None
-    prompt_logprobs = max((n for n in (echoed, body.prompt_logprobs) if n is not None), default=None)
+    logprobs = whole_vocabulary(body.logprobs, model)
+    echoed = logprobs if body.echo and logprobs is not None else None
+    prompt_logprobs = max((n for n in (echoed, whole_vocabulary(body.prompt_logprobs, model)) if n is not None),
+                          default=None)
     samplings = [sampling_params(body, model, len(ids), max_tokens=body.max_tokens or 16,
-                                 logprobs=body.logprobs, prompt_logprobs=prompt_logprobs) for ids in prompts]
+                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs) for ids in prompts]
     choices = choices_for(ctx, model, body, prompts, samplings, arrival(request))
     responder = CompletionResponder(model, body, prompts, choices.num_choices)
     return await _respond(choices, responder, body, request, usage_every_chunk)
@@ -78,7 +81,8 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
                            body.continue_final_message, body.chat_template_kwargs)
     prompt_ids = encode_text(model, text, "messages")
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
-                               logprobs=chat_logprobs(body), prompt_logprobs=body.prompt_logprobs)
+                               logprobs=whole_vocabulary(chat_logprobs(body), model),
+                               prompt_logprobs=whole_vocabulary(body.prompt_logprobs, model))
     if tools is not None and (forced := forced_grammar(tools)) is not None:
         if sampling.guided is not None:
             raise APIError(400, "response_format cannot be combined with a tool_choice that forces a call",
