@@ -93,12 +93,17 @@ def test_thinking_is_reasoning_content_whole_streamed_and_in_responses(thinking_
     whole = client.chat.completions.create(model=model_name, messages=ASK, max_tokens=12, temperature=0)
     message = whole.choices[0].message
     assert message.reasoning_content == thought and message.content is None  # it never closed its thinking
+    assert message.reasoning == thought  # vLLM's current name, beside the earlier one
     assert whole.choices[0].finish_reason == finish
     chunks = list(client.chat.completions.create(model=model_name, messages=ASK, max_tokens=12, temperature=0,
                                                  stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == thought
+    assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == thought
     assert not "".join(d.content or "" for d in deltas) and chunks[-1].choices[0].finish_reason == finish
+    hidden = client.chat.completions.create(model=model_name, messages=ASK, max_tokens=12, temperature=0,
+                                            extra_body={"include_reasoning": False})  # vLLM's: the thinking left out
+    assert hidden.choices[0].message.reasoning is None and not hidden.choices[0].message.content
     response = client.responses.create(model=model_name, input="What is the capital of France?",
                                        max_output_tokens=12, temperature=0)
     assert response.output[0].type == "reasoning" and response.output[0].content[0].text == thought

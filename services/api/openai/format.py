@@ -35,8 +35,9 @@ def completion_choice(index: int, text: str, finish_reason: str | None, logprobs
 def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: list[dict] | None,
                 tool_calls: list[dict] | None = None, stop_reason: str | int | None = None,
                 reasoning: str | None = None) -> dict:
-    """reasoning: the thinking a reasoning parser took out (vLLM's reasoning_content; null without)."""
-    message = {"role": "assistant", "content": text, "reasoning_content": reasoning}
+    """reasoning: the thinking a reasoning parser took out, null without: vLLM's `reasoning`, and
+    `reasoning_content` beside it (earlier vLLM's and DeepSeek's name, which clients still read)."""
+    message = {"role": "assistant", "content": text, "reasoning": reasoning, "reasoning_content": reasoning}
     if tool_calls:
         message["content"] = text if text.strip() else None  # the blank line between thinking and a call is none
         message["tool_calls"] = tool_calls

@@ -182,6 +182,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool = True
     continue_final_message: bool = False  # vLLM: continue the final assistant message (add_generation_prompt false)
     echo: bool = False  # vLLM: a final assistant message's text comes first in the answer's content
+    include_reasoning: bool = True  # vLLM: false leaves the thinking (--reasoning-parser's) out of the answer
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM: more variables for the chat template (enable_thinking)
     thinking_token_budget: int | None = Field(default=None, ge=1)  # tokens the thinking may take (openai/thinking.py)
 

@@ -1,5 +1,5 @@
 """Reasoning parsers (`--reasoning-parser deepseek_r1 | qwen3`): a chat answer's thinking, between
-`<think>` and `</think>`, becomes `reasoning_content`; the rest is the content, and its tool calls."""
+`<think>` and `</think>`, becomes `reasoning` (and `reasoning_content`); the rest is the content, and its tool calls."""
 
 from __future__ import annotations
 

@@ -133,6 +133,7 @@ class ChatResponder(Responder):
         """reasoning: a splitter per choice (--reasoning-parser); its content goes on to the tool parser."""
         super().__init__(model, num_choices)
         self.splitters = [reasoning() for _ in range(num_choices)] if reasoning else None
+        self.include_reasoning = body.include_reasoning  # vLLM's: false drops the thinking from the answer
         self.prompt_ids = prompt_ids or []
         self.wants_prompt_logprobs = body.prompt_logprobs is not None
         self.wants_logprobs = body.logprobs
@@ -176,6 +177,8 @@ class ChatResponder(Responder):
             if delta.finish_reason:
                 more_reasoning, more_content = self.splitters[index].finish()
                 reasoning, content = reasoning + more_reasoning, content + more_content
+            if not self.include_reasoning:
+                reasoning = ""
             choice.reasoning.append(reasoning)
         if self.parsers is not None:
             content, calls = self.parsers[index].feed(content)
@@ -212,7 +215,7 @@ class ChatResponder(Responder):
             out.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]}))
         if delta.finish_reason and not (last and out):
             out.append(chunk({}, self.choices[index].finish_reason))
-        out = ([chunk({"reasoning_content": reasoning})] if reasoning else []) + out
+        out = ([chunk({"reasoning": reasoning, "reasoning_content": reasoning})] if reasoning else []) + out
         if self.wants_token_ids:  # the delta's ids ride on its first chunk, or on a later one where it has none
             self.unsent_ids[index].extend(delta.token_ids)
             if out:
