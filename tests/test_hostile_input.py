@@ -88,3 +88,18 @@ async def test_a_huge_prompt_is_refused_before_tokenizing_and_never_stalls_anoth
     assert "at least" in refused.json()["error"]["message"]
     assert count > 10  # tokens kept coming (a token whose text is empty sends no chunk)
     print(f"\n15 MiB prompt refused after {refused_after:.2f}s; the other stream's widest gap {widest_gap:.2f}s")
+
+
+@pytest.mark.stack
+async def test_logprobs_too_large_for_one_bus_message_fail_that_request_alone(stack, model_name):
+    """20 prompt logprobs over a 5,000-token prompt pass nats-server's 1 MB max payload in one entry:
+    that request ends with an error naming it, at once, and a request beside it (same gateway,
+    same token batch) finishes as it would alone."""
+    small = {"model": model_name, "prompt": "The sea is", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    huge = {"model": model_name, "prompt": [17] * 5000, "max_tokens": 1, "prompt_logprobs": 20}
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as http:
+        lone = (await http.post("/v1/completions", json=small)).json()["choices"][0]["text"]
+        big, beside = await asyncio.gather(http.post("/v1/completions", json=huge),
+                                           http.post("/v1/completions", json=small))
+    assert big.status_code >= 400 and "max_payload" in big.json()["error"]["message"]
+    assert beside.json()["choices"][0]["text"] == lone

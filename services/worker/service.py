@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import Executor
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -25,6 +26,8 @@ from shared.messages import (
     RESEND_DECODER,
     SLEEP_ORDER_DECODER,
     STEP_DECODER,
+    FinishReason,
+    Sampled,
     Sleep,
     SleepState,
     StepResult,
@@ -183,11 +186,35 @@ class WorkerService:
                 entry.prompt_logprobs = out.prompt_logprobs.get(seq.request_id)
             by_reply[seq.reply_to].append(entry)
             self.sent.record(seq, entry)
-        self.sent.remember_finished(out.finished)
         all_entries = []
         for reply_to, entries in by_reply.items():
             all_entries.extend(entries)
-            if reply_to:
-                await self.nc.publish(reply_to, encode(TokenBatch(entries=entries, worker_id=self.hello.worker_id)))
+            for batch in self._batches(entries, out) if reply_to else []:
+                await self.nc.publish(reply_to, batch)
+        self.sent.remember_finished(out.finished)
+        # the observer reads tokens, not logprobs: its batch stays small whatever the rows asked
+        plain = [msgspec.structs.replace(e, logprobs=None, prompt_logprobs=None) for e in all_entries]
         await self.nc.publish(subjects.tokens(self.hello.model),
-                              encode(TokenBatch(entries=all_entries, worker_id=self.hello.worker_id)))
+                              encode(TokenBatch(entries=plain, worker_id=self.hello.worker_id)))
+
+    def _batches(self, entries: list[TokenEntry], out: StepOutput) -> list[bytes]:
+        """The entries as one message, or one each where together they pass the bus's max payload;
+        a row whose entry alone passes it (logprobs of a whole vocabulary over a long prompt) fails
+        by itself, so the rows beside it go on and it is not left waiting."""
+        whole = encode(TokenBatch(entries=entries, worker_id=self.hello.worker_id))
+        if len(whole) <= self.nc.max_payload:
+            return [whole]
+        batches = []
+        for entry in entries:
+            alone = encode(TokenBatch(entries=[entry], worker_id=self.hello.worker_id))
+            if len(alone) <= self.nc.max_payload:
+                batches.append(alone)
+                continue
+            error = (f"this request's logprobs are {len(alone):,} bytes for one step, more than the bus carries in "
+                     f"one message ({self.nc.max_payload:,}, nats-server's max_payload): ask for fewer")
+            log.warning("row_too_large", request_id=entry.request_id, size=len(alone))
+            out.sampled = [Sampled(request_id=s.request_id, token_id=-1, finish_reason=FinishReason.ERROR, error=error)
+                           if s.request_id == entry.request_id else s for s in out.sampled]
+            if (seq := self.runner.seqs.pop(entry.request_id, None)) is not None:
+                out.finished[entry.request_id] = seq
+        return batches
