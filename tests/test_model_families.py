@@ -34,16 +34,20 @@ VOCAB = 2048
 
 @pytest.fixture(scope="module", params=sorted(REAL))
 def family(request, tmp_path_factory):
-    """(name, transformers' model, ours) for one family, written by save_pretrained and loaded back."""
     config_cls, model_cls, geometry = REAL[request.param]
+    return _saved(tmp_path_factory, request.param, config_cls, model_cls, intermediate_size=512, **geometry)
+
+
+def _saved(tmp_path_factory, name: str, config_cls: str, model_cls: str, **fields):
+    """(name, transformers' model, ours) for one family, written by save_pretrained and loaded back."""
     torch.manual_seed(0)
     # a wider init than training's 0.02 gives peaked next-token distributions, so greedy choices are not ties
-    config = getattr(transformers, config_cls)(vocab_size=VOCAB, intermediate_size=512, num_hidden_layers=2,
-                                                initializer_range=0.08, **geometry)
+    config = getattr(transformers, config_cls)(vocab_size=VOCAB, num_hidden_layers=2, initializer_range=0.08,
+                                                **fields)
     theirs = getattr(transformers, model_cls)(config).eval()
-    folder = tmp_path_factory.mktemp(request.param)
+    folder = tmp_path_factory.mktemp(name)
     theirs.save_pretrained(folder, safe_serialization=True)
-    return request.param, theirs, load_model(str(folder))
+    return name, theirs, load_model(str(folder))
 
 
 def test_logits_match_transformers_over_1500_positions(family):
@@ -176,13 +180,7 @@ MOE = {
 @pytest.fixture(scope="module", params=sorted(MOE))
 def moe_family(request, tmp_path_factory):
     config_cls, model_cls, geometry = MOE[request.param]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_cls)(vocab_size=VOCAB, num_hidden_layers=2, initializer_range=0.08,
-                                                tie_word_embeddings=False, **geometry)
-    theirs = getattr(transformers, model_cls)(config).eval()
-    folder = tmp_path_factory.mktemp(request.param)
-    theirs.save_pretrained(folder, safe_serialization=True)
-    return request.param, theirs, load_model(str(folder))
+    return _saved(tmp_path_factory, request.param, config_cls, model_cls, tie_word_embeddings=False, **geometry)
 
 
 def test_routed_experts_match_transformers(moe_family):
