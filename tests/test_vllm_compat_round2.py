@@ -197,3 +197,20 @@ def test_chat_echo_puts_the_final_assistant_message_first(openai_client, model_n
         model=model_name, messages=messages, temperature=0, max_tokens=12, stream=True,
         extra_body={**body, "echo": True}) if c.choices]
     assert "".join(streamed) == echoed.choices[0].message.content and streamed[1] == saying
+
+
+def test_truncate_prompt_tokens_keeps_the_side_asked(openai_client, model_name):
+    """vLLM's truncate_prompt_tokens with truncation_side: the first k ids (right) or the last k (left)."""
+    ids = list(range(100, 108))
+    for side, kept in (("right", ids[:4]), ("left", ids[-4:]), (None, ids[:4])):
+        extra = {"return_token_ids": True, "truncate_prompt_tokens": 4} | ({"truncation_side": side} if side else {})
+        reply = openai_client.completions.create(model=model_name, prompt=ids, max_tokens=1, temperature=0,
+                                                 extra_body=extra)
+        assert reply.choices[0].prompt_token_ids == kept and reply.usage.prompt_tokens == 4
+    chat = openai_client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi there"}],
+                                                 max_tokens=1, extra_body={"truncate_prompt_tokens": 3,
+                                                                           "return_token_ids": True})
+    assert len(chat.prompt_token_ids) == 3
+    with pytest.raises(openai.BadRequestError, match="truncation_side needs truncate_prompt_tokens"):
+        openai_client.completions.create(model=model_name, prompt="Hi", max_tokens=1,
+                                         extra_body={"truncation_side": "left"})

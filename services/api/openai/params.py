@@ -94,6 +94,7 @@ def completion_prompts(body: CompletionRequest, model: ServedModel) -> list[list
         prompts = [list(prompt)]
     else:
         prompts = [encode_text(model, p, "prompt") if isinstance(p, str) else list(p) for p in prompt]
+    prompts = [truncated(ids, body, model) for ids in prompts]
     if not prompts or any(not ids for ids in prompts):
         raise APIError(400, "The decoder prompt cannot be empty", param="prompt")  # vLLM's words
     if len(prompts) * body.n > 2 * MAX_N:
@@ -101,6 +102,21 @@ def completion_prompts(body: CompletionRequest, model: ServedModel) -> list[list
     for ids in prompts:
         check_token_ids(ids, model, "prompt")
     return prompts
+
+
+def truncated(ids: list[int], body: _Sampling, model: ServedModel) -> list[int]:
+    """vLLM's truncate_prompt_tokens: k tokens kept (-1: the context less one, for an answer), the
+    first k (truncation_side "right", the tokenizers' default) or the last k ("left")."""
+    k = body.truncate_prompt_tokens
+    if k is None:
+        if body.truncation_side is not None:
+            raise APIError(400, "truncation_side needs truncate_prompt_tokens", param="truncation_side")
+        return ids
+    if k == -1:
+        k = max(model.max_model_len - 1, 0)
+    if k >= len(ids):
+        return ids
+    return ids[len(ids) - k:] if body.truncation_side == "left" else ids[:k]
 
 
 def check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:

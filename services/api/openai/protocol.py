@@ -72,6 +72,8 @@ class _Sampling(_Request):
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool | None = None  # vLLM: the prompt's and each choice's token ids beside the text
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # vLLM: keep k prompt tokens (-1: the context)
+    truncation_side: Literal["left", "right"] | None = None  # which ones: the last k (left) or the first (right)
     # vLLM: each prompt token's logprob, rank, top-k; -1 (here and in logprobs): the whole vocabulary
     prompt_logprobs: int | None = Field(default=None, ge=-1)
     use_beam_search: bool = False  # vLLM's: n beams searched by the gateway (beam_search.py)

@@ -25,6 +25,7 @@ from services.api.openai.params import (
     encode_text,
     render_messages,
     sampling_params,
+    truncated,
     whole_vocabulary,
 )
 from services.api.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -79,7 +80,7 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
     tools = plan_tools(body, resolve_parser(ctx.tool_call_parser, model.chat_template))
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
                            body.continue_final_message, body.chat_template_kwargs)
-    prompt_ids = encode_text(model, text, "messages")
+    prompt_ids = truncated(encode_text(model, text, "messages"), body, model)
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=whole_vocabulary(chat_logprobs(body), model),
                                prompt_logprobs=whole_vocabulary(body.prompt_logprobs, model))
