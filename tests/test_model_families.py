@@ -234,3 +234,26 @@ def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokeniz
         assert len(whole.choices[0].logprobs.content[0].top_logprobs) == len(hf_tokenizer)
     finally:
         stack.stop()
+
+
+def test_a_gguf_with_routed_experts_is_refused_by_name(tmp_path):
+    """llama.cpp writes Mixtral as `llama` with its experts fused per layer: refused, never half-read."""
+    import gguf
+
+    from services.worker.loader.gguf_file import our_name
+
+    path = str(tmp_path / "mixtral.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    for add, value in ((w.add_context_length, 4096), (w.add_embedding_length, 64), (w.add_block_count, 1),
+                       (w.add_feed_forward_length, 128), (w.add_head_count, 4), (w.add_expert_count, 8),
+                       (w.add_vocab_size, 32)):
+        add(value)
+    w.add_tensor("token_embd.weight", torch.zeros(32, 64).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="llama.expert_count 8"):
+        load_model(path)
+    with pytest.raises(ValueError, match="'blk.0.ffn_gate_exps.weight' is not one this engine reads"):
+        our_name("blk.0.ffn_gate_exps.weight")

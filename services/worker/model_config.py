@@ -154,6 +154,9 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         if arch not in GGUF_ARCHITECTURES:
             raise ValueError(f"GGUF architecture {arch!r} is not supported; known: {', '.join(GGUF_ARCHITECTURES)}")
         p = f"{arch}."
+        if fields.get(p + "expert_count"):  # llama.cpp writes Mixtral as llama, its experts fused per layer
+            raise ValueError(f"GGUF with routed experts ({p}expert_count {fields[p + 'expert_count']}) is not "
+                             "supported: load the model's Hugging Face directory")
         num_heads = fields[p + "attention.head_count"]
         hidden = fields[p + "embedding_length"]
         eos = fields.get("tokenizer.ggml.eos_token_id")

@@ -31,9 +31,12 @@ _TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "
 def our_name(gguf_name: str) -> str:
     """'blk.3.attn_q.weight' -> 'layers.3.attention.wq.weight'."""
     parts = gguf_name.split(".")
-    if parts[0] == "blk":
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
         return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    if len(parts) == 2 and parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} is not one this engine reads (a GGUF's routed experts or fused "
+                     "projections are not supported: load the model's Hugging Face directory)")
 
 
 def rows_permuted(config: ModelConfig) -> bool:

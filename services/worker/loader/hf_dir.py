@@ -27,8 +27,9 @@ _FUSED = {"self_attn.qkv_proj": ("attention.wq", "attention.wk", "attention.wv")
           "mlp.gate_up_proj": ("feed_forward.w1", "feed_forward.w3")}
 
 
-def _split(hf_name: str, tensor: torch.Tensor, config: ModelConfig) -> dict[str, torch.Tensor] | None:
-    """'model.layers.3.self_attn.qkv_proj.weight' -> its q, k and v rows by our names (None: not fused)."""
+def _split(hf_name: str, f, config: ModelConfig) -> dict[str, torch.Tensor] | None:
+    """'model.layers.3.self_attn.qkv_proj.weight' -> its q, k and v rows by our names, read from the
+    open safetensors file `f` (None: not fused, and nothing read)."""
     stem, kind = hf_name.rsplit(".", 1)
     if not stem.startswith("model.layers."):
         return None
@@ -37,7 +38,7 @@ def _split(hf_name: str, tensor: torch.Tensor, config: ModelConfig) -> dict[str,
         return None
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     sizes = [q, kv, kv] if rest == "self_attn.qkv_proj" else [config.intermediate_size] * 2
-    parts = tensor.split(sizes, dim=0)
+    parts = f.get_tensor(hf_name).split(sizes, dim=0)
     return {f"layers.{idx}.{ours}.{kind}": part for ours, part in zip(_FUSED[rest], parts, strict=True)}
 
 
@@ -82,7 +83,7 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             for name in f.keys():
                 if (expert := _expert(name)) is not None:
                     experts.setdefault(expert[0], {})[expert[1]] = f.get_tensor(name).float()
-                elif (parts := _split(name, f.get_tensor(name), config)) is not None:
+                elif (parts := _split(name, f, config)) is not None:
                     state_dict.update((k, v.float()) for k, v in parts.items())
                 elif (ours := our_name(name)) is not None:
                     state_dict[ours] = f.get_tensor(name).float()
