@@ -38,3 +38,46 @@ def test_chunk_after_a_cached_prefix_matches_sdpa(monkeypatch, num_cached, num_q
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 40])
+def test_sliding_window_rows_match_sdpa_with_the_window_mask(window):
+    """Decode rows and prefill chunks (fresh, and after a cached prefix) of a sliding-window layer
+    against SDPA over the whole context with transformers' window mask (keys (i - window, i])."""
+    torch.manual_seed(window)
+    rows = [(0, 1), (30, 1), (70, 1), (0, 45), (33, 20), (3, 9)]  # (num_cached, num_new)
+    num_blocks = sum(-(-(c + n) // BLOCK_SIZE) for c, n in rows)
+    k_cache = torch.randn(num_blocks + 1, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
+    v_cache = torch.randn_like(k_cache)
+    order, tables = torch.randperm(num_blocks).tolist(), []
+    for c, n in rows:
+        needed = -(-(c + n) // BLOCK_SIZE)
+        tables.append(order[:needed])
+        order = order[needed:]
+    q = torch.randn(sum(n for _, n in rows), NUM_KV_HEADS * GROUP, HEAD_DIM)
+    decodes = [(i, r, t) for i, (r, t) in enumerate(zip(rows, tables, strict=True)) if r[1] == 1]
+    width = max(len(t) for *_, t in decodes)
+    lens = torch.tensor([c + 1 for _, (c, _), _ in decodes])
+    starts = [sum(n for _, n in rows[:i]) for i in range(len(rows))]
+    meta = attention.AttentionMetadata(
+        slot_mapping=torch.zeros(0, dtype=torch.long),
+        decode_token_idx=torch.tensor([starts[i] for i, *_ in decodes]),
+        decode_block_tables=torch.tensor([t + [num_blocks] * (width - len(t)) for *_, t in decodes]),
+        decode_context_mask=(torch.arange(width * BLOCK_SIZE)[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1),
+        decode_context_lens=lens,
+        prefills=[(starts[i], n, c, torch.tensor(tables[i])) for i, (c, n) in enumerate(rows) if n > 1])
+    out = attention.paged_attention(q, k_cache, v_cache, meta, HEAD_DIM**-0.5, window=window)
+
+    for i, (num_cached, num_new) in enumerate(rows):
+        context = num_cached + num_new
+
+        def flat(cache, table=tables[i], context=context):  # [heads, context, d]
+            return cache[table].transpose(0, 1).flatten(1, 2)[:, :context].repeat_interleave(GROUP, 0)
+
+        positions = torch.arange(num_new).unsqueeze(1) + num_cached
+        keys = torch.arange(context).unsqueeze(0)
+        mask = (keys <= positions) & (keys > positions - window)
+        rows_q = q[starts[i] : starts[i] + num_new]
+        expected = F.scaled_dot_product_attention(rows_q.transpose(0, 1), flat(k_cache), flat(v_cache),
+                                                  attn_mask=mask, scale=HEAD_DIM**-0.5).transpose(0, 1)
+        torch.testing.assert_close(out[starts[i] : starts[i] + num_new], expected, atol=1e-5, rtol=1e-4)

@@ -7,6 +7,8 @@ token each) are batched into grouped matmuls with a length mask, or (`native`) g
 kernels' decode_attention, which reads each sequence's blocks in place. A prefill chunk with
 nothing cached before it runs causal SDPA; one after a cached prefix (a prefix-cache hit, or a later chunk
 of a chunked prefill) runs grouped matmuls with the causal mask shifted by the prefix.
+A sliding-window layer (`window`: each query sees itself and the window - 1 keys before it, as
+transformers masks) masks the keys before the window; its decode rows take the grouped matmuls.
 """
 
 from __future__ import annotations
@@ -50,21 +52,22 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache[blocks, :, offsets] = v.to(v_cache.dtype)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, native: bool = False) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, native: bool = False, window: int | None = None) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. `native`: the decode
-    rows run the C kernels' decode_attention where it takes their head size and dtype."""
+    rows run the C kernels' decode_attention where it takes their head size and dtype (and no window)."""
     out = torch.empty_like(q)
     if meta.num_decodes:
         q_decode = q[meta.decode_token_idx]
-        if native and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES and q.dtype == k_cache.dtype:
+        if (native and window is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
+                and q.dtype == k_cache.dtype):
             out[meta.decode_token_idx] = torch.ops.switchyard_cpu.decode_attention(
                 q_decode, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
         else:
-            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale)
+            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale, window)
     for start, num_query, num_cached, block_ids in meta.prefills:
         out[start : start + num_query] = _prefill(
-            q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale
+            q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window
         )
     return out
 
@@ -75,7 +78,7 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     return blocks.view(*block_tables.shape, *cache.shape[1:])
 
 
-def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
     """One query token per sequence: grouped batched matmuls over the gathered blocks, softmax in
     float32. (SDPA's CPU kernel is built for long queries; for a single one it costs ~10x these.)"""
     num_seqs, num_heads, head_dim = q.shape
@@ -87,22 +90,35 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch
     qg = q.to(k.dtype).view(num_seqs, 1, num_kv_heads, group, head_dim).expand(-1, num_blocks, -1, -1, -1)
     scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [B, nb, h_kv, group, bs]
     scores = scores.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group, num_blocks * block_size)
-    scores.masked_fill_(~meta.decode_context_mask, float("-inf"))
+    visible = meta.decode_context_mask
+    if window is not None:  # and not before the window: positions >= context_len - window
+        keys = torch.arange(visible.shape[-1], device=q.device)
+        visible = visible & (keys >= (meta.decode_context_lens - window).unsqueeze(1)).view(visible.shape)
+    scores.masked_fill_(~visible, float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(num_seqs, num_kv_heads, group, num_blocks, block_size)
     out = torch.matmul(probs.permute(0, 3, 1, 2, 4), v).sum(1)  # [B, h_kv, group, d]
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
-def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scale: float) -> torch.Tensor:
+def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scale: float,
+             window: int | None = None) -> torch.Tensor:
     num_query, num_heads, _ = q.shape
     context_len = num_cached + num_query
+    # the first key any query sees: past a sliding window, the first query's window start
+    first = 0 if window is None else max(0, num_cached + 1 - window)
 
-    def contiguous_kv(cache: torch.Tensor) -> torch.Tensor:  # [1, h_kv, ctx, d]
+    def contiguous_kv(cache: torch.Tensor) -> torch.Tensor:  # [1, h_kv, ctx - first, d]
         blocks = cache.index_select(0, block_ids)  # [nb, h, bs, d]
-        return blocks.transpose(0, 1).flatten(1, 2)[:, :context_len].to(q.dtype).unsqueeze(0)
+        return blocks.transpose(0, 1).flatten(1, 2)[:, first:context_len].to(q.dtype).unsqueeze(0)
 
     k, v = contiguous_kv(k_cache), contiguous_kv(v_cache)
     qb = q.transpose(0, 1).unsqueeze(0)  # [1, h, nq, d]
+    if window is not None and context_len > window:  # a query i sees keys (i - window, i]
+        rows = torch.arange(num_query, device=q.device).unsqueeze(1) + num_cached
+        keys = torch.arange(first, context_len, device=q.device).unsqueeze(0)
+        mask = (keys <= rows) & (keys > rows - window)
+        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        return o.squeeze(0).transpose(0, 1)
     if num_cached == 0:
         o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         return o.squeeze(0).transpose(0, 1)

@@ -4,7 +4,8 @@ One program per (row, KV head, split): the GROUP query heads that share the KV h
 into one tile (so each K/V block is read once for all of them, and tl.dot gets >= 16 rows), and
 the split walks its share of the row's blocks with an online softmax. A second kernel merges the
 splits' partial results by their log-sum-exp. Long contexts get more splits, so a small batch
-still fills the GPU; short ones take one.
+still fills the GPU; short ones take one. A sliding-window layer's splits start at the block
+holding the window's first key and mask the keys before it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from services.worker.backends.cuda.kernels.online_softmax import attend_block
+from services.worker.backends.cuda.kernels.online_softmax import NO_WINDOW, attend_block
 
 
 @triton.jit
 def _decode_split(q_ptr, k_ptr, v_ptr, rows_ptr, tables_ptr, lens_ptr, acc_ptr, ml_ptr, scale, k_scale, v_scale,
-                  stride_qt, stride_qh, stride_tb, stride_cb, stride_ch, stride_ct, blocks_per_split,
+                  window, stride_qt, stride_qh, stride_tb, stride_cb, stride_ch, stride_ct, blocks_per_split,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, IS_FP8: tl.constexpr):
     seq = tl.program_id(0)
@@ -36,12 +37,14 @@ def _decode_split(q_ptr, k_ptr, v_ptr, rows_ptr, tables_ptr, lens_ptr, acc_ptr, 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    first = split * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, tl.cdiv(context, BLOCK_SIZE))
+    lo = tl.maximum(context - window, 0)  # the first key in the window
+    first = tl.maximum(split * blocks_per_split, lo // BLOCK_SIZE)
+    last = tl.minimum(split * blocks_per_split + blocks_per_split, tl.cdiv(context, BLOCK_SIZE))
     for i in range(first, last):
         block = tl.load(tables_ptr + seq * stride_tb + i).to(tl.int64)
         offsets = block * stride_cb + kv_head * stride_ch + t[:, None] * stride_ct + d[None, :]
-        visible = (i * BLOCK_SIZE + t)[None, :] < context
+        keys = (i * BLOCK_SIZE + t)[None, :]
+        visible = (keys < context) & (keys >= lo)
         m, denom, acc = attend_block(q, k_ptr, v_ptr, offsets, d[None, :] < HEAD_DIM, visible, scale, k_scale, v_scale,
                                      m, denom, acc, IEEE, IS_FP8)
     # partial results, unnormalized: acc [seq, head, split, d], (m, denom) [seq, head, split, 2]
@@ -78,9 +81,9 @@ def num_splits_for(max_context: int, block_size: int, num_seqs: int, num_kv_head
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      rows: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     num_splits: int, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+                     num_splits: int, k_scale: float = 1.0, v_scale: float = 1.0, window: int | None = None) -> None:
     """q, out: [T, heads, d] (rows `rows` of them are decode rows); block_tables: [B, max_blocks];
-    context_lens: [B]. Writes out[rows]."""
+    context_lens: [B]; window: a sliding-window layer's. Writes out[rows]."""
     num_seqs = rows.shape[0]
     if num_seqs == 0:
         return
@@ -93,7 +96,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     _decode_split[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, rows, block_tables, context_lens, acc, ml, scale, k_scale, v_scale,
-        q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NO_WINDOW if window is None else window, q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         blocks_per_split, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
         IS_FP8=k_cache.dtype == torch.float8_e4m3fn)

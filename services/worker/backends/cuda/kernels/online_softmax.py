@@ -5,6 +5,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+NO_WINDOW = 2**30  # the window a full-attention layer passes: longer than any context
+
 
 @triton.jit
 def dot(a, b, IEEE: tl.constexpr):
@@ -18,7 +20,8 @@ def dot(a, b, IEEE: tl.constexpr):
 def attend_block(q, k_ptr, v_ptr, offsets, d_mask, visible, scale, k_scale, v_scale, m, denom, acc,
                  IEEE: tl.constexpr, IS_FP8: tl.constexpr):
     """q [rows, d] against the block's keys at `offsets` ([block_size, d]); `visible` [rows,
-    block_size] masks keys a row may not see. Returns the running (max, denominator, accumulator)."""
+    block_size] masks keys a row may not see (a row may see none of them). Returns the running (max,
+    denominator, accumulator)."""
     k = tl.load(k_ptr + offsets, mask=d_mask, other=0.0)
     v = tl.load(v_ptr + offsets, mask=d_mask, other=0.0)
     if IS_FP8:  # stored divided by the layer's scale
@@ -26,8 +29,10 @@ def attend_block(q, k_ptr, v_ptr, offsets, d_mask, visible, scale, k_scale, v_sc
         v = (v.to(tl.float32) * v_scale).to(q.dtype)
     scores = tl.where(visible, dot(q, tl.trans(k), IEEE) * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, axis=1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(scores - m_new[:, None])
+    # a row that has seen no key yet (before its sliding window) keeps m = -inf: exp(-inf - 0) = 0, not nan
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(scores - m_safe[:, None])
     denom = denom * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
     return m_new, denom, acc
