@@ -106,6 +106,24 @@ def small_qwen3(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def small_gemma3(tmp_path_factory) -> str:
+    """config.json of a 3-layer Gemma 3 (two sliding-window layers, then a global one, each with its
+    rope; GeGLU; four norms a layer) for the `dummy` loader, its window of 8 tokens crossed by every
+    prompt of the backends' tests."""
+    config = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 300,
+              "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 8,
+              "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+              "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+              "tie_word_embeddings": True, "eos_token_id": 299}
+    path = tmp_path_factory.mktemp("small-gemma3") / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def small_qwen3_moe(tmp_path_factory) -> str:
     """config.json of a 2-layer Qwen3-MoE (8 experts, top 2) for the `dummy` loader."""
     config = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 300, "hidden_size": 96,

@@ -114,16 +114,30 @@ def test_both_spellings_of_theta_and_linear_scaling_are_read(tmp_path):
     assert torch.equal(inv_freq(16, 2e5, old.rope_scaling), inv_freq(16, 2e5, RopeScaling()) / 2)
 
 
-def test_mistral_contexts_stop_at_its_sliding_window(tmp_path):
-    cfg = ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["MistralForCausalLM"],
-                                                  sliding_window=4096, max_position_embeddings=32768))
-    assert cfg.limit_context(32768, configured=False) == 4096  # capped: within the window, attention is exact
-    assert cfg.limit_context(2048, configured=True) == 2048
-    with pytest.raises(ConfigError, match="max_model_len 8192 exceeds the model's sliding window of 4096 tokens"):
-        cfg.limit_context(8192, configured=True)
+def test_sliding_windows_are_served_per_layer_as_transformers_derives_them(tmp_path):
+    mistral = ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["MistralForCausalLM"], num_hidden_layers=2,
+                                                      sliding_window=4096, max_position_embeddings=32768))
+    assert mistral.limit_context(32768, configured=False) == 32768  # windowed attention is exact past the window
+    assert [mistral.window_of(i) for i in range(2)] == [4096, 4096]
     qwen = ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["Qwen2ForCausalLM"], sliding_window=4096,
                                                    use_sliding_window=False))
-    assert qwen.sliding_window is None
+    assert qwen.sliding_window is None and qwen.window_of(0) is None
+    qwen = ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["Qwen2ForCausalLM"], sliding_window=4096,
+                                                   use_sliding_window=True, max_window_layers=1, num_hidden_layers=2))
+    assert [qwen.window_of(i) for i in range(2)] == [None, 4096]  # from max_window_layers on
+    gemma = ModelConfig.from_hf_config(_config_with(  # transformers 4's Gemma 3 config: no layer_types
+        tmp_path, architectures=["Gemma3ForCausalLM"], num_hidden_layers=12, sliding_window=512,
+        sliding_window_pattern=6, rope_theta=1e6, rope_local_base_freq=1e4, hidden_activation="gelu_pytorch_tanh",
+        rope_scaling={"rope_type": "linear", "factor": 8.0}))
+    assert [gemma.window_of(i) for i in range(12)] == ([512] * 5 + [None]) * 2
+    assert (gemma.rope_theta, gemma.local_rope_theta, gemma.rope_scaling.factor) == (1e6, 1e4, 8.0)
+    with pytest.raises(ConfigError, match="layer_types must name 2 layers"):
+        ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["MistralForCausalLM"], sliding_window=64,
+                                                num_hidden_layers=2, layer_types=["chunked_attention"] * 2))
+    with pytest.raises(ConfigError, match="sliding layers' rope_parameters"):
+        ModelConfig.from_hf_config(_config_with(tmp_path, architectures=["Gemma3ForCausalLM"], sliding_window=64, rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}))
 
 
 def test_rotary_frequencies_stay_float32_in_a_bfloat16_model(tmp_path):

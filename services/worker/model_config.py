@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.worker.rope import RopeScaling, parse_hf_rope
+from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope
 from shared.config import ConfigError
 
 # read below (or fixed by the architecture: `architectures`)
@@ -20,13 +20,17 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "rms_norm_eps", "tie_word_embeddings", "attention_bias", "max_position_embeddings", "sliding_window",
          "use_sliding_window", "bos_token_id", "eos_token_id", "hidden_act", "mlp_bias", "layer_types",
          "max_window_layers", "original_max_position_embeddings", "num_local_experts", "num_experts",
-         "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}
+         "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+         "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "rope_local_base_freq",
+         "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
           "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
           "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "is_encoder_decoder",
           "chunk_size_feed_forward", "tokenizer_class", "embd_pdrop", "resid_pdrop",
-          "output_router_logits", "router_aux_loss_coef"}
+          "output_router_logits", "router_aux_loss_coef", "cache_implementation"}
+# the activations of the gated MLP: SwiGLU's, and GeGLU's (Gemma)
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 def _check_implemented(raw: dict, where: str) -> None:
@@ -34,13 +38,22 @@ def _check_implemented(raw: dict, where: str) -> None:
     if unknown:
         raise ConfigError(f"{where}: config field(s) {unknown} are not implemented by this engine; refusing to "
                           "serve a model whose computation they would change")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"{where}: hidden_act {raw['hidden_act']!r} is not implemented (silu only)")
+    act = _activation(raw)
+    if act not in ACTIVATIONS:
+        key = "hidden_activation" if raw.get("hidden_activation") else "hidden_act"
+        raise ConfigError(f"{where}: {key} {act!r} is not implemented ({', '.join(ACTIVATIONS)})")
+    if raw.get("use_bidirectional_attention"):
+        raise ConfigError(f"{where}: use_bidirectional_attention is not implemented (causal decoders only)")
     if raw.get("mlp_bias"):
         raise ConfigError(f"{where}: mlp_bias is not implemented")
     if raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
         raise ConfigError(f"{where}: decoder_sparse_step and mlp_only_layers (dense layers among the experts' "
                           "layers) are not implemented: every layer routes to experts here")
+
+
+def _activation(raw: dict) -> str:
+    """Gemma names it hidden_activation (and its first configs both, hidden_act the inexact gelu)."""
+    return raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
 
 
 def _gguf_rope_scaling(fields: dict, prefix: str) -> RopeScaling:
@@ -53,6 +66,9 @@ def _gguf_rope_scaling(fields: dict, prefix: str) -> RopeScaling:
     raise ConfigError(f"GGUF rope scaling {kind!r} is not implemented (none, linear, or a rope_freqs tensor)")
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def _sliding_window(raw: dict) -> int | None:
     """Mistral's window (on unless use_sliding_window says otherwise); Qwen2 turns it off by default."""
     if not raw.get("use_sliding_window", True) or not raw.get("sliding_window"):
@@ -61,6 +77,28 @@ def _sliding_window(raw: dict) -> int | None:
     if layer_types and all(t == "full_attention" for t in layer_types):
         return None
     return int(raw["sliding_window"])
+
+
+def _layer_types(raw: dict, architecture: str, window: int | None, where: str) -> list[str]:
+    """Which layers attend within the window, as transformers derives them where the config does not
+    list them: Qwen2's from max_window_layers on, Gemma 2's every other one, Gemma 3's all but every
+    sixth, every layer of the rest (Mistral, Phi-3)."""
+    n = raw["num_hidden_layers"]
+    if window is None:
+        return ["full_attention"] * n
+    if raw.get("layer_types"):
+        types = list(raw["layer_types"])
+        if len(types) != n or set(types) - set(LAYER_TYPES):
+            raise ConfigError(f"{where}: layer_types must name {n} layers, each one of {LAYER_TYPES}")
+        return types
+    if architecture == "Qwen2ForCausalLM":
+        return ["sliding_attention" if i >= raw.get("max_window_layers", n) else "full_attention" for i in range(n)]
+    if architecture == "Gemma2ForCausalLM":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if architecture == "Gemma3ForCausalLM":
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    return ["sliding_attention"] * n
 
 
 # llama.cpp's architecture names -> the Hugging Face class each file's tensors are
@@ -84,12 +122,17 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     attention_bias: bool = False
     max_position_embeddings: int = 2048
     sliding_window: int | None = None
+    layer_types: list[str] = []  # per layer, one of LAYER_TYPES; empty: all full attention
     bos_token_id: int | None = None
     eos_token_ids: list[int] = []
     num_experts: int = 0  # a mixture of experts in place of each MLP (models/moe.py); 0: a dense MLP
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0  # an expert's width (Qwen3-MoE); 0: intermediate_size (Mixtral)
     norm_topk_prob: bool = True  # the top-k routing weights renormalized to sum to 1 (Mixtral always)
+    hidden_act: str = "silu"  # the gated MLP's activation, one of ACTIVATIONS
+    query_pre_attn_scalar: float | None = None  # attention scores scaled by its -1/2 power (Gemma); None: head_dim's
+    local_rope_theta: float | None = None  # the sliding layers' own rope base (Gemma 3); None: the global rope
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -101,6 +144,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         rope_theta, rope_scaling = parse_hf_rope(raw, str(path))
         eos = raw.get("eos_token_id")
         num_heads = raw["num_attention_heads"]
+        window = _sliding_window(raw)
         return cls(
             architecture=archs[0],
             vocab_size=raw["vocab_size"],
@@ -116,23 +160,30 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            sliding_window=_sliding_window(raw),
+            sliding_window=window,
+            layer_types=_layer_types(raw, archs[0], window, str(path)),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=[] if eos is None else (eos if isinstance(eos, list) else [eos]),
             num_experts=raw.get("num_local_experts") or raw.get("num_experts") or 0,
             num_experts_per_tok=raw.get("num_experts_per_tok", 0),
             moe_intermediate_size=raw.get("moe_intermediate_size", 0),
             norm_topk_prob=bool(raw.get("norm_topk_prob", archs[0] == "MixtralForCausalLM")),
+            hidden_act=_activation(raw),
+            query_pre_attn_scalar=raw.get("query_pre_attn_scalar"),
+            local_rope_theta=local_rope_theta(raw, str(path)),
+            final_logit_softcapping=raw.get("final_logit_softcapping"),
         )
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window layer `layer` attends within; None where it attends to the whole context."""
+        if self.layer_types and self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
 
     def exact_context(self) -> tuple[int, str] | None:
         """The longest context computed exactly where a feature not implemented limits it, and why:
-        within a sliding window every key is inside it; within LongRoPE's original length its short
-        factors are the ones transformers uses."""
+        within LongRoPE's original length its short factors are the ones transformers uses."""
         limits = []
-        if self.sliding_window is not None:
-            limits.append((self.sliding_window, f"the model's sliding window of {self.sliding_window} tokens; "
-                                                "sliding-window attention is not implemented"))
         if self.rope_scaling.rope_type == "longrope":
             n = self.rope_scaling.original_max_position_embeddings
             limits.append((n, f"LongRoPE's original context of {n} tokens; its long factors are not implemented"))

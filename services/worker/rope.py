@@ -3,7 +3,9 @@ LongRoPE's short factors (Phi-3; its long factors are not implemented, so contex
 original length, where the short ones are exact: ModelConfig.limit_context).
 
 Configs name them two ways: transformers 4 wrote `rope_theta` beside `rope_scaling` ({"rope_type"
-or "type", ...}); transformers 5 writes `rope_parameters` with `rope_theta` inside. Both are read;
+or "type", ...}); transformers 5 writes `rope_parameters` with `rope_theta` inside, per layer type
+where the sliding-window layers rotate with a base of their own (Gemma 3's `rope_local_base_freq`
+in transformers 4). Both are read;
 a rope type or parameter not implemented here is refused, never ignored (a model served with the
 wrong frequencies gives wrong tokens from its first long context on, silently).
 """
@@ -47,9 +49,33 @@ class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
         return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(self.original_max_position_embeddings))
 
 
+def _per_layer_type(raw: dict) -> dict | None:
+    """transformers 5's rope_parameters keyed by layer type ({"full_attention": {...}, ...}), or None."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and params and set(params) <= {"full_attention", "sliding_attention"}:
+        return params
+    return None
+
+
+def local_rope_theta(raw: dict, where: str) -> float | None:
+    """The base the sliding-window layers rotate with where it is their own (Gemma 3); None: the
+    global layers' rope. Only the default rope type is implemented for them."""
+    if (by_type := _per_layer_type(raw)) is not None:
+        local = dict(by_type.get("sliding_attention") or {})
+        if not local:
+            return None
+        if local.pop("rope_type", "default") != "default" or set(local) - {"rope_theta"}:
+            raise ConfigError(f"{where}: the sliding layers' rope_parameters {by_type['sliding_attention']} are "
+                              "not implemented (the default rope with its own rope_theta only)")
+        return float(local["rope_theta"])
+    return float(raw["rope_local_base_freq"]) if raw.get("rope_local_base_freq") else None
+
+
 def parse_hf_rope(raw: dict, where: str) -> tuple[float, RopeScaling]:
-    """(rope_theta, scaling) from a config.json's fields, in either spelling."""
-    params = dict(raw.get("rope_parameters") or {})
+    """(rope_theta, scaling) from a config.json's fields, in either spelling (the full-attention
+    layers' where they are given per layer type)."""
+    by_type = _per_layer_type(raw)
+    params = dict((by_type.get("full_attention") or {}) if by_type else (raw.get("rope_parameters") or {}))
     if not params and raw.get("rope_scaling"):
         params = dict(raw["rope_scaling"])
     theta = float(params.pop("rope_theta", raw.get("rope_theta", 10000.0)))

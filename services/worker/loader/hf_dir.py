@@ -21,6 +21,9 @@ _LAYER_NAMES = {
 }
 # an expert's projections (Mixtral's, Qwen3-MoE's) -> our stacked [experts, out, in] parameters
 _EXPERT_NAMES = {"w1": "w1", "w3": "w3", "w2": "w2", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+# Gemma normalizes after attention and after the MLP too: its post_attention_layernorm is not the MLP's
+_GEMMA_NAMES = _LAYER_NAMES | {"post_attention_layernorm": "post_attention_norm",
+                               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffn_norm"}
 _TOP_NAMES = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
 # checkpoints that store projections fused (Phi-3): split into ours (load_model fuses them again)
 _FUSED = {"self_attn.qkv_proj": ("attention.wq", "attention.wk", "attention.wv"),
@@ -42,15 +45,25 @@ def _split(hf_name: str, f, config: ModelConfig) -> dict[str, torch.Tensor] | No
     return {f"layers.{idx}.{ours}.{kind}": part for ours, part in zip(_FUSED[rest], parts, strict=True)}
 
 
-def our_name(hf_name: str) -> str | None:
+def our_name(hf_name: str, architecture: str = "") -> str | None:
     """'model.layers.3.self_attn.q_proj.weight' -> 'layers.3.attention.wq.weight'."""
     stem, kind = hf_name.rsplit(".", 1)
+    names = _GEMMA_NAMES if is_gemma(architecture) else _LAYER_NAMES
     if stem.startswith("model.layers."):
         _, _, idx, rest = stem.split(".", 3)
-        if rest not in _LAYER_NAMES:
+        if rest not in names:
             return None  # e.g. rotary inv_freq buffers saved by old checkpoints
-        return f"layers.{idx}.{_LAYER_NAMES[rest]}.{kind}"
+        return f"layers.{idx}.{names[rest]}.{kind}"
     return f"{_TOP_NAMES[stem]}.{kind}" if stem in _TOP_NAMES else None
+
+
+def is_gemma(architecture: str) -> bool:
+    return architecture.startswith("Gemma")
+
+
+def _gemma_norm(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Gemma's norms multiply by (1 + weight), ours by weight: the 1 is added here, once."""
+    return tensor + 1.0 if name.rsplit(".", 2)[-2].endswith("norm") else tensor
 
 
 def _expert(hf_name: str) -> tuple[str, int] | None:
@@ -85,6 +98,8 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                     experts.setdefault(expert[0], {})[expert[1]] = f.get_tensor(name).float()
                 elif (parts := _split(name, f, config)) is not None:
                     state_dict.update((k, v.float()) for k, v in parts.items())
-                elif (ours := our_name(name)) is not None:
+                elif (ours := our_name(name, config.architecture)) is not None:
                     state_dict[ours] = f.get_tensor(name).float()
+    if is_gemma(config.architecture):
+        state_dict = {name: _gemma_norm(name, t) for name, t in state_dict.items()}
     return config, state_dict | _stacked(experts, config.num_experts)

@@ -13,7 +13,6 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import dummy, gguf_file, hf_dir
 from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
-from services.worker.models.llama import Rotary
 from shared.gguf_fields import is_gguf
 
 
@@ -60,5 +59,5 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     model = model.to(device=device, dtype=dtype).eval()
     # made after the cast, so its frequencies stay float32 (in bfloat16 they keep 3 significant
     # digits, and the angles drift by radians at long positions)
-    model.rotary = Rotary(config).to(device)
+    model.rotary = cls.rotary_class(config).to(device)
     return LoadedModel(model=model, config=config, source=f"{fmt}:{path}")

@@ -8,6 +8,7 @@ The residual stream is carried beside the hidden state, so a backend can fuse th
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from services.worker.backends.base import LayerOps
@@ -25,6 +26,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual)."""
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def alone(self, x: torch.Tensor) -> torch.Tensor:
+        """norm(x), with no residual stream (Gemma's norms after attention and the MLP)."""
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -58,15 +63,16 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: LayerOps):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps, layer: int):
         super().__init__()
         self.ops = ops
+        self.window = cfg.window_of(layer)  # a sliding-window layer's window; None: full attention
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.wv = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.scale = cfg.head_dim**-0.5
+        self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
         self.sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
 
     def fuse(self) -> None:
@@ -84,14 +90,17 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta):
         q, k, v = self.qkv(x)
         q, k = self.ops.rotary(q, k, cos, sin)
-        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale)
+        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale, self.window)
         return self.wo(o.reshape(x.shape[0], -1))
 
 
 class FeedForward(nn.Module):
+    """The gated MLP: SwiGLU (the backend's op), or GeGLU with tanh's gelu (Gemma; torch's op)."""
+
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
         self.ops = ops
+        self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
         self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # gate
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)  # down
         self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # up
@@ -102,6 +111,9 @@ class FeedForward(nn.Module):
         del self.w1, self.w3
 
     def forward(self, x):
+        if self.gelu:
+            gate, up = self.w13(x).chunk(2, dim=-1)
+            return self.w2(F.gelu(gate, approximate="tanh") * up)
         return self.w2(self.ops.silu_and_mul(self.w13(x)))
 
 
@@ -109,9 +121,9 @@ class TransformerBlock(nn.Module):
     attention_class = Attention
     feed_forward_class = FeedForward
 
-    def __init__(self, cfg: ModelConfig, ops: LayerOps):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps, layer: int):
         super().__init__()
-        self.attention = self.attention_class(cfg, ops)
+        self.attention = self.attention_class(cfg, ops, layer)
         self.feed_forward = self.feed_forward_class(cfg, ops)
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
@@ -131,15 +143,16 @@ def run_layers(layers, x, residual, cos, sin, kv_caches, meta) -> tuple[torch.Te
 
 class Llama(nn.Module):
     block_class = TransformerBlock
+    rotary_class = Rotary  # made by the loader after the cast, in float32
 
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
         self.config = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(self.block_class(cfg, ops) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.block_class(cfg, ops, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg)
+        self.rotary = self.rotary_class(cfg)
         # how the layers run: run_layers, or a backend's own (torch_cpu/compiled.py: compiled decode steps)
         self.layer_runner = run_layers
 

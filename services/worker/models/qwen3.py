@@ -25,8 +25,8 @@ class HeadNorm(nn.Module):
 
 
 class Qwen3Attention(Attention):
-    def __init__(self, cfg: ModelConfig, ops: LayerOps):
-        super().__init__(cfg, ops)
+    def __init__(self, cfg: ModelConfig, ops: LayerOps, layer: int):
+        super().__init__(cfg, ops, layer)
         self.q_norm = HeadNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = HeadNorm(cfg.head_dim, cfg.rms_norm_eps)
 

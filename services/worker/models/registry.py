@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from services.worker.models.gemma import Gemma3
 from services.worker.models.llama import Llama
 from services.worker.models.moe import Mixtral, Qwen3Moe
 from services.worker.models.qwen3 import Qwen3
 
 _REGISTRY: dict[str, type] = {
     "LlamaForCausalLM": Llama,
-    "MistralForCausalLM": Llama,  # Llama + (unused below its window) sliding-window attention
+    "MistralForCausalLM": Llama,  # Llama + sliding-window attention
     "Qwen2ForCausalLM": Llama,  # Llama + q/k/v biases (config.attention_bias)
     "Qwen3ForCausalLM": Qwen3,  # Llama + q/k RMSNorm per head
     "Phi3ForCausalLM": Llama,  # Llama's layers; its checkpoints fuse qkv and gate_up (loader/hf_dir.py)
     "MixtralForCausalLM": Mixtral,  # Llama + top-k routed experts
     "Qwen3MoeForCausalLM": Qwen3Moe,  # Qwen3 + top-k routed experts
+    "Gemma3ForCausalLM": Gemma3,  # sliding-window layers among global ones, four norms a layer, GeGLU
 }
 
 
