@@ -101,3 +101,103 @@ def test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_t
     assert engine.run() == alone
     assert engine.scheduler.num_preemptions > 0
     assert max(engine.num_cached_tokens.values()) >= 32
+
+
+GGUF_GEMMA = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+              "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
+              "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def write_gemma3_gguf(model, path: str) -> None:
+    """The checkpoint as llama.cpp's converter writes a gemma3 file: its tensor names, each norm
+    weight with the 1 added, the window as metadata (the layer pattern and local rope base are
+    llama.cpp's fixed ones), through the gguf package's writer."""
+    import gguf
+
+    c = model.config
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_sliding_window(c.sliding_window)
+    w.add_vocab_size(c.vocab_size)
+    for name, tensor in model.state_dict().items():
+        stem, kind = name.rsplit(".", 1)
+        if stem == "lm_head":
+            continue  # tied
+        if stem.startswith("model.layers."):
+            _, _, idx, rest = stem.split(".", 3)
+            ours = f"blk.{idx}.{GGUF_GEMMA[rest]}.{kind}"
+        else:
+            ours = {"model.embed_tokens": "token_embd", "model.norm": "output_norm"}[stem] + "." + kind
+        w.add_tensor(ours, (tensor.float() + 1 if stem.endswith("norm") else tensor.float()).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gemma3_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path_factory):
+    """Six layers, so llama.cpp's fixed pattern (every sixth layer global) is the config's."""
+    config_cls, model_cls, geometry = REAL["gemma-3-1b-it"]
+    fields = dict(geometry, vocab_size=VOCAB, intermediate_size=256, hidden_size=128, num_hidden_layers=6,
+                  sliding_window=24)
+    del fields["layer_types"]  # transformers derives them: five sliding, one global
+    torch.manual_seed(0)
+    theirs = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields)).eval()
+    path = str(tmp_path_factory.mktemp("gemma3-gguf") / "model.gguf")
+    write_gemma3_gguf(theirs, path)
+    ours = load_model(path)
+    assert ours.config.architecture == "Gemma3ForCausalLM"
+    assert [ours.config.window_of(i) for i in range(6)] == [24] * 5 + [None]
+    ids = torch.randint(0, VOCAB, (100,), generator=torch.Generator().manual_seed(4)).tolist()
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(prefill_logits(make_runner(ours, num_blocks=16), ids), expected, atol=2e-4, rtol=0)
+
+
+@pytest.mark.stack
+def test_a_gemma3_directory_serves_through_the_stack_with_the_default_path(tmp_path_factory, hf_tokenizer):
+    """Random Gemma-3-1B-shaped weights (window shrunk to 24) with SmolLM2's tokenizer, served by
+    `make run`'s services on their defaults (the C kernels where they apply): a greedy completion
+    past the window equals transformers' generate, and /v1/models names the architecture."""
+    import httpx
+    import openai
+
+    from tests.conftest import _start_stack
+
+    folder = tmp_path_factory.mktemp("gemma3-stack")
+    config_cls, model_cls, geometry = REAL["gemma-3-1b-it"]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**dict(
+        geometry, vocab_size=len(hf_tokenizer), intermediate_size=512, initializer_range=0.08, sliding_window=24,
+        num_hidden_layers=len(GEMMA3_LAYERS), eos_token_id=hf_tokenizer.eos_token_id,
+        bos_token_id=hf_tokenizer.bos_token_id, pad_token_id=hf_tokenizer.eos_token_id))
+    theirs = getattr(transformers, model_cls)(config).eval()
+    theirs.save_pretrained(folder, safe_serialization=True)
+    hf_tokenizer.save_pretrained(folder)
+    stack = _start_stack(tmp_path_factory, "gemma3-stack", 1, ["--model-path", str(folder), "--model", "gemma3-test",
+                                                                   "--max-model-len", "4096"])
+    try:
+        models = httpx.get(stack.base_url + "/v1/models").json()["data"]
+        assert [(m["id"], m["architectures"]) for m in models] == [("gemma3-test", ["Gemma3ForCausalLM"])]
+        client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
+        prompt = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
+        ids = hf_tokenizer.encode(prompt)
+        got = client.completions.create(model="gemma3-test", prompt=prompt, max_tokens=16, temperature=0,
+                                        extra_body={"ignore_eos": True, "return_token_ids": True})
+        with torch.inference_mode():
+            expected = theirs.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert len(ids) + 16 > 24  # decode steps past the window
+        assert got.choices[0].token_ids == expected[0, len(ids):].tolist()
+    finally:
+        stack.stop()

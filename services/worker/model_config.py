@@ -102,7 +102,19 @@ def _layer_types(raw: dict, architecture: str, window: int | None, where: str) -
 
 
 # llama.cpp's architecture names -> the Hugging Face class each file's tensors are
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                      "gemma3": "Gemma3ForCausalLM"}
+
+
+def _gguf_gemma3(fields: dict, p: str) -> dict:
+    """What llama.cpp fixes for its gemma3 architecture rather than writes: every sixth layer global,
+    the others within the window with a rope base of 10,000, and the 27B's query scalar (its
+    width over its heads; the head size for the others)."""
+    layers, hidden, heads = fields[p + "block_count"], fields[p + "embedding_length"], fields[p + "attention.head_count"]
+    head_dim = fields.get(p + "attention.key_length") or hidden // heads
+    return dict(hidden_act="gelu_pytorch_tanh", sliding_window=int(fields[p + "attention.sliding_window"]),
+                layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)],
+                local_rope_theta=10000.0, query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim)
 
 
 class ModelConfig(msgspec.Struct, kw_only=True):
@@ -230,4 +242,5 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             max_position_embeddings=fields.get(p + "context_length", 2048),
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[] if eos is None else [eos],
+            **(_gguf_gemma3(fields, p) if arch == "gemma3" else {}),
         )

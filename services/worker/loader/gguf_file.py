@@ -24,6 +24,7 @@ _LAYER_NAMES = {
     "attn_output": "attention.wo", "ffn_gate": "feed_forward.w1", "ffn_down": "feed_forward.w2",
     "ffn_up": "feed_forward.w3", "attn_norm": "attention_norm", "ffn_norm": "ffn_norm",
     "attn_q_norm": "attention.q_norm", "attn_k_norm": "attention.k_norm",
+    "post_attention_norm": "post_attention_norm", "post_ffw_norm": "post_ffn_norm",  # Gemma's (weights + 1 stored)
 }
 _TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output", "rope_freqs": "rope_freqs"}
 
