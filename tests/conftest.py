@@ -124,6 +124,22 @@ def small_gemma3(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def small_gemma2(tmp_path_factory) -> str:
+    """config.json of a 2-layer Gemma 2 (a sliding-window layer of 8 tokens, then a global one) with
+    soft caps low enough to bite on random weights (1.5 on attention scores, 3 on logits)."""
+    config = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 300,
+              "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 8,
+              "layer_types": ["sliding_attention", "full_attention"], "attn_logit_softcapping": 1.5,
+              "final_logit_softcapping": 3.0, "hidden_activation": "gelu_pytorch_tanh",
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "tie_word_embeddings": True, "eos_token_id": 299}
+    path = tmp_path_factory.mktemp("small-gemma2") / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def small_qwen3_moe(tmp_path_factory) -> str:
     """config.json of a 2-layer Qwen3-MoE (8 experts, top 2) for the `dummy` loader."""
     config = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 300, "hidden_size": 96,

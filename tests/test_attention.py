@@ -40,11 +40,12 @@ def test_chunk_after_a_cached_prefix_matches_sdpa(monkeypatch, num_cached, num_q
 
 
 
-@pytest.mark.parametrize("window", [1, 7, 16, 40])
-def test_sliding_window_rows_match_sdpa_with_the_window_mask(window):
-    """Decode rows and prefill chunks (fresh, and after a cached prefix) of a sliding-window layer
-    against SDPA over the whole context with transformers' window mask (keys (i - window, i])."""
-    torch.manual_seed(window)
+@pytest.mark.parametrize("window,softcap", [(1, None), (7, None), (16, None), (40, None), (None, 1.5), (16, 1.5)])
+def test_sliding_window_and_soft_capped_rows_match_plain_attention(window, softcap):
+    """Decode rows and prefill chunks (fresh, and after a cached prefix) of a sliding-window or a
+    soft-capped layer against attention over the whole context, written out: transformers' window
+    mask (keys (i - window, i]) and its cap (scores -> cap * tanh(scores / cap))."""
+    torch.manual_seed(window or 0)
     rows = [(0, 1), (30, 1), (70, 1), (0, 45), (33, 20), (3, 9)]  # (num_cached, num_new)
     num_blocks = sum(-(-(c + n) // BLOCK_SIZE) for c, n in rows)
     k_cache = torch.randn(num_blocks + 1, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
@@ -66,7 +67,7 @@ def test_sliding_window_rows_match_sdpa_with_the_window_mask(window):
         decode_context_mask=(torch.arange(width * BLOCK_SIZE)[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1),
         decode_context_lens=lens,
         prefills=[(starts[i], n, c, torch.tensor(tables[i])) for i, (c, n) in enumerate(rows) if n > 1])
-    out = attention.paged_attention(q, k_cache, v_cache, meta, HEAD_DIM**-0.5, window=window)
+    out = attention.paged_attention(q, k_cache, v_cache, meta, HEAD_DIM**-0.5, window=window, softcap=softcap)
 
     for i, (num_cached, num_new) in enumerate(rows):
         context = num_cached + num_new
@@ -76,8 +77,9 @@ def test_sliding_window_rows_match_sdpa_with_the_window_mask(window):
 
         positions = torch.arange(num_new).unsqueeze(1) + num_cached
         keys = torch.arange(context).unsqueeze(0)
-        mask = (keys <= positions) & (keys > positions - window)
-        rows_q = q[starts[i] : starts[i] + num_new]
-        expected = F.scaled_dot_product_attention(rows_q.transpose(0, 1), flat(k_cache), flat(v_cache),
-                                                  attn_mask=mask, scale=HEAD_DIM**-0.5).transpose(0, 1)
+        mask = (keys <= positions) & (keys > positions - (window or context))
+        scores = q[starts[i] : starts[i] + num_new].transpose(0, 1) @ flat(k_cache).transpose(1, 2) * HEAD_DIM**-0.5
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        expected = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ flat(v_cache)).transpose(0, 1)
         torch.testing.assert_close(out[starts[i] : starts[i] + num_new], expected, atol=1e-5, rtol=1e-4)

@@ -1,13 +1,15 @@
 """Sliding-window families against transformers: Gemma 3 (sliding layers among global ones, each
-kind with its rope, four norms a layer, GeGLU, q/k norms, scaled embeddings) and Mistral (every layer
-within its window).
+kind with its rope, four norms a layer, GeGLU, q/k norms, scaled embeddings), Gemma 2 (the same
+layers, every other one global, soft caps on attention scores and logits in place of the q/k norms)
+and Mistral (every layer within its window).
 
 Random weights saved by transformers for each real config's attention geometry (query and KV heads,
 head size, query scalar), rope (Gemma 3 4B's linear factor 8 on its global layers), norm eps and
 window, shrunk in width, depth (a sliding layer and a global one kept) and vocabulary. The
 1,500-position logits cross Gemma 3's windows of 512 and 1,024 as they are; the generation and
 scheduling tests shrink the window to 24 tokens, so that their 60- to 120-token contexts cross it
-in decode steps, in prefill chunks and after a prefix-cache hit.
+in decode steps, in prefill chunks and after a prefix-cache hit; there Gemma 2's caps (50 and 30,
+which random weights' scores never near) are lowered to 1.5 and 3, so that they bite.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ REAL = {  # name: (config class, model class, the real config's geometry; width,
         sliding_window=1024, layer_types=GEMMA3_LAYERS, rms_norm_eps=1e-6, max_position_embeddings=131072,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                          "sliding_attention": LOCAL_ROPE})),
+    "gemma-2-2b-it": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=4096, layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rms_norm_eps=1e-6, max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "Mistral-7B-v0.1": ("MistralConfig", "MistralForCausalLM", dict(
         hidden_size=256, num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=4096,
         rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=32768, num_hidden_layers=2)),
@@ -42,12 +49,15 @@ REAL = {  # name: (config class, model class, the real config's geometry; width,
 
 
 def _saved(tmp_path_factory, name: str, window: int | None = None):
-    """(transformers' model, ours) for one family, written by save_pretrained and loaded back."""
+    """(transformers' model, ours) for one family, written by save_pretrained and loaded back; with
+    `window`, the window shrunk (and Gemma 2's caps lowered)."""
     config_cls, model_cls, geometry = REAL[name]
     fields = dict(geometry, vocab_size=VOCAB, intermediate_size=512, initializer_range=0.08)
     fields.setdefault("num_hidden_layers", len(GEMMA3_LAYERS))
     if window is not None:
         fields["sliding_window"] = window
+        if "attn_logit_softcapping" in fields:
+            fields.update(attn_logit_softcapping=1.5, final_logit_softcapping=3.0)
     torch.manual_seed(0)
     theirs = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields)).eval()
     if model_cls.startswith("Gemma"):  # a wider init than 0 for the (1 + w) norms: the loader's offset counts
@@ -60,20 +70,21 @@ def _saved(tmp_path_factory, name: str, window: int | None = None):
     return theirs, load_model(str(folder))
 
 
-@pytest.fixture(scope="module", params=["gemma-3-1b-it", "gemma-3-4b-it"])
+@pytest.fixture(scope="module", params=["gemma-3-1b-it", "gemma-3-4b-it", "gemma-2-2b-it"])
 def real_window(request, tmp_path_factory):
     return _saved(tmp_path_factory, request.param)
 
 
-@pytest.fixture(scope="module", params=["gemma-3-1b-it", "Mistral-7B-v0.1"])
+@pytest.fixture(scope="module", params=["gemma-3-1b-it", "gemma-2-2b-it", "Mistral-7B-v0.1"])
 def small_window(request, tmp_path_factory):
     return _saved(tmp_path_factory, request.param, window=24)
 
 
 def test_logits_match_transformers_over_1500_positions(real_window):
     theirs, ours = real_window
-    assert ours.config.architecture == "Gemma3ForCausalLM"
-    assert [ours.config.window_of(i) for i in range(3)] == [theirs.config.sliding_window] * 2 + [None]
+    assert ours.config.architecture == type(theirs).__name__
+    windows = [theirs.config.sliding_window if t == "sliding_attention" else None for t in theirs.config.layer_types]
+    assert [ours.config.window_of(i) for i in range(len(windows))] == windows
     ids = torch.randint(0, VOCAB, (1500,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = theirs(torch.tensor([ids])).logits[0].float()
@@ -110,14 +121,14 @@ GGUF_GEMMA = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "sel
               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def write_gemma3_gguf(model, path: str) -> None:
-    """The checkpoint as llama.cpp's converter writes a gemma3 file: its tensor names, each norm
-    weight with the 1 added, the window as metadata (the layer pattern and local rope base are
-    llama.cpp's fixed ones), through the gguf package's writer."""
+def write_gemma_gguf(model, path: str, arch: str) -> None:
+    """The checkpoint as llama.cpp's converter writes a gemma2 or gemma3 file: its tensor names, each
+    norm weight with the 1 added, the window and soft caps as metadata (the layer pattern and local
+    rope base are llama.cpp's fixed ones), through the gguf package's writer."""
     import gguf
 
     c = model.config
-    w = gguf.GGUFWriter(path, "gemma3")
+    w = gguf.GGUFWriter(path, arch)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
@@ -126,7 +137,10 @@ def write_gemma3_gguf(model, path: str) -> None:
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    w.add_rope_freq_base((c.rope_parameters.get("full_attention") or c.rope_parameters)["rope_theta"])
+    if c.attn_logit_softcapping is not None:
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_sliding_window(c.sliding_window)
     w.add_vocab_size(c.vocab_size)
@@ -146,19 +160,23 @@ def write_gemma3_gguf(model, path: str) -> None:
     w.close()
 
 
-def test_a_gemma3_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path_factory):
-    """Six layers, so llama.cpp's fixed pattern (every sixth layer global) is the config's."""
-    config_cls, model_cls, geometry = REAL["gemma-3-1b-it"]
+@pytest.mark.parametrize("arch,name,windows", [("gemma3", "gemma-3-1b-it", [24] * 5 + [None]),
+                                               ("gemma2", "gemma-2-2b-it", [24, None] * 3)])
+def test_a_gemma_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path_factory, arch, name, windows):
+    """Six layers, so llama.cpp's fixed patterns (every sixth layer global; every other) are the config's."""
+    config_cls, model_cls, geometry = REAL[name]
     fields = dict(geometry, vocab_size=VOCAB, intermediate_size=256, hidden_size=128, num_hidden_layers=6,
                   sliding_window=24)
-    del fields["layer_types"]  # transformers derives them: five sliding, one global
+    del fields["layer_types"]  # transformers derives them
+    if arch == "gemma2":
+        fields.update(attn_logit_softcapping=1.5, final_logit_softcapping=3.0)
     torch.manual_seed(0)
     theirs = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields)).eval()
-    path = str(tmp_path_factory.mktemp("gemma3-gguf") / "model.gguf")
-    write_gemma3_gguf(theirs, path)
+    path = str(tmp_path_factory.mktemp(f"{arch}-gguf") / "model.gguf")
+    write_gemma_gguf(theirs, path, arch)
     ours = load_model(path)
-    assert ours.config.architecture == "Gemma3ForCausalLM"
-    assert [ours.config.window_of(i) for i in range(6)] == [24] * 5 + [None]
+    assert ours.config.architecture == model_cls
+    assert [ours.config.window_of(i) for i in range(6)] == windows
     ids = torch.randint(0, VOCAB, (100,), generator=torch.Generator().manual_seed(4)).tolist()
     with torch.inference_mode():
         expected = theirs(torch.tensor([ids])).logits[0].float()

@@ -21,7 +21,8 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "use_sliding_window", "bos_token_id", "eos_token_id", "hidden_act", "mlp_bias", "layer_types",
          "max_window_layers", "original_max_position_embeddings", "num_local_experts", "num_experts",
          "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-         "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "rope_local_base_freq",
+         "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
+         "rope_local_base_freq",
          "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
@@ -103,18 +104,23 @@ def _layer_types(raw: dict, architecture: str, window: int | None, where: str) -
 
 # llama.cpp's architecture names -> the Hugging Face class each file's tensors are
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "gemma3": "Gemma3ForCausalLM"}
+                      "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
-def _gguf_gemma3(fields: dict, p: str) -> dict:
-    """What llama.cpp fixes for its gemma3 architecture rather than writes: every sixth layer global,
-    the others within the window with a rope base of 10,000, and the 27B's query scalar (its
-    width over its heads; the head size for the others)."""
+def _gguf_gemma(fields: dict, arch: str) -> dict:
+    """What llama.cpp fixes for its gemma2 and gemma3 architectures rather than writes: every other
+    layer global (gemma2) or every sixth (gemma3, whose others rotate with a base of 10,000), and
+    the 27Bs' query scalar (the width over the heads; the head size for the others)."""
+    p = arch + "."
     layers, hidden, heads = fields[p + "block_count"], fields[p + "embedding_length"], fields[p + "attention.head_count"]
     head_dim = fields.get(p + "attention.key_length") or hidden // heads
+    pattern, largest = (2, 46) if arch == "gemma2" else (6, 62)
     return dict(hidden_act="gelu_pytorch_tanh", sliding_window=int(fields[p + "attention.sliding_window"]),
-                layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)],
-                local_rope_theta=10000.0, query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim)
+                layer_types=["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)],
+                local_rope_theta=10000.0 if arch == "gemma3" else None,
+                query_pre_attn_scalar=hidden // heads if layers == largest else head_dim,
+                attn_logit_softcapping=fields.get(p + "attn_logit_softcapping"),
+                final_logit_softcapping=fields.get(p + "final_logit_softcapping"))
 
 
 class ModelConfig(msgspec.Struct, kw_only=True):
@@ -145,6 +151,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     query_pre_attn_scalar: float | None = None  # attention scores scaled by its -1/2 power (Gemma); None: head_dim's
     local_rope_theta: float | None = None  # the sliding layers' own rope base (Gemma 3); None: the global rope
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    attn_logit_softcapping: float | None = None  # attention scores -> cap * tanh(scores / cap) (Gemma 2)
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -184,6 +191,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             query_pre_attn_scalar=raw.get("query_pre_attn_scalar"),
             local_rope_theta=local_rope_theta(raw, str(path)),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
+            attn_logit_softcapping=raw.get("attn_logit_softcapping"),
         )
 
     def window_of(self, layer: int) -> int | None:
@@ -242,5 +250,5 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             max_position_embeddings=fields.get(p + "context_length", 2048),
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[] if eos is None else [eos],
-            **(_gguf_gemma3(fields, p) if arch == "gemma3" else {}),
+            **(_gguf_gemma(fields, arch) if arch.startswith("gemma") else {}),
         )

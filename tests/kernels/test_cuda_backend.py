@@ -1,8 +1,8 @@
 """The CUDA backend's whole forward (Triton kernels, its inputs, its sampler) against the torch
 backend, run on the CPU under TRITON_INTERPRET=1 in float32: the same greedy tokens on SmolLM2,
 and on small random models (a Llama with GQA, a Qwen3, a Qwen3-MoE, a Gemma 3 with sliding
-windows) the same tokens batched as alone, with prefix-cache hits, chunked prefills and
-preemption. (CUDA graphs and memory sizing need a GPU: tests/gpu/.)"""
+windows, a soft-capped Gemma 2) the same tokens batched as alone, with prefix-cache hits, chunked
+prefills and preemption. (CUDA graphs and memory sizing need a GPU: tests/gpu/.)"""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def test_smollm2_greedy_tokens_equal_the_torch_backends(default_model_path, load
     assert greedy_generate(cuda_runner(triton, 16), ids, 6) == greedy_generate(make_runner(loaded_model), ids, 6)
 
 
-@pytest.mark.parametrize("family", ["small_llama", "small_qwen3", "small_qwen3_moe", "small_gemma3"])
+@pytest.mark.parametrize("family", ["small_llama", "small_qwen3", "small_qwen3_moe", "small_gemma3",
+                                    "small_gemma2"])
 def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(request, family):
     config = request.getfixturevalue(family)
     reference, triton = load_model(config, "dummy"), load_model(config, "dummy", ops=TritonOps())

@@ -87,8 +87,9 @@ def _batch(rows: list[tuple[int, int]], block_size: int, num_kv_heads: int, grou
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_kv_heads,group", [(4, 1), (2, 2), (1, 4)])
-@pytest.mark.parametrize("window", [None, 20])  # 20: a sliding-window layer's, off the block grid
-def test_kv_write_then_paged_attention_over_a_mixed_batch(dtype, block_size, num_kv_heads, group, window):
+# a sliding-window layer's window (off the block grid) with Gemma 2's soft cap (low: it bites)
+@pytest.mark.parametrize("window,softcap", [(None, None), (20, 2.0)])
+def test_kv_write_then_paged_attention_over_a_mixed_batch(dtype, block_size, num_kv_heads, group, window, softcap):
     # decode rows with short and long contexts, a fresh prefill, one after a cached prefix, a chunk
     # whose start and end are off the block grid
     rows = [(0, 1), (37, 1), (0, 21), (2 * block_size, 9), (75, 1), (block_size + 5, 30), (130, 1)]
@@ -122,19 +123,19 @@ def test_kv_write_then_paged_attention_over_a_mixed_batch(dtype, block_size, num
                              decode_block_tables=decode_table,
                              decode_context_mask=mask.view(len(decode_rows), 1, 1, -1),
                              decode_context_lens=torch.tensor(decode_lens, device=DEVICE), prefills=prefills)
-    expected = paged_attention(q, ref_k, ref_v, meta, scale, window=window)
+    expected = paged_attention(q, ref_k, ref_v, meta, scale, window=window, softcap=softcap)
 
     def ints(values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
     out = torch.full_like(q, float("nan"))
     decode_attention(q, got_k, got_v, out, ints(decode_rows), decode_table.int(), ints(decode_lens), scale,
-                     num_splits=3, window=window)
+                     num_splits=3, window=window, softcap=softcap)
     width = max(len(p[3]) for p in prefills)
     prefill_tables = ints([p[3].tolist() + [null] * (width - len(p[3])) for p in prefills])
     prefill_attention(q, got_k, got_v, out, ints([p[0] for p in prefills]), ints([p[1] for p in prefills]),
                       ints([p[2] for p in prefills]), prefill_tables, max(p[1] for p in prefills), scale,
-                      window=window)
+                      window=window, softcap=softcap)
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
 

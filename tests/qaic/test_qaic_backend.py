@@ -57,7 +57,8 @@ def run_torch(loaded, max_tokens: int = 12) -> dict[str, list[int]]:
     return engine.run()
 
 
-@pytest.mark.parametrize("family", ["small_llama", "small_qwen3", "small_qwen3_moe", "small_gemma3"])
+@pytest.mark.parametrize("family", ["small_llama", "small_qwen3", "small_qwen3_moe", "small_gemma3",
+                                    "small_gemma2"])
 def test_the_static_shapes_give_the_torch_backends_tokens(request, family):
     config = request.getfixturevalue(family)
     backend = qaic_backend(config)

@@ -27,9 +27,10 @@ class LayerOps(Protocol):
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   kv_cache: tuple[torch.Tensor, torch.Tensor], meta: Any, scale: float,
-                  window: int | None = None) -> torch.Tensor:
+                  window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """Write this step's K/V through the slot mapping, then attend over each row's context (a
-        sliding-window layer's query at position p: over positions p - window + 1 .. p).
+        sliding-window layer's query at position p: over positions p - window + 1 .. p; a soft cap:
+        each score s -> softcap * tanh(s / softcap) before the softmax).
         q: [T, heads, d], k/v: [T, kv_heads, d] -> [T, heads, d]."""
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

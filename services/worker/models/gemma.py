@@ -1,6 +1,6 @@
-"""Gemma 3 (and the shape Gemma 2 shares): sliding-window layers interleaved with global ones, each
-kind with its own rope, norms before and after attention and the MLP, GeGLU, q/k norms (Gemma 3),
-embeddings scaled by sqrt(hidden), and logit soft-capping where the config asks for it.
+"""Gemma 2 and 3: sliding-window layers interleaved with global ones (Gemma 3's with a rope base of
+their own), norms before and after attention and the MLP, GeGLU, embeddings scaled by sqrt(hidden);
+Gemma 2 soft-caps its attention scores and logits, Gemma 3 norms each head's q and k instead.
 
 Gemma's norms multiply by (1 + weight); the loader adds the 1 to each norm weight of a Hugging Face
 checkpoint (llama.cpp's GGUFs store it added), so the backends' RMSNorm serves it as it is.
@@ -13,7 +13,7 @@ from torch import nn
 
 from services.worker.backends.base import LayerOps
 from services.worker.model_config import ModelConfig
-from services.worker.models.llama import FeedForward, Llama, RMSNorm, Rotary
+from services.worker.models.llama import Attention, FeedForward, Llama, RMSNorm, Rotary
 from services.worker.models.qwen3 import Qwen3Attention
 from services.worker.rope import RopeScaling, inv_freq
 
@@ -34,10 +34,12 @@ class LocalGlobalRotary(nn.Module):
         return (cos_g, cos_l), (sin_g, sin_l)
 
 
-class GemmaBlock(nn.Module):
+class Gemma2Block(nn.Module):
+    attention_class = Attention  # the window, the soft cap and the query scalar are the config's
+
     def __init__(self, cfg: ModelConfig, ops: LayerOps, layer: int):
         super().__init__()
-        self.attention = Qwen3Attention(cfg, ops, layer)  # q/k norms per head, the window and the scale
+        self.attention = self.attention_class(cfg, ops, layer)
         self.feed_forward = FeedForward(cfg, ops)
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
@@ -52,8 +54,12 @@ class GemmaBlock(nn.Module):
         return self.post_ffn_norm.alone(self.feed_forward(h)), residual
 
 
-class Gemma3(Llama):
-    block_class = GemmaBlock
+class Gemma3Block(Gemma2Block):
+    attention_class = Qwen3Attention  # and q/k norms per head
+
+
+class Gemma2(Llama):
+    block_class = Gemma2Block
     rotary_class = LocalGlobalRotary
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
@@ -68,3 +74,7 @@ class Gemma3(Llama):
         if (cap := self.config.final_logit_softcapping) is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+class Gemma3(Gemma2):
+    block_class = Gemma3Block

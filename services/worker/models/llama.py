@@ -67,6 +67,7 @@ class Attention(nn.Module):
         super().__init__()
         self.ops = ops
         self.window = cfg.window_of(layer)  # a sliding-window layer's window; None: full attention
+        self.softcap = cfg.attn_logit_softcapping  # Gemma 2's cap on the scores; None: none
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.wk = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
@@ -90,7 +91,7 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta):
         q, k, v = self.qkv(x)
         q, k = self.ops.rotary(q, k, cos, sin)
-        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale, self.window)
+        o = self.ops.attention(q, k, v, kv_cache, meta, self.scale, self.window, self.softcap)
         return self.wo(o.reshape(x.shape[0], -1))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.worker.models.gemma import Gemma3
+from services.worker.models.gemma import Gemma2, Gemma3
 from services.worker.models.llama import Llama
 from services.worker.models.moe import Mixtral, Qwen3Moe
 from services.worker.models.qwen3 import Qwen3
@@ -15,7 +15,8 @@ _REGISTRY: dict[str, type] = {
     "Phi3ForCausalLM": Llama,  # Llama's layers; its checkpoints fuse qkv and gate_up (loader/hf_dir.py)
     "MixtralForCausalLM": Mixtral,  # Llama + top-k routed experts
     "Qwen3MoeForCausalLM": Qwen3Moe,  # Qwen3 + top-k routed experts
-    "Gemma3ForCausalLM": Gemma3,  # sliding-window layers among global ones, four norms a layer, GeGLU
+    "Gemma2ForCausalLM": Gemma2,  # sliding-window layers among global ones, four norms a layer, GeGLU, soft caps
+    "Gemma3ForCausalLM": Gemma3,  # Gemma 2's layers, q/k norms in place of the soft caps, a local rope base
 }
 
 

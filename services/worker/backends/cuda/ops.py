@@ -17,14 +17,16 @@ class TritonOps:
     def __init__(self, k_scale: float = 1.0, v_scale: float = 1.0):
         self.k_scale, self.v_scale = k_scale, v_scale  # fp8 KV: stored / scale, read * scale
 
-    def attention(self, q, k, v, kv_cache, meta: CudaMeta, scale: float, window: int | None = None) -> torch.Tensor:
+    def attention(self, q, k, v, kv_cache, meta: CudaMeta, scale: float, window: int | None = None,
+                  softcap: float | None = None) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         out = torch.empty_like(q)
         decode_attention(q, k_cache, v_cache, out, meta.decode_rows, meta.decode_tables, meta.decode_lens, scale,
-                         meta.num_splits, self.k_scale, self.v_scale, window)
+                         meta.num_splits, self.k_scale, self.v_scale, window, softcap)
         prefill_attention(q, k_cache, v_cache, out, meta.prefill_starts, meta.prefill_lens, meta.prefill_cached,
-                          meta.prefill_tables, meta.max_query_len, scale, self.k_scale, self.v_scale, window)
+                          meta.prefill_tables, meta.max_query_len, scale, self.k_scale, self.v_scale, window,
+                          softcap)
         return out
 
     def add_rms_norm(self, x, residual, weight, eps):

@@ -8,7 +8,9 @@ kernels' decode_attention, which reads each sequence's blocks in place. A prefil
 nothing cached before it runs causal SDPA; one after a cached prefix (a prefix-cache hit, or a later chunk
 of a chunked prefill) runs grouped matmuls with the causal mask shifted by the prefix.
 A sliding-window layer (`window`: each query sees itself and the window - 1 keys before it, as
-transformers masks) masks the keys before the window; its decode rows take the grouped matmuls.
+transformers masks) masks the keys before the window; a soft-capped one (`softcap`: scores ->
+cap * tanh(scores / cap), Gemma 2) computes its scores as plain matmuls. Both take the grouped
+matmuls for decode rows.
 """
 
 from __future__ import annotations
@@ -53,21 +55,23 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, native: bool = False, window: int | None = None) -> torch.Tensor:
+                    scale: float, native: bool = False, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. `native`: the decode
-    rows run the C kernels' decode_attention where it takes their head size and dtype (and no window)."""
+    rows run the C kernels' decode_attention where it takes their head size and dtype (and neither a
+    window nor a soft cap)."""
     out = torch.empty_like(q)
     if meta.num_decodes:
         q_decode = q[meta.decode_token_idx]
-        if (native and window is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
+        if (native and window is None and softcap is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
                 and q.dtype == k_cache.dtype):
             out[meta.decode_token_idx] = torch.ops.switchyard_cpu.decode_attention(
                 q_decode, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
         else:
-            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale, window)
+            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale, window, softcap)
     for start, num_query, num_cached, block_ids in meta.prefills:
         out[start : start + num_query] = _prefill(
-            q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window
+            q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window, softcap
         )
     return out
 
@@ -78,7 +82,8 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     return blocks.view(*block_tables.shape, *cache.shape[1:])
 
 
-def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
+def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None = None,
+            softcap: float | None = None) -> torch.Tensor:
     """One query token per sequence: grouped batched matmuls over the gathered blocks, softmax in
     float32. (SDPA's CPU kernel is built for long queries; for a single one it costs ~10x these.)"""
     num_seqs, num_heads, head_dim = q.shape
@@ -90,6 +95,8 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: 
     qg = q.to(k.dtype).view(num_seqs, 1, num_kv_heads, group, head_dim).expand(-1, num_blocks, -1, -1, -1)
     scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [B, nb, h_kv, group, bs]
     scores = scores.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group, num_blocks * block_size)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     visible = meta.decode_context_mask
     if window is not None:  # and not before the window: positions >= context_len - window
         keys = torch.arange(visible.shape[-1], device=q.device)
@@ -101,7 +108,7 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: 
 
 
 def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scale: float,
-             window: int | None = None) -> torch.Tensor:
+             window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     num_query, num_heads, _ = q.shape
     context_len = num_cached + num_query
     # the first key any query sees: past a sliding window, the first query's window start
@@ -113,10 +120,14 @@ def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scal
 
     k, v = contiguous_kv(k_cache), contiguous_kv(v_cache)
     qb = q.transpose(0, 1).unsqueeze(0)  # [1, h, nq, d]
-    if window is not None and context_len > window:  # a query i sees keys (i - window, i]
+    if softcap is not None or (window is not None and context_len > window):
         rows = torch.arange(num_query, device=q.device).unsqueeze(1) + num_cached
         keys = torch.arange(first, context_len, device=q.device).unsqueeze(0)
-        mask = (keys <= rows) & (keys > rows - window)
+        mask = keys <= rows
+        if window is not None:  # a query i sees keys (i - window, i]
+            mask &= keys > rows - window
+        if softcap is not None:
+            return _capped_attention(qb, k, v, mask, scale, softcap)
         o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         return o.squeeze(0).transpose(0, 1)
     if num_cached == 0:
@@ -129,6 +140,18 @@ def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scal
     mask = torch.arange(context_len, device=q.device).unsqueeze(0) <= rows
     o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)
+
+
+def _capped_attention(qb, k, v, mask: torch.Tensor, scale: float, softcap: float) -> torch.Tensor:
+    """Soft-capped scores (SDPA has no cap) as grouped matmuls, masked by `mask` [nq, ctx], softmax in float32."""
+    _, num_heads, num_query, head_dim = qb.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    qg = qb.reshape(1, num_kv_heads, group * num_query, head_dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale
+    scores = (torch.tanh(scores / softcap) * softcap).view(1, num_kv_heads, group, num_query, -1)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype).view(1, num_kv_heads, group * num_query, -1)
+    return torch.matmul(probs, v).view(num_heads, num_query, head_dim).transpose(0, 1)
 
 
 def _matmul_attention(qb, k, v, num_cached: int, scale: float) -> torch.Tensor:

@@ -38,10 +38,11 @@ class TorchOps:
         return self.native and x.dtype in NATIVE_DTYPES
 
     def attention(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float,
-                  window: int | None = None) -> torch.Tensor:
+                  window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, meta, scale, native=self._is_native(q), window=window)
+        return paged_attention(q, k_cache, v_cache, meta, scale, native=self._is_native(q), window=window,
+                               softcap=softcap)
 
     def add_rms_norm(self, x, residual, weight, eps):
         if self._is_native(x):

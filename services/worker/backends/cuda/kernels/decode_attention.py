@@ -19,9 +19,10 @@ from services.worker.backends.cuda.kernels.online_softmax import NO_WINDOW, atte
 
 @triton.jit
 def _decode_split(q_ptr, k_ptr, v_ptr, rows_ptr, tables_ptr, lens_ptr, acc_ptr, ml_ptr, scale, k_scale, v_scale,
-                  window, stride_qt, stride_qh, stride_tb, stride_cb, stride_ch, stride_ct, blocks_per_split,
+                  window, softcap, stride_qt, stride_qh, stride_tb, stride_cb, stride_ch, stride_ct, blocks_per_split,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, IS_FP8: tl.constexpr):
+                  BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, IS_FP8: tl.constexpr,
+                  SOFTCAP: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -46,7 +47,7 @@ def _decode_split(q_ptr, k_ptr, v_ptr, rows_ptr, tables_ptr, lens_ptr, acc_ptr, 
         keys = (i * BLOCK_SIZE + t)[None, :]
         visible = (keys < context) & (keys >= lo)
         m, denom, acc = attend_block(q, k_ptr, v_ptr, offsets, d[None, :] < HEAD_DIM, visible, scale, k_scale, v_scale,
-                                     m, denom, acc, IEEE, IS_FP8)
+                                     softcap, m, denom, acc, IEEE, IS_FP8, SOFTCAP)
     # partial results, unnormalized: acc [seq, head, split, d], (m, denom) [seq, head, split, 2]
     base = (seq * num_heads + heads) * NUM_SPLITS + split
     tl.store(acc_ptr + base[:, None] * BLOCK_D + d[None, :], acc, mask=g[:, None] < GROUP)
@@ -81,9 +82,10 @@ def num_splits_for(max_context: int, block_size: int, num_seqs: int, num_kv_head
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      rows: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     num_splits: int, k_scale: float = 1.0, v_scale: float = 1.0, window: int | None = None) -> None:
+                     num_splits: int, k_scale: float = 1.0, v_scale: float = 1.0, window: int | None = None,
+                     softcap: float | None = None) -> None:
     """q, out: [T, heads, d] (rows `rows` of them are decode rows); block_tables: [B, max_blocks];
-    context_lens: [B]; window: a sliding-window layer's. Writes out[rows]."""
+    context_lens: [B]; window, softcap: a sliding-window or soft-capped layer's. Writes out[rows]."""
     num_seqs = rows.shape[0]
     if num_seqs == 0:
         return
@@ -96,10 +98,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     _decode_split[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, rows, block_tables, context_lens, acc, ml, scale, k_scale, v_scale,
-        NO_WINDOW if window is None else window, q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NO_WINDOW if window is None else window, softcap or 1.0,
+        q.stride(0), q.stride(1), block_tables.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         blocks_per_split, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
-        IS_FP8=k_cache.dtype == torch.float8_e4m3fn)
+        IS_FP8=k_cache.dtype == torch.float8_e4m3fn, SOFTCAP=softcap is not None)
     _merge_splits[(num_seqs, num_heads)](acc, ml, rows, out, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
                                          BLOCK_D=block_d, NUM_SPLITS=num_splits,
                                          BLOCK_S=triton.next_power_of_2(num_splits))

@@ -17,9 +17,10 @@ from services.worker.backends.cuda.kernels.online_softmax import NO_WINDOW, atte
 
 @triton.jit
 def _prefill(q_ptr, k_ptr, v_ptr, out_ptr, starts_ptr, lens_ptr, cached_ptr, tables_ptr, scale, k_scale, v_scale,
-             window, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, stride_cb, stride_ch, stride_ct,
+             window, softcap, stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, stride_cb, stride_ch, stride_ct,
              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr, IS_FP8: tl.constexpr):
+             BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr, IS_FP8: tl.constexpr,
+             SOFTCAP: tl.constexpr):
     chunk = tl.program_id(0)
     tile = tl.program_id(1)
     head = tl.program_id(2)
@@ -46,7 +47,7 @@ def _prefill(q_ptr, k_ptr, v_ptr, out_ptr, starts_ptr, lens_ptr, cached_ptr, tab
         keys = (i * BLOCK_SIZE + t)[None, :]
         visible = (keys <= positions[:, None]) & (keys > positions[:, None] - window)
         m, denom, acc = attend_block(q, k_ptr, v_ptr, offsets, d[None, :] < HEAD_DIM, visible, scale, k_scale, v_scale,
-                                     m, denom, acc, IEEE, IS_FP8)
+                                     softcap, m, denom, acc, IEEE, IS_FP8, SOFTCAP)
     out = acc / denom[:, None]
     tl.store(out_ptr + (start + m_idx)[:, None] * stride_ot + head * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (d[None, :] < HEAD_DIM))
@@ -55,7 +56,7 @@ def _prefill(q_ptr, k_ptr, v_ptr, out_ptr, starts_ptr, lens_ptr, cached_ptr, tab
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                       starts: torch.Tensor, lens: torch.Tensor, num_cached: torch.Tensor, block_tables: torch.Tensor,
                       max_query_len: int, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-                      window: int | None = None) -> None:
+                      window: int | None = None, softcap: float | None = None) -> None:
     """q, out: [T, heads, d]; per chunk: first row `starts`, `lens` queries, `num_cached` tokens before
     them, block table row. Writes the chunks' rows of out."""
     num_chunks = starts.shape[0]
@@ -66,8 +67,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     block_m = 16 if max_query_len <= 16 else 64
     _prefill[(num_chunks, triton.cdiv(max_query_len, block_m), num_heads)](
         q, k_cache, v_cache, out, starts, lens, num_cached, block_tables, scale, k_scale, v_scale,
-        NO_WINDOW if window is None else window, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        NO_WINDOW if window is None else window, softcap or 1.0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=block_m, BLOCK_SIZE=block_size, IEEE=q.dtype == torch.float32,
-        IS_FP8=k_cache.dtype == torch.float8_e4m3fn)
+        IS_FP8=k_cache.dtype == torch.float8_e4m3fn, SOFTCAP=softcap is not None)
