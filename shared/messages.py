@@ -73,6 +73,23 @@ class Guided(msgspec.Struct, frozen=True):
     schema: str = ""  # JSON text of the schema (JSON_SCHEMA), or the grammar's text (LARK)
 
 
+class Pooling(msgspec.Struct, frozen=True):
+    """An embedding request's: its output is the prompt's last hidden state (last-token pooling, as
+    a decoder embedder pools), cut to its first `dimensions` (Matryoshka) and L2-normalized, in
+    place of tokens."""
+
+    dimensions: int | None = None
+    normalize: bool = True
+
+
+class EmbeddingSpec(msgspec.Struct, frozen=True):
+    """What a model's embeddings are (its workers announce it): the hidden size, and where it was
+    Matryoshka-trained the sizes a request's `dimensions` may cut it to ([]: any up to `size`)."""
+
+    size: int
+    matryoshka: list[int] | None = None  # None: not Matryoshka-trained, only the whole vector
+
+
 class SamplingParams(msgspec.Struct, frozen=True):
     max_tokens: int = 16
     temperature: float = 1.0
@@ -91,6 +108,7 @@ class SamplingParams(msgspec.Struct, frozen=True):
     prompt_logprobs: int | None = None  # the same for every prompt token; skips the prefix cache
     guided: Guided | None = None
     allowed_token_ids: list[int] = []  # when set, every other token is masked
+    pooling: Pooling | None = None  # an embedding, not tokens: max_tokens is 1 and nothing is sampled
 
     @property
     def is_greedy(self) -> bool:
@@ -177,6 +195,7 @@ class TokenEntry(msgspec.Struct, array_like=True):
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache; first entry only
     first_scheduled_at: float | None = None  # when the scheduler first ran it (queue time); first entry only
     prompt_logprobs: list[Logprobs | None] | None = None  # first entry only; the first prompt token's is None
+    embedding: bytes | None = None  # a pooling request's (its only entry, no tokens): float32, little-endian
 
 
 class TokenBatch(msgspec.Struct, tag="tokens", array_like=True):
@@ -227,7 +246,9 @@ class Step(msgspec.Struct, tag="step", array_like=True):
 
 class Sampled(msgspec.Struct, array_like=True):
     request_id: RequestId
-    token_id: int  # -1 with finish_reason ERROR: this row failed (its `error` says why), the step did not
+    # -1 with finish_reason ERROR: this row failed (its `error` says why), the step did not;
+    # -1 with STOP: a pooling row, finished with its embedding and no token
+    token_id: int
     finish_reason: FinishReason | None = None
     error: str | None = None
 
@@ -263,6 +284,7 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     vocab_size: int = 0  # the logits' width: the scheduler checks every token id of a Submit against it
     num_scheduler_steps: int = 1  # the worker's pick of decode iterations per Step, where the engine leaves it at 0
     architecture: str = ""  # the loaded model's Hugging Face class, e.g. "Qwen3ForCausalLM"
+    embedding: EmbeddingSpec | None = None  # what /v1/embeddings gives for this model
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
@@ -296,6 +318,7 @@ class ModelLimits(msgspec.Struct, tag="limits"):
     max_model_len: int
     devices: list[str] = []  # what its workers run on, e.g. "cpu", "qaic, emulated on cpu"
     architectures: list[str] = []  # what its workers loaded (their hellos' architecture)
+    embedding: EmbeddingSpec | None = None  # as its workers announce it
 
 
 # ---- KV events and the cluster index -------------------------------------------------------
@@ -395,6 +418,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     iteration_tokens_count: int = 0
     devices: list[str] = []  # what the model's workers run on (their hellos' device)
     architectures: list[str] = []  # what the model's workers loaded (their hellos' architecture)
+    embedding: EmbeddingSpec | None = None  # as its workers announce it
     num_migrations: int = 0  # requests moved off a worker that died, recomputed on another
     is_sleeping: bool = False  # sleep mode: the workers freed their weights and KV pool
     sleep_level: int = 0  # the level asked when it fell asleep (1 or 2); 0 awake

@@ -17,7 +17,9 @@ from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import Guards
 from services.api.openai.body import validation_error
+from services.api.openai.embeddings import router as embeddings_router
 from services.api.openai.routes import router as openai_router
+from services.api.openai.scores import router as scores_router
 from services.api.pipelines.routes_infer import router as infer_router
 from services.api.pipelines.routes_logs import router as pipeline_logs_router
 from services.api.pipelines.routes_models import router as models_router
@@ -44,6 +46,8 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
 
     app = FastAPI(title="Switchyard", lifespan=lifespan)
     app.include_router(openai_router)
+    app.include_router(embeddings_router)
+    app.include_router(scores_router)
     app.include_router(responses_router)
     app.include_router(files_router)
     app.include_router(batches_router)

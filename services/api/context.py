@@ -11,6 +11,7 @@ from services.api.metrics import ApiMetrics
 from services.api.openai.defaults import OpenaiDefaults
 from shared.client import BusClient
 from shared.deployment import DeployedModel
+from shared.messages import EmbeddingSpec
 from shared.registry import Registry
 from shared.tokenizer import ModelTokenizer
 
@@ -31,6 +32,7 @@ class ServedModel:
     max_model_len: int = 0  # as the model's scheduler publishes it (limits.py); 0: no worker serves it yet
     devices: list[str] = field(default_factory=list)  # what its workers run on ("qaic, emulated on cpu"), as published
     architectures: list[str] = field(default_factory=list)  # what its workers loaded ("Qwen3ForCausalLM"), as published
+    embedding: EmbeddingSpec | None = None  # its embeddings' size and Matryoshka sizes, as published
     openai: OpenaiDefaults = field(default_factory=OpenaiDefaults)  # per-model OpenAI config
     max_logprobs: int = 20
     pipeline: str | None = None  # set for a deployed pipeline (served by the registry, not by flags)

@@ -36,7 +36,7 @@ async def health(request: Request) -> JSONResponse:
         if stats.num_workers == 0:
             return APIError(503, f"no worker is ready for {name!r}").response()
         # ready implies the gateway knows the model's limit
-        ctx.limits.apply(name, stats.max_model_len, stats.devices, stats.architectures)
+        ctx.limits.apply(name, stats.max_model_len, stats.devices, stats.architectures, stats.embedding)
         if stats.is_draining:
             return APIError(503, f"the scheduler for {name!r} is shutting down").response()
     return JSONResponse({"status": "ok"})

@@ -269,7 +269,7 @@ class Scheduler:
             request = self.requests.get(sampled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            if sampled.error is None:
+            if sampled.error is None and sampled.token_id >= 0:  # -1 without an error: a pooling row's embedding
                 request.output_token_ids.append(sampled.token_id)
             if sampled.finish_reason is not None:
                 request.is_on_worker = False  # the worker dropped it itself

@@ -29,6 +29,7 @@ from shared.messages import (
     WORKER_ANNOUNCE_DECODER,
     Accepted,
     Discover,
+    EmbeddingSpec,
     FinishReason,
     ModelLimits,
     RejectCode,
@@ -204,6 +205,11 @@ class SchedulerService:
         return sorted({p.hello.architecture for p in self.pools.values() if p.is_alive and p.hello.architecture})
 
     @property
+    def embedding(self) -> EmbeddingSpec | None:
+        """The workers' (one model, one shape: the first alive worker's word)."""
+        return next((p.hello.embedding for p in self.pools.values() if p.is_alive and p.hello.embedding), None)
+
+    @property
     def num_running(self) -> int:
         return sum(len(p.scheduler.running) for p in self.pools.values() if p.is_alive)
 
@@ -288,7 +294,7 @@ class SchedulerService:
         """The model's max_model_len as its workers announced it (the API reads it from here)."""
         alive = any(p.is_alive for p in self.pools.values())
         limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.devices,
-                             architectures=self.architectures)
+                             architectures=self.architectures, embedding=self.embedding)
         await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
@@ -355,7 +361,7 @@ class SchedulerService:
             iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in self.pools.values()), strict=True)],
             iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
-            devices=self.devices, architectures=self.architectures, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
+            devices=self.devices, architectures=self.architectures, embedding=self.embedding, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
             sleep_level=self.sleep_level,
         )
         await msg.respond(encode(stats))

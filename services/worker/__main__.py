@@ -99,7 +99,7 @@ def main() -> None:
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild)
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
-                        architecture=backend.config.architecture,
+                        architecture=backend.config.architecture, embedding=backend.config.embedding_spec(),
                         num_scheduler_steps=defaults.num_scheduler_steps.value if defaults else 1,
                         **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
     del backend  # the runner holds it alone, so that sleep mode frees it

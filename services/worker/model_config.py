@@ -13,6 +13,7 @@ import msgspec
 
 from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope
 from shared.config import ConfigError
+from shared.messages import EmbeddingSpec
 
 # read below (or fixed by the architecture: `architectures`)
 _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -23,7 +24,8 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
          "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
          "rope_local_base_freq",
-         "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention"}
+         "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention", "is_matryoshka",
+         "matryoshka_dimensions"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
           "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
@@ -152,6 +154,9 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     local_rope_theta: float | None = None  # the sliding layers' own rope base (Gemma 3); None: the global rope
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
     attn_logit_softcapping: float | None = None  # attention scores -> cap * tanh(scores / cap) (Gemma 2)
+    # Matryoshka-trained embeddings (config.json's is_matryoshka / matryoshka_dimensions, as vLLM reads
+    # them): None: not; []: any size up to hidden_size; else those sizes
+    matryoshka_dimensions: list[int] | None = None
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -192,7 +197,12 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             local_rope_theta=local_rope_theta(raw, str(path)),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             attn_logit_softcapping=raw.get("attn_logit_softcapping"),
+            matryoshka_dimensions=(list(raw.get("matryoshka_dimensions") or []) if raw.get("is_matryoshka")
+                                   or raw.get("matryoshka_dimensions") else None),
         )
+
+    def embedding_spec(self) -> EmbeddingSpec:
+        return EmbeddingSpec(size=self.hidden_size, matryoshka=self.matryoshka_dimensions)
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends within; None where it attends to the whole context."""

@@ -11,13 +11,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from services.worker import memory
 from services.worker.backends.base import Backend, BatchRow
 from services.worker.guided import GrammarCompiler
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
-from shared.messages import FinishReason, Logprobs, Sampled, ScheduledSeq, Step
+from shared.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
 
 
 class SequenceDrift(RuntimeError):
@@ -30,6 +31,7 @@ class StepOutput:
     finished: dict[str, SeqState]  # sequences that ended this step (state already dropped)
     logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the sampled token, when asked
     prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)  # with a first token
+    embeddings: dict[str, bytes] = field(default_factory=dict)  # pooling rows' (float32, little-endian)
 
 
 class ModelRunner:
@@ -128,12 +130,19 @@ class ModelRunner:
         if not to_sample:
             return self._record([], [], [])
         hidden = _select(hidden, rows)
-        try:
-            rows_in = [s.sample_row(self.eos_token_ids) for s in to_sample]
-            token_ids, logprobs = self.backend.sample(self.backend.compute_logits(hidden), rows_in)
-        except Exception:  # some row's processors raised: sample each row alone, to find which
-            token_ids, logprobs = self._sample_each(to_sample, hidden)
-        return self._record(to_sample, token_ids, logprobs)
+        pooled = {s.request_id: pool(hidden[i], s.sampling.pooling) for i, s in enumerate(to_sample)
+                  if s.sampling.pooling is not None}
+        if pooled:  # their output is the embedding: they sample nothing
+            keep = [i for i, s in enumerate(to_sample) if s.request_id not in pooled]
+            to_sample, hidden = [to_sample[i] for i in keep], hidden[keep]
+        token_ids, logprobs = [], []
+        if to_sample:
+            try:
+                rows_in = [s.sample_row(self.eos_token_ids) for s in to_sample]
+                token_ids, logprobs = self.backend.sample(self.backend.compute_logits(hidden), rows_in)
+            except Exception:  # some row's processors raised: sample each row alone, to find which
+                token_ids, logprobs = self._sample_each(to_sample, hidden)
+        return self._record(to_sample, token_ids, logprobs, pooled)
 
     def _sample_each(self, seqs: list[SeqState], hidden: torch.Tensor) -> tuple[list[int], list[Logprobs | None]]:
         """The slow path after a failed batch draw (the logits are recomputed: processors work in
@@ -171,8 +180,13 @@ class ModelRunner:
         targets = seq.token_ids[first + 1 : first + 1 + num_rows]
         seq.prompt_logprobs.extend(logprobs_of(logprobs, targets, seq.sampling.prompt_logprobs))
 
-    def _record(self, seqs: list[SeqState], token_ids: list[int], logprobs: list[Logprobs | None]) -> StepOutput:
-        out = StepOutput(sampled=[], finished={})
+    def _record(self, seqs: list[SeqState], token_ids: list[int], logprobs: list[Logprobs | None],
+                pooled: dict[str, bytes] | None = None) -> StepOutput:
+        out = StepOutput(sampled=[], finished={}, embeddings=pooled or {})
+        for request_id, embedding in out.embeddings.items():
+            self.seqs[request_id].embedding = embedding
+            out.sampled.append(Sampled(request_id=request_id, token_id=-1, finish_reason=FinishReason.STOP))
+            out.finished[request_id] = self.seqs.pop(request_id)
         for request_id, error in self._row_errors.items():
             out.sampled.append(Sampled(request_id=request_id, token_id=-1, finish_reason=FinishReason.ERROR,
                                        error=error))
@@ -203,6 +217,15 @@ class ModelRunner:
 
 def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def pool(hidden: torch.Tensor, pooling: Pooling) -> bytes:
+    """A prompt's last hidden state [hidden] -> its embedding: the first `dimensions` values
+    (Matryoshka), L2-normalized where asked, as float32 bytes."""
+    vector = hidden.float()[: pooling.dimensions]
+    if pooling.normalize:
+        vector = F.normalize(vector, dim=-1)
+    return vector.cpu().numpy().astype("<f4").tobytes()
 
 
 def _select(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -48,7 +48,7 @@ class SentTokens:
         if offset > end or (offset == end and seq.finish_reason is None):
             return None
         entry = TokenEntry(request_id=request_id, offset=offset, token_ids=seq.output_ids[offset:end],
-                           finish_reason=seq.finish_reason)
+                           finish_reason=seq.finish_reason, embedding=seq.embedding)
         if seq.sampling.logprobs is not None:
             if offset < seq.logprobs_from:
                 return TokenEntry(request_id=request_id, offset=offset, token_ids=[], finish_reason=FinishReason.ERROR,

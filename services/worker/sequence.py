@@ -33,6 +33,7 @@ class SeqState:
     sent_logprobs: list[Logprobs] = field(default_factory=list)
     sent_prompt_logprobs: list[Logprobs | None] | None = None
     finish_reason: FinishReason | None = None  # once the final entry was published
+    embedding: bytes | None = None  # a pooling request's output, once computed
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:

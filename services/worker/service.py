@@ -175,9 +175,10 @@ class WorkerService:
             if sampled.error is not None:
                 continue  # a row that failed alone: the scheduler tells its client
             seq = self.runner.seqs.get(sampled.request_id) or out.finished[sampled.request_id]
-            offset = seq.num_output_tokens - 1
-            entry = TokenEntry(request_id=seq.request_id, offset=offset, token_ids=[sampled.token_id],
-                               produced_at=now, finish_reason=sampled.finish_reason,
+            pooled = seq.embedding is not None  # its one entry: the embedding, no token
+            offset = 0 if pooled else seq.num_output_tokens - 1
+            entry = TokenEntry(request_id=seq.request_id, offset=offset, token_ids=[] if pooled else [sampled.token_id],
+                               produced_at=now, finish_reason=sampled.finish_reason, embedding=seq.embedding,
                                logprobs=[out.logprobs[seq.request_id]] if seq.request_id in out.logprobs else None)
             if offset == 0:  # per-request constants ride in the stream's first entry only
                 entry.num_prompt_tokens = seq.num_prompt_tokens

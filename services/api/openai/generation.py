@@ -19,6 +19,14 @@ _REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCod
 RETRY_AFTER_S = "1"  # what a 429 asks the client to wait
 
 
+def submit_error(exc: EngineUnavailable | SubmitRejected) -> APIError:
+    """A Submit the engine did not take, as the status that says why (a full queue: retry later)."""
+    if isinstance(exc, EngineUnavailable):
+        return APIError(503, str(exc), code="engine_unavailable")
+    headers = {"Retry-After": RETRY_AFTER_S} if exc.code == RejectCode.QUEUE_FULL else None
+    return APIError(_REJECT_STATUS[exc.code], exc.reason, code=exc.code.name.lower(), headers=headers)
+
+
 @dataclass
 class Delta:
     text: str
@@ -73,12 +81,8 @@ class Generation:
             self.stream = await self.bus.submit(self.model, self.prompt_ids, self.sampling,
                                                 cache_salt=self.cache_salt, deadline=deadline,
                                                 priority=self.priority)
-        except EngineUnavailable as exc:
-            raise APIError(503, str(exc), code="engine_unavailable") from None
-        except SubmitRejected as exc:
-            headers = {"Retry-After": RETRY_AFTER_S} if exc.code == RejectCode.QUEUE_FULL else None
-            raise APIError(_REJECT_STATUS[exc.code], exc.reason, code=exc.code.name.lower(),
-                           headers=headers) from None
+        except (EngineUnavailable, SubmitRejected) as exc:
+            raise submit_error(exc) from None
         self.submitted_at = time.monotonic()
 
     @property
