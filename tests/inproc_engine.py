@@ -28,6 +28,7 @@ class InProcessEngine:
         self.outputs: dict[str, list[int]] = {}
         self.num_cached_tokens: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # requests whose row failed on the worker
+        self.embeddings: dict[str, bytes] = {}  # pooling requests' outputs
         self.steps_run = 0
 
     def add(self, request_id: str, prompt_ids: list[int], max_tokens: int, **sampling) -> None:
@@ -38,7 +39,9 @@ class InProcessEngine:
         plan = self.scheduler.schedule()
         sampled = []
         for iteration in self.runner.iterations(plan.step):  # as the worker service runs a (multi-step) Step
-            sampled.extend(self.runner.execute(iteration).sampled)
+            out = self.runner.execute(iteration)
+            sampled.extend(out.sampled)
+            self.embeddings.update(out.embeddings)
         finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=sampled))
         for f in finished:
             self.outputs[f.request.request_id] = f.request.output_token_ids

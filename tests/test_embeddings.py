@@ -148,3 +148,63 @@ def test_a_model_not_matryoshka_trained_refuses_dimensions(openai_client, model_
     assert len(whole.data[0].embedding) == 576 and abs(np.linalg.norm(whole.data[0].embedding) - 1) < 1e-5
     with pytest.raises(openai.BadRequestError, match="does not support matryoshka representation"):
         openai_client.embeddings.create(model=model_name, input="Paris", dimensions=64)
+
+
+def test_pooling_rows_among_generating_ones_through_the_scheduler(embedder):
+    """Embedding requests beside generating ones, sharing a prefix, in a pool too small for all: each
+    embedding is its lone run's, each generation its lone run's, and the scheduler adds no token to
+    a pooling request."""
+    from tests.inproc_engine import InProcessEngine
+
+    _, ours = embedder
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.randint(0, 2048, (40,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, 2048, (10 + 9 * i,), generator=gen).tolist() for i in range(6)]
+
+    def run(requests: list[tuple[str, list[int], bool]], num_blocks: int) -> InProcessEngine:
+        engine = InProcessEngine(ours, num_blocks=num_blocks, max_num_batched_tokens=48)
+        for request_id, ids, pooled in requests:
+            if pooled:
+                engine.add(request_id, ids, 1, pooling=Pooling())
+            else:
+                engine.add(request_id, ids, 24, min_tokens=24)
+        engine.run()
+        return engine
+
+    mixed = [(f"r{i}", p, i % 2 == 0) for i, p in enumerate(prompts)]
+    together = run(mixed, num_blocks=16)
+    assert together.scheduler.num_preemptions > 0 and max(together.num_cached_tokens.values()) >= 32
+    for request_id, ids, pooled in mixed:
+        alone = run([(request_id, ids, pooled)], num_blocks=16)
+        if pooled:
+            assert together.outputs[request_id] == []
+            np.testing.assert_allclose(np.frombuffer(together.embeddings[request_id], dtype="<f4"),
+                                       np.frombuffer(alone.embeddings[request_id], dtype="<f4"), atol=1e-6)
+        else:
+            assert together.outputs[request_id] == alone.outputs[request_id]
+
+
+def test_pooling_on_the_qaic_slots(small_qwen3, tmp_path, monkeypatch):
+    """A QAIC worker's fixed shapes pool what the torch path pools: a slot freed at the prompt's end."""
+    from services.scheduler.slot_manager import SlotManager
+    from services.scheduler.slot_scheduler import SlotScheduler
+    from services.worker.model_runner import ModelRunner
+    from tests.inproc_engine import InProcessEngine
+    from tests.qaic.test_qaic_backend import CHUNK, CTX_LEN, SLOTS, qaic_backend
+
+    monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
+    backend = qaic_backend(small_qwen3)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 299, (n,), generator=gen).tolist() for n in (40, 3, 17, 30, 9)]
+    runner = ModelRunner(backend, max_model_len=CTX_LEN, eos_token_ids=backend.config.eos_token_ids)
+    slots = InProcessEngine(backend, num_blocks=16, runner=runner,
+                            scheduler=SlotScheduler(SlotManager(SLOTS, CTX_LEN), CHUNK))
+    paged = InProcessEngine(load_model(small_qwen3, "dummy"), num_blocks=64)
+    for engine in (slots, paged):
+        for i, ids in enumerate(prompts):
+            engine.add(f"r{i}", ids, 1, pooling=Pooling(dimensions=16))
+        engine.run()
+    assert sorted(slots.embeddings) == [f"r{i}" for i in range(5)]
+    for request_id, vector in paged.embeddings.items():
+        np.testing.assert_allclose(np.frombuffer(slots.embeddings[request_id], dtype="<f4"),
+                                   np.frombuffer(vector, dtype="<f4"), atol=1e-5)
