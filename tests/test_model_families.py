@@ -257,3 +257,10 @@ def test_a_gguf_with_routed_experts_is_refused_by_name(tmp_path):
         load_model(path)
     with pytest.raises(ValueError, match="'blk.0.ffn_gate_exps.weight' is not one this engine reads"):
         our_name("blk.0.ffn_gate_exps.weight")
+
+
+def test_the_upload_checks_the_architectures_the_worker_implements():
+    from services.worker.models.registry import _REGISTRY
+    from shared.architectures import GGUF_ARCHITECTURES, HF_ARCHITECTURES
+
+    assert set(_REGISTRY) == HF_ARCHITECTURES and set(GGUF_ARCHITECTURES.values()) <= HF_ARCHITECTURES

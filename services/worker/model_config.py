@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 
 from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope
+from shared.architectures import GGUF_ARCHITECTURES
 from shared.config import ConfigError
 from shared.messages import EmbeddingSpec
 
@@ -104,9 +105,6 @@ def _layer_types(raw: dict, architecture: str, window: int | None, where: str) -
     return ["sliding_attention"] * n
 
 
-# llama.cpp's architecture names -> the Hugging Face class each file's tensors are
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 def _gguf_gemma(fields: dict, arch: str) -> dict:

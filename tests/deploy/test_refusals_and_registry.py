@@ -216,3 +216,20 @@ def test_a_published_pipeline_is_served_elsewhere_from_the_registry(wl, smollm2,
     finally:
         serve.send_signal(signal.SIGTERM)  # the launcher drains and stops its services
         serve.wait(60)
+
+
+def test_upload_takes_every_family_and_refuses_an_architecture_it_cannot_serve(wl, tmp_path):
+    """Each architecture the engine serves is taken at upload (its config.json read, the architecture
+    recorded); one it does not serve is refused there by name, not at deploy."""
+    from shared.architectures import HF_ARCHITECTURES
+
+    for arch in sorted(HF_ARCHITECTURES) + ["BertModel"]:
+        folder = tmp_path / arch
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": [arch], "max_position_embeddings": 4096}))
+        if arch == "BertModel":
+            with pytest.raises(SwitchyardError, match="architecture 'BertModel' is not supported; known: Gemma2"):
+                wl.upload_model("bert", str(folder))
+            continue
+        version = wl.upload_model(f"family-{arch.lower()}", str(folder))
+        assert (version.status, version.record["architecture"]) == ("ready", arch)

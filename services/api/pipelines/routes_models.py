@@ -23,6 +23,7 @@ from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai.body import decode_json, read_json
 from services.api.openai.defaults import openai_defaults_from
+from shared.architectures import servable_error
 from shared.arrow_schema import INPUTS, OUTPUTS, fields_of
 from shared.config import ConfigError
 from shared.custom_artifact import scripts_in
@@ -38,6 +39,7 @@ from shared.deploy_config import (
     visibility,
     workspace_id,
 )
+from shared.gguf_fields import is_gguf
 from shared.model_files import artifact_root, cache_root, inspect_artifact, model_in, unpacked
 from shared.registry import ModelVersion
 
@@ -176,8 +178,9 @@ async def _inspect(upload: UploadFile, record: ModelVersion) -> None:
 
 
 def _inspect_file(path, record: ModelVersion) -> None:
-    """What the model is, and its context checked; a custom model's zip also has its script found
-    and its environment made (its requirements installed), so an upload that cannot run says so."""
+    """What the model is (an architecture the engine serves, for a vLLM-framework model), and its
+    context checked; a custom model's zip also has its script found and its environment made (its
+    requirements installed), so an upload that cannot run says so."""
     loadable = unpacked(str(path))
     if record.framework == "custom":
         if not zipfile.is_zipfile(path):
@@ -187,6 +190,8 @@ def _inspect_file(path, record: ModelVersion) -> None:
         scripts_in(root)
         python_for(record.sha256, root)
     record.architecture, record.context_length = inspect_artifact(loadable)
+    if record.framework != "custom" and (why := servable_error(record.architecture, is_gguf(loadable))):
+        raise ValueError(why)
     _check_context(record)
 
 
