@@ -64,9 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-families-"))
     rows = {}
     for name in args.families.split(","):
-        folder = work / name
+        folder, logs = work / name, work / f"{name}-logs"
         write_family(name, folder)
-        stack = Stack(api_port=free_port(), log_dir=work / f"{name}-logs",
+        logs.mkdir()
+        stack = Stack(api_port=free_port(), log_dir=logs,
                       service_args=["--model-path", str(folder), "--model", name, *args.switchyard_args.split()])
         try:
             stack.start().wait_ready(timeout=600)

@@ -95,3 +95,15 @@ def test_tables_and_lengths_that_would_read_outside_the_cache_are_refused(cpu_ke
         kernel(q, k_cache.transpose(1, 2), v_cache, tables, lens, 0.125)
     with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
         kernel(q[..., :32], k_cache[..., :32].contiguous(), v_cache[..., :32].contiguous(), tables, lens, 0.125)
+
+
+@pytest.mark.parametrize("window", [300, 40])  # past every context: the C kernel; within some: the masked matmuls
+def test_a_sliding_window_layer_on_the_native_path(variant, window):
+    """paged_attention(native=True) for a windowed layer: the kernel where no row outgrows the
+    window (its contexts known on the host), the window's mask where one does; either way the
+    reference's numbers."""
+    torch.manual_seed(2)
+    q, k_cache, v_cache, meta = ragged_batch([1, 16, 17, 40, 300 if window == 40 else 200], 3, 3, 64, torch.float32)
+    meta.decode_max_context = int(meta.decode_context_lens.max())
+    got = paged_attention(q, k_cache, v_cache, meta, 0.125, native=True, window=window)
+    torch.testing.assert_close(got, _decode(q, k_cache, v_cache, meta, 0.125, window), atol=1e-5, rtol=0)

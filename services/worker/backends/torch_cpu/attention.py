@@ -39,6 +39,9 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor  # [num_decode] int64, the new token included
     # prefill chunks: (first row, num query tokens, num cached tokens before them, block ids)
     prefills: list[tuple[int, int, int, torch.Tensor]]
+    # the longest decode context, known on the host: a sliding window no decode row outgrows
+    # changes nothing, so those rows keep the C kernel (unknown: every window is applied)
+    decode_max_context: int = 2**62
 
     @property
     def num_decodes(self) -> int:
@@ -63,12 +66,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     if meta.num_decodes:
         q_decode = q[meta.decode_token_idx]
-        if (native and window is None and softcap is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
-                and q.dtype == k_cache.dtype):
+        decode_window = window
+        if window is not None and not torch.compiler.is_dynamo_compiling() and meta.decode_max_context <= window:
+            decode_window = None  # every decode row sees its whole context (a compiled graph keeps the mask)
+        if (native and decode_window is None and softcap is None and q.shape[-1] in HEAD_DIMS
+                and q.dtype in NATIVE_DTYPES and q.dtype == k_cache.dtype):
             out[meta.decode_token_idx] = torch.ops.switchyard_cpu.decode_attention(
                 q_decode, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
         else:
-            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale, window, softcap)
+            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale, decode_window, softcap)
     for start, num_query, num_cached, block_ids in meta.prefills:
         out[start : start + num_query] = _prefill(
             q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window, softcap

@@ -36,6 +36,7 @@ def build_inputs(batch: list[BatchRow], block_size: int, null_block: int) -> Tor
         decode_context_mask=context_mask.reshape(len(decode_tables), 1, 1, max_blocks * block_size),
         decode_context_lens=decode_lens.to(torch.long),
         prefills=[(row, n, cached, torch.tensor(table)) for row, n, cached, table in ragged.prefills],
+        decode_max_context=max((length for _, _, length in ragged.decodes), default=0),
     )
     return TorchInputs(torch.tensor(ragged.input_ids, dtype=torch.long),
                        torch.tensor(ragged.positions, dtype=torch.long), meta)
