@@ -1,9 +1,9 @@
 """`python -m bench.profile_step`: time (and optionally profile) the worker's decode step in process.
 
     python -m bench.profile_step --batch 1,16,64 --context 128 --dtype float32,bfloat16 [--compile] [--profile]
-    [--torch-ops]
+    [--torch-ops] [--model-path DIR]
 
-Builds the real ModelRunner on the default model with a paged KV cache, prefills `batch`
+Builds the real ModelRunner on the default model (or --model-path's) with a paged KV cache, prefills `batch`
 sequences of `context` tokens, then times decode steps: ms/step and tokens/s per setting.
 """
 
@@ -78,6 +78,7 @@ def main() -> None:
                         "as --deterministic")
     p.add_argument("--mkl", action="store_true", help="plain Linears on F.linear (MKL), not oneDNN's packed weights")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
+    p.add_argument("--model-path", default=None, help="a GGUF or Hugging Face directory (default: the default model)")
     args = p.parse_args()
     torch.set_num_threads(args.threads or torch.get_num_threads())
     batches = [int(b) for b in args.batch.split(",")]
@@ -85,7 +86,7 @@ def main() -> None:
     pool_blocks = max(args.pool_blocks, max(batches) * -(-(args.context + args.steps + 9) // BLOCK_SIZE))
     for dtype in args.dtype.split(","):
         ops = TORCH_OPS if args.torch_ops or not load_kernels().loaded else NATIVE_OPS
-        loaded = load_model(default_model_path(), dtype=DTYPES[dtype], ops=ops)
+        loaded = load_model(args.model_path or default_model_path(), dtype=DTYPES[dtype], ops=ops)
         method = "gguf" if args.quantization == "auto" else args.quantization
         quantize(loaded.model, method, native_blocks(loaded, method))
         if not args.compile and not args.mkl:

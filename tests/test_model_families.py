@@ -236,27 +236,76 @@ def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokeniz
         stack.stop()
 
 
-def test_a_gguf_with_routed_experts_is_refused_by_name(tmp_path):
-    """llama.cpp writes Mixtral as `llama` with its experts fused per layer: refused, never half-read."""
+def write_moe_gguf(model, path: str, arch: str) -> None:
+    """The checkpoint as llama.cpp's converter writes a Mixtral (arch `llama`: Q/K rows permuted,
+    `expert_count` set) or a Qwen3-MoE (`qwen3moe`): the router as ffn_gate_inp and each projection
+    stacked over the experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps), through gguf's writer."""
     import gguf
 
-    from services.worker.loader.gguf_file import our_name
+    def permute(w, num_heads):  # llama.cpp's, the inverse of our unpermute_rotary
+        rows = w.shape[0]
+        return w.reshape(num_heads, 2, rows // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
-    path = str(tmp_path / "mixtral.gguf")
-    w = gguf.GGUFWriter(path, "llama")
-    for add, value in ((w.add_context_length, 4096), (w.add_embedding_length, 64), (w.add_block_count, 1),
-                       (w.add_feed_forward_length, 128), (w.add_head_count, 4), (w.add_expert_count, 8),
-                       (w.add_vocab_size, 32)):
+    c = model.config
+    experts = getattr(c, "num_local_experts", None) or c.num_experts
+    width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w = gguf.GGUFWriter(path, arch)
+    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
+                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
+                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
+                       (w.add_key_length, head_dim), (w.add_value_length, head_dim), (w.add_expert_count, experts),
+                       (w.add_expert_used_count, c.num_experts_per_tok), (w.add_expert_feed_forward_length, width),
+                       (w.add_rope_freq_base, c.rope_parameters["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
+                       (w.add_vocab_size, c.vocab_size)):
         add(value)
-    w.add_tensor("token_embd.weight", torch.zeros(32, 64).numpy())
+    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp"}
+    for name, tensor in model.state_dict().items():
+        t = tensor.float().numpy()
+        if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: the gate's rows, then the up's
+            idx = name.split(".")[2]
+            w.add_tensor(f"blk.{idx}.ffn_gate_exps.weight", t[:, :width].copy())
+            w.add_tensor(f"blk.{idx}.ffn_up_exps.weight", t[:, width:].copy())
+            continue
+        if name.endswith("experts.down_proj"):
+            w.add_tensor(f"blk.{name.split('.')[2]}.ffn_down_exps.weight", t)
+            continue
+        stem, kind = name.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            _, _, idx, rest = stem.split(".", 3)
+            if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):
+                t = permute(t, c.num_attention_heads if rest.endswith("q_proj") else c.num_key_value_heads)
+            w.add_tensor(f"blk.{idx}.{layer[rest]}.{kind}", t)
+        else:
+            w.add_tensor({"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}[stem]
+                         + "." + kind, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="llama.expert_count 8"):
-        load_model(path)
-    with pytest.raises(ValueError, match="'blk.0.ffn_gate_exps.weight' is not one this engine reads"):
-        our_name("blk.0.ffn_gate_exps.weight")
+
+
+def test_a_moe_gguf_as_llama_cpp_writes_it_loads_the_same_model(moe_family, tmp_path):
+    """Mixtral as llama.cpp writes it (a `llama` file with expert_count) and Qwen3-MoE (`qwen3moe`)."""
+    name, theirs, ours = moe_family
+    path = str(tmp_path / "moe.gguf")
+    write_moe_gguf(theirs, path, "llama" if name.startswith("Mixtral") else "qwen3moe")
+    from_gguf = load_model(path)
+    assert from_gguf.config.architecture == ours.config.architecture
+    assert (from_gguf.config.num_experts, from_gguf.config.num_experts_per_tok) == \
+        (ours.config.num_experts, ours.config.num_experts_per_tok)
+    ids = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(4)).tolist()
+    torch.testing.assert_close(prefill_logits(make_runner(from_gguf, num_blocks=16), ids),
+                               prefill_logits(make_runner(ours, num_blocks=16), ids), atol=1e-5, rtol=0)
+
+
+def test_a_gguf_tensor_the_loader_does_not_read_is_refused_by_name():
+    from services.worker.loader.gguf_file import our_name
+
+    with pytest.raises(ValueError, match="'blk.0.attn_qkv.weight' is not one this engine reads"):
+        our_name("blk.0.attn_qkv.weight")
 
 
 def test_the_upload_checks_the_architectures_the_worker_implements():

@@ -233,18 +233,20 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         if arch not in GGUF_ARCHITECTURES:
             raise ValueError(f"GGUF architecture {arch!r} is not supported; known: {', '.join(GGUF_ARCHITECTURES)}")
         p = f"{arch}."
-        if fields.get(p + "expert_count"):  # llama.cpp writes Mixtral as llama, its experts fused per layer
-            raise ValueError(f"GGUF with routed experts ({p}expert_count {fields[p + 'expert_count']}) is not "
-                             "supported: load the model's Hugging Face directory")
+        architecture, experts = GGUF_ARCHITECTURES[arch], int(fields.get(p + "expert_count") or 0)
+        if experts and arch == "llama":  # llama.cpp writes Mixtral as llama, its experts stacked per layer
+            architecture = "MixtralForCausalLM"
+        elif experts and arch != "qwen3moe":
+            raise ValueError(f"GGUF {arch!r} with routed experts ({p}expert_count {experts}) is not supported")
         num_heads = fields[p + "attention.head_count"]
         hidden = fields[p + "embedding_length"]
         eos = fields.get("tokenizer.ggml.eos_token_id")
         vocab = fields.get(p + "vocab_size") or len(fields["tokenizer.ggml.tokens"])
         return cls(
-            architecture=GGUF_ARCHITECTURES[arch],
+            architecture=architecture,
             vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=fields[p + "feed_forward_length"],
+            intermediate_size=fields.get(p + "feed_forward_length", 0),
             num_layers=fields[p + "block_count"],
             num_heads=num_heads,
             num_kv_heads=fields.get(p + "attention.head_count_kv", num_heads),
@@ -258,5 +260,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             max_position_embeddings=fields.get(p + "context_length", 2048),
             bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[] if eos is None else [eos],
+            # routed experts: llama.cpp renormalizes the top k of both families (Mixtral's and Qwen3-MoE's)
+            num_experts=experts, num_experts_per_tok=int(fields.get(p + "expert_used_count") or 0),
+            moe_intermediate_size=int(fields.get(p + "expert_feed_forward_length") or 0), norm_topk_prob=True,
             **(_gguf_gemma(fields, arch) if arch.startswith("gemma") else {}),
         )

@@ -77,7 +77,7 @@ def read(path: str, config: ModelConfig) -> dict[str, QuantBlocks]:
     out = {}
     for tensor in GGUFReader(path).tensors:
         kind = tensor.tensor_type.name
-        if kind not in KEPT:
+        if kind not in KEPT or tensor.name.endswith("_exps.weight"):  # experts' stacks stay dense
             continue
         blocks = decode(kind, np.asarray(tensor.data))
         heads = {"attn_q.weight": config.num_heads, "attn_k.weight": config.num_kv_heads} if rows_permuted(config) else {}

@@ -25,24 +25,30 @@ _LAYER_NAMES = {
     "ffn_up": "feed_forward.w3", "attn_norm": "attention_norm", "ffn_norm": "ffn_norm",
     "attn_q_norm": "attention.q_norm", "attn_k_norm": "attention.k_norm",
     "post_attention_norm": "post_attention_norm", "post_ffw_norm": "post_ffn_norm",  # Gemma's (weights + 1 stored)
+    "ffn_gate_inp": "feed_forward.gate",  # the experts' router
 }
+# each expert projection stacked over the experts ([E, out, in], as our parameters hold them)
+_EXPERT_NAMES = {"ffn_gate_exps": "feed_forward.w1", "ffn_up_exps": "feed_forward.w3", "ffn_down_exps": "feed_forward.w2"}
 _TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output", "rope_freqs": "rope_freqs"}
 
 
 def our_name(gguf_name: str) -> str:
     """'blk.3.attn_q.weight' -> 'layers.3.attention.wq.weight'."""
     parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _EXPERT_NAMES and parts[3] == "weight":
+        return f"layers.{parts[1]}.{_EXPERT_NAMES[parts[2]]}"
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
         return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP_NAMES:
         return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} is not one this engine reads (a GGUF's routed experts or fused "
-                     "projections are not supported: load the model's Hugging Face directory)")
+    raise ValueError(f"GGUF tensor {gguf_name!r} is not one this engine reads (a GGUF's fused projections, "
+                     "Phi-3's, are not supported: load the model's Hugging Face directory)")
 
 
 def rows_permuted(config: ModelConfig) -> bool:
-    """llama.cpp's converter permutes Q and K rows for its llama architecture only (Qwen's it keeps)."""
-    return config.architecture == "LlamaForCausalLM"
+    """llama.cpp's converter permutes Q and K rows for its llama architecture only (Mixtral's among
+    them; Qwen's and Gemma's it keeps)."""
+    return config.architecture in ("LlamaForCausalLM", "MixtralForCausalLM")
 
 
 def unpermute_rotary(w: np.ndarray, num_heads: int) -> np.ndarray:
