@@ -2,7 +2,7 @@
 CPU under TRITON_INTERPRET=1 in float32 and float16 (the interpreter's bfloat16 tl.dot is wrong on
 the CPU), and on a GPU, where there is one, in bfloat16 too. GQA ratios 1, 2 and 4, block sizes 16
 and 32, random block tables, cached prefixes, lengths off the block grid, and decode and prefill
-rows in one batch."""
+rows in one batch; the routed experts' grouped GEMMs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from services.worker.backends.cuda.kernels.activation import silu_and_mul
 from services.worker.backends.cuda.kernels.decode_attention import decode_attention
+from services.worker.backends.cuda.kernels.experts import grouped_experts
 from services.worker.backends.cuda.kernels.kv_write import write_kv
 from services.worker.backends.cuda.kernels.norm import rms_norm
 from services.worker.backends.cuda.kernels.prefill_attention import prefill_attention
@@ -18,6 +19,7 @@ from services.worker.backends.cuda.kernels.rotary import rotary
 from services.worker.backends.torch_cpu import ops as torch_ops
 from services.worker.backends.torch_cpu.attention import AttentionMetadata, paged_attention
 from services.worker.backends.torch_cpu.attention import write_kv as torch_write_kv
+from services.worker.backends.torch_cpu.experts import grouped_experts as torch_grouped_experts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -154,3 +156,21 @@ def test_split_kv_decode_gives_one_answer_however_it_splits(num_splits):
         decode_attention(q, k_cache, v_cache, out, rows_, table, lens, 0.125, num_splits=splits)
         outs.append(out)
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,width", [
+    (1, 4, 2, 32, 48),  # one token: most tiles empty
+    (37, 8, 2, 64, 96),  # Mixtral's routing; widths off the tile grid
+    (20, 16, 8, 32, 32),  # Qwen3-MoE's top 8; some experts get no token
+])
+def test_grouped_expert_gemms_match_the_torch_experts(dtype, num_tokens, num_experts, top_k, hidden, width):
+    gen = torch.Generator().manual_seed(num_tokens)
+    x = randn(num_tokens, hidden, dtype=dtype, generator=gen)
+    w13 = (randn(num_experts, 2 * width, hidden, dtype=torch.float32, generator=gen) * 0.2).to(dtype)
+    w2 = (randn(num_experts, hidden, width, dtype=torch.float32, generator=gen) * 0.2).to(dtype)
+    probs = torch.softmax(torch.randn(num_tokens, num_experts, generator=gen), -1)
+    weights, experts = torch.topk(probs, top_k, -1)
+    weights, experts = weights.to(dtype=dtype, device=DEVICE), experts.to(DEVICE)
+    torch.testing.assert_close(grouped_experts(x, w13, w2, weights, experts),
+                               torch_grouped_experts(x, w13, w2, weights, experts), **TOLERANCE[dtype])

@@ -46,6 +46,11 @@ class LayerOps(Protocol):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2 * n] (gate, up side by side) -> silu(gate) * up, [T, n]."""
 
+    def routed_experts(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                       experts: torch.Tensor) -> torch.Tensor:
+        """x [T, H] through each token's top-k SwiGLU experts (w13 [E, 2I, H]: gate rows then up;
+        w2 [E, H, I]; experts and their routing weights [T, k]), weighted and summed -> [T, H]."""
+
 
 class ForwardInputs(Protocol):
     input_ids: torch.Tensor

@@ -4,7 +4,6 @@ in place of the MLP, each token routed to its top-k experts by a softmax over a 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from services.worker.backends.base import LayerOps
@@ -13,33 +12,11 @@ from services.worker.models.llama import Llama, TransformerBlock
 from services.worker.models.qwen3 import Qwen3Attention
 
 
-def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                    experts: torch.Tensor) -> torch.Tensor:
-    """x [T, H]; w13 [E, 2I, H] (gate rows, then up); w2 [E, H, I]; weights and experts [T, k] ->
-    [T, H]: the (token, expert) pairs sorted by expert, each expert's rows in one GEMM, and the
-    outputs weighted back onto their tokens."""
-    k = experts.shape[1]
-    flat = experts.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
-    tokens = order // k
-    out = torch.zeros_like(x)
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = tokens[start : start + n]
-        gate, up = F.linear(x[rows], w13[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[e]) * weights.reshape(-1)[order[start : start + n], None]
-        out.index_add_(0, rows, y)
-        start += n
-    return out
-
-
 class SparseMoE(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
         e, i, h = cfg.num_experts, cfg.moe_intermediate_size or cfg.intermediate_size, cfg.hidden_size
+        self.ops = ops
         self.top_k, self.normalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = nn.Linear(h, e, bias=False)  # the router
         self.w1 = nn.Parameter(torch.empty(e, i, h))  # each expert's gate projection
@@ -56,7 +33,7 @@ class SparseMoE(nn.Module):
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return grouped_experts(x, self.w13, self.w2, weights.to(x.dtype), experts)
+        return self.ops.routed_experts(x, self.w13, self.w2, weights.to(x.dtype), experts)
 
 
 class MixtralBlock(TransformerBlock):

@@ -7,6 +7,7 @@ import torch
 from services.worker.backends.cuda.inputs import CudaMeta
 from services.worker.backends.cuda.kernels.activation import silu_and_mul
 from services.worker.backends.cuda.kernels.decode_attention import decode_attention
+from services.worker.backends.cuda.kernels.experts import grouped_experts
 from services.worker.backends.cuda.kernels.kv_write import write_kv
 from services.worker.backends.cuda.kernels.norm import rms_norm
 from services.worker.backends.cuda.kernels.prefill_attention import prefill_attention
@@ -40,3 +41,6 @@ class TritonOps:
 
     def silu_and_mul(self, gate_up):
         return silu_and_mul(gate_up)
+
+    def routed_experts(self, x, w13, w2, weights, experts):
+        return grouped_experts(x, w13, w2, weights, experts)

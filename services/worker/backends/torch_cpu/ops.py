@@ -12,6 +12,7 @@ from services.worker.backends.torch_cpu.attention import (
     paged_attention,
     write_kv,
 )
+from services.worker.backends.torch_cpu.experts import grouped_experts
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -63,6 +64,9 @@ class TorchOps:
             return torch.ops.switchyard_cpu.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def routed_experts(self, x, w13, w2, weights, experts):
+        return grouped_experts(x, w13, w2, weights, experts)
 
 
 TORCH_OPS = TorchOps()  # the reference: torch alone
