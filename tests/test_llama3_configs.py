@@ -98,8 +98,8 @@ def _config_with(tmp_path, **fields) -> str:
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 32}}, r"\['beta_fast'\] are not implemented"),
     ({"mlp_bias": True}, "mlp_bias is not implemented"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
-    ({"partial_rotary_factor": 0.5, "attn_chunk_size": 8192},
-     r"\['attn_chunk_size', 'partial_rotary_factor'\] are not implemented"),
+    ({"attn_chunk_size": 8192, "use_qk_norm": True}, r"\['attn_chunk_size', 'use_qk_norm'\] are not implemented"),
+    ({"partial_rotary_factor": 1.5}, "partial_rotary_factor 1.5 is out of range"),
 ])
 def test_config_fields_we_do_not_implement_are_refused_by_name(tmp_path, fields, message):
     with pytest.raises(ConfigError, match=message):

@@ -164,6 +164,39 @@ def test_phi3_fused_projections_and_longrope_match_transformers(tmp_path, varian
         assert ours.model.rotary.magnitude > 1.0  # transformers' attention factor on cos and sin
 
 
+def test_phi4_mini_partial_rotary_matches_transformers(tmp_path):
+    """Phi-4-mini's geometry (24 query and 8 KV heads of 128, three quarters of each head rotating,
+    LongRoPE's 48 short factors, tied embeddings: Phi3Config sizes a head by the width, so the width
+    stays 3,072), shrunk in depth and MLP: logits over 1,500
+    positions, on the torch reference and on the C kernels' path (whose rotary takes whole heads
+    alone, so the partial one runs torch's)."""
+    from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
+    from services.worker.backends.torch_cpu.ops import NATIVE_OPS
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(7)
+    config = transformers.Phi3Config(
+        vocab_size=VOCAB, hidden_size=3072, intermediate_size=512, num_hidden_layers=2, num_attention_heads=24,
+        num_key_value_heads=8, partial_rotary_factor=0.75, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, max_position_embeddings=131072, original_max_position_embeddings=4096,
+        rope_scaling={"type": "longrope", "short_factor": (1 + torch.rand(48, generator=gen)).tolist(),
+                      "long_factor": (4 + 8 * torch.rand(48, generator=gen)).tolist()},
+        initializer_range=0.08, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    theirs = transformers.Phi3ForCausalLM(config).eval()
+    theirs.save_pretrained(tmp_path, safe_serialization=True)
+    ours = load_model(str(tmp_path))
+    assert (ours.config.head_dim, ours.config.rotary_dim) == (128, 96)
+    ids = torch.randint(0, VOCAB, (1500,), generator=gen).tolist()
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(prefill_logits(make_runner(ours, num_blocks=96), ids), expected, atol=2e-4, rtol=0)
+    if load_kernels().loaded:
+        native = load_model(str(tmp_path), ops=NATIVE_OPS)
+        prompt = ids[:40]
+        assert greedy_generate(make_runner(native, num_blocks=8), prompt, 16) == \
+            greedy_generate(make_runner(ours, num_blocks=8), prompt, 16)
+
+
 # Mixtral-8x7B's routing (8 experts, top 2, renormalized) and Qwen3-30B-A3B's (128 experts, top 8,
 # renormalized; experts narrower than the width), with their attention geometry, shrunk: 8 and 16 experts
 MOE = {

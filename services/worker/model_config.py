@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope
+from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope, partial_rotary_factor
 from shared.architectures import GGUF_ARCHITECTURES
 from shared.config import ConfigError
 from shared.messages import EmbeddingSpec
@@ -26,7 +26,7 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
          "rope_local_base_freq",
          "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention", "is_matryoshka",
-         "matryoshka_dimensions"}
+         "matryoshka_dimensions", "partial_rotary_factor"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
           "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
@@ -132,6 +132,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    rotary_dim: int = 0  # the values of a head that rotate (a partial rotary: Phi-4-mini's 96 of 128); 0: all
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = RopeScaling()
     rope_freq_factors: list[float] | None = None  # a GGUF's rope_freqs tensor: each frequency is divided by its
@@ -166,6 +167,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         rope_theta, rope_scaling = parse_hf_rope(raw, str(path))
         eos = raw.get("eos_token_id")
         num_heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         window = _sliding_window(raw)
         return cls(
             architecture=archs[0],
@@ -175,7 +177,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             num_layers=raw["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads", num_heads),
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+            head_dim=head_dim,
+            rotary_dim=int(head_dim * partial_rotary_factor(raw, str(path))) if head_dim else 0,
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),

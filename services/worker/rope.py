@@ -81,8 +81,7 @@ def parse_hf_rope(raw: dict, where: str) -> tuple[float, RopeScaling]:
     theta = float(params.pop("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
-    if params.get("partial_rotary_factor", 1.0) == 1.0:  # transformers 5 writes the full rotation's 1.0
-        params.pop("partial_rotary_factor", None)
+    params.pop("partial_rotary_factor", None)  # read by partial_rotary_factor()
     if rope_type == "longrope":
         params.setdefault("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
         params = {k: v for k, v in params.items() if v is not None}
@@ -98,6 +97,16 @@ def parse_hf_rope(raw: dict, where: str) -> tuple[float, RopeScaling]:
     if rope_type == "llama3" and set(params) != _KEYS["llama3"]:
         raise ConfigError(f"{where}: rope type 'llama3' needs {sorted(_KEYS['llama3'])}, got {sorted(params)}")
     return theta, RopeScaling(rope_type=rope_type, **params)
+
+
+def partial_rotary_factor(raw: dict, where: str) -> float:
+    """The share of each head that rotates (Phi-4-mini's 0.75), at the top level (transformers 4) or
+    in rope_parameters (transformers 5); 1.0: the whole head."""
+    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    factor = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor") or 1.0))
+    if not 0.0 < factor <= 1.0:
+        raise ConfigError(f"{where}: partial_rotary_factor {factor} is out of range (0, 1]")
+    return factor
 
 
 def inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:

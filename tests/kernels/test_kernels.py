@@ -45,10 +45,12 @@ def test_add_rms_norm_and_rms_norm(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_in_place(dtype):
+@pytest.mark.parametrize("rotary_dim", [64, 48])  # 48 of 64: a partial rotary (Phi-4-mini's share)
+def test_rotary_in_place(dtype, rotary_dim):
     torch.manual_seed(0)
     q, k = randn(7, 8, 64, dtype=dtype), randn(7, 2, 64, dtype=dtype)
-    freqs = torch.arange(7).float()[:, None] * (1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64))
+    exponents = torch.arange(0, rotary_dim, 2).float() / rotary_dim
+    freqs = torch.arange(7).float()[:, None] * (1.0 / 10000**exponents)
     emb = torch.cat([freqs, freqs], -1).to(DEVICE)
     cos, sin = emb.cos(), emb.sin()
     expected_q, expected_k = torch_ops.TORCH_OPS.rotary(q, k, cos, sin)

@@ -27,7 +27,7 @@ class LocalGlobalRotary(nn.Module):
         self.full = Rotary(cfg)
         self.local = Rotary(cfg)
         if cfg.local_rope_theta is not None:
-            self.local.inv_freq = inv_freq(cfg.head_dim, cfg.local_rope_theta, RopeScaling())
+            self.local.inv_freq = inv_freq(cfg.rotary_dim or cfg.head_dim, cfg.local_rope_theta, RopeScaling())
 
     def cos_sin(self, positions: torch.Tensor):
         (cos_g, sin_g), (cos_l, sin_l) = self.full.cos_sin(positions), self.local.cos_sin(positions)

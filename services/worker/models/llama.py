@@ -38,7 +38,7 @@ class Rotary(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        freqs = inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        freqs = inv_freq(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         if cfg.rope_freq_factors is not None:
             freqs = freqs / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
         self.register_buffer("inv_freq", freqs, persistent=False)

@@ -22,7 +22,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, d]; cos/sin: [T, d] (half-split layout, as Hugging Face's)."""
+    """x: [T, heads, d]; cos/sin: [T, r] (half-split layout, as Hugging Face's): a partial rotary
+    (r < d) rotates each head's first r values and passes the rest, as transformers does."""
+    if cos.shape[-1] < x.shape[-1]:
+        r = cos.shape[-1]
+        return torch.cat([rotate(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return (x.float() * cos.unsqueeze(1) + rotated.float() * sin.unsqueeze(1)).to(x.dtype)
@@ -55,7 +59,7 @@ class TorchOps:
         return rms_norm(x, weight, eps)
 
     def rotary(self, q, k, cos, sin):
-        if self._is_native(q):
+        if self._is_native(q) and cos.shape[-1] == q.shape[-1]:  # the C kernel rotates whole heads
             return torch.ops.switchyard_cpu.rotary(q, cos, sin), torch.ops.switchyard_cpu.rotary(k, cos, sin)
         return rotate(q, cos, sin), rotate(k, cos, sin)
 

@@ -1,4 +1,5 @@
-"""Rotary embedding on q and k in place (half-split layout), from the step's cos/sin rows."""
+"""Rotary embedding on q and k in place (half-split layout), from the step's cos/sin rows; a
+partial rotary (cos narrower than a head: Phi-4-mini's) rotates the head's first values alone."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ def _rotate_heads(x_ptr, cos_ptr, sin_ptr, stride_t, stride_h, stride_c, num_hea
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, heads, d], k: [T, kv_heads, d] (rotated in place); cos/sin: [T, d] float32 (both halves equal)."""
-    num_tokens, _, head_dim = q.shape
-    half = head_dim // 2
+    """q: [T, heads, d], k: [T, kv_heads, d] (rotated in place); cos/sin: [T, r] float32 (both halves
+    equal), r <= d: the first r values of each head rotate, the rest pass as they are."""
+    num_tokens = q.shape[0]
+    half = cos.shape[-1] // 2
     if num_tokens:
         for x in (q, k):
             _rotate_heads[(num_tokens,)](x, cos, sin, x.stride(0), x.stride(1), cos.stride(0), x.shape[1],
