@@ -79,6 +79,13 @@ def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list
     return stack
 
 
+def _written(tmp_path_factory, name: str, config: dict) -> str:
+    """A config.json for the `dummy` loader's random weights, in a folder of its own."""
+    path = tmp_path_factory.mktemp(name) / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def small_llama(tmp_path_factory) -> str:
     """config.json of a 2-layer Llama with 4 query heads per KV head (Llama 3's ratio), for the
@@ -87,9 +94,7 @@ def small_llama(tmp_path_factory) -> str:
               "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
               "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
               "rms_norm_eps": 1e-5, "eos_token_id": 299}
-    path = tmp_path_factory.mktemp("small-llama") / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return _written(tmp_path_factory, "small-llama", config)
 
 
 @pytest.fixture(scope="session")
@@ -100,9 +105,7 @@ def small_qwen3(tmp_path_factory) -> str:
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
               "max_position_embeddings": 4096, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
               "tie_word_embeddings": True, "eos_token_id": 299}
-    path = tmp_path_factory.mktemp("small-qwen3") / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return _written(tmp_path_factory, "small-qwen3", config)
 
 
 @pytest.fixture(scope="session")
@@ -118,9 +121,7 @@ def small_gemma3(tmp_path_factory) -> str:
               "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
               "tie_word_embeddings": True, "eos_token_id": 299}
-    path = tmp_path_factory.mktemp("small-gemma3") / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return _written(tmp_path_factory, "small-gemma3", config)
 
 
 @pytest.fixture(scope="session")
@@ -134,9 +135,7 @@ def small_gemma2(tmp_path_factory) -> str:
               "final_logit_softcapping": 3.0, "hidden_activation": "gelu_pytorch_tanh",
               "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
               "tie_word_embeddings": True, "eos_token_id": 299}
-    path = tmp_path_factory.mktemp("small-gemma2") / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return _written(tmp_path_factory, "small-gemma2", config)
 
 
 @pytest.fixture(scope="session")
@@ -147,9 +146,7 @@ def small_qwen3_moe(tmp_path_factory) -> str:
               "norm_topk_prob": True, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "head_dim": 32, "max_position_embeddings": 4096, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
               "tie_word_embeddings": True, "eos_token_id": 299}
-    path = tmp_path_factory.mktemp("small-qwen3-moe") / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
+    return _written(tmp_path_factory, "small-qwen3-moe", config)
 
 
 @pytest.fixture(scope="session")

@@ -50,3 +50,39 @@ def greedy_generate(runner: ModelRunner, prompt_ids: list[int], max_tokens: int)
         out = runner.execute(step)
         tokens.append(out.sampled[0].token_id)
     return tokens
+
+
+def serve_checkpoint(tmp_path_factory, name: str, model, tokenizer, *flags: str):
+    """A transformers model and its tokenizer saved as a Hugging Face directory and served under
+    `name` by a stack of `make run`'s services (tests/conftest.py's), with `flags` added."""
+    from tests.conftest import _start_stack
+
+    folder = tmp_path_factory.mktemp(f"{name}-model")
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return _start_stack(tmp_path_factory, name, 1, ["--model-path", str(folder), "--model", name, *flags])
+
+
+def transformers_greedy(model, ids: list[int], num_tokens: int) -> list[int]:
+    """transformers' greedy continuation of `ids`, exactly `num_tokens` long (EOS or not)."""
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                             do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def check_batched_as_alone(loaded, vocab: int) -> None:
+    """Four prompts sharing two full blocks, greedy for 24 tokens each: batched with 64-token chunks
+    in a pool too small for all of them (preempted, prefix-cached), each gives its lone run's tokens."""
+    from tests.inproc_engine import InProcessEngine
+
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.randint(0, vocab, (40,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, vocab, (30 + 7 * i,), generator=gen).tolist() for i in range(4)]
+    alone = {f"r{i}": greedy_generate(make_runner(loaded, num_blocks=8), p, 24) for i, p in enumerate(prompts)}
+    engine = InProcessEngine(loaded, num_blocks=14, max_num_batched_tokens=64)  # 14 blocks of 16: not all four
+    for i, p in enumerate(prompts):
+        engine.add(f"r{i}", p, 24, min_tokens=24)  # as greedy_generate: the full length, EOS or not
+    assert engine.run() == alone
+    assert engine.scheduler.num_preemptions > 0
+    assert max(engine.num_cached_tokens.values()) >= 32  # a later prompt found the shared blocks

@@ -85,17 +85,13 @@ def test_embeddings_scores_and_reranking_through_the_stack(tmp_path_factory, hf_
     import httpx
     import openai
 
-    from tests.conftest import _start_stack
+    from tests.model_helpers import serve_checkpoint
 
-    folder = tmp_path_factory.mktemp("embedding-stack")
     torch.manual_seed(0)
     config = transformers.Qwen3Config(vocab_size=len(hf_tokenizer), is_matryoshka=True, **QWEN3_EMBEDDING,
                                       eos_token_id=hf_tokenizer.eos_token_id, bos_token_id=hf_tokenizer.bos_token_id)
     theirs = transformers.Qwen3ForCausalLM(config).eval()
-    theirs.save_pretrained(folder, safe_serialization=True)
-    hf_tokenizer.save_pretrained(folder)
-    stack = _start_stack(tmp_path_factory, "embedding-stack", 1, ["--model-path", str(folder), "--model", "embed",
-                                                                      "--max-model-len", "512"])
+    stack = serve_checkpoint(tmp_path_factory, "embed", theirs, hf_tokenizer, "--max-model-len", "512")
     try:
         client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
         texts = [f"Document {i}: the capital of country number {i} is city {i * 7}." for i in range(12)]

@@ -18,6 +18,7 @@ from services.worker.loader import load_model
 from services.worker.model_config import ModelConfig
 from services.worker.rope import RopeScaling, inv_freq
 from shared.config import ConfigError
+from tests import gguf_writer
 from tests.model_helpers import make_runner, prefill_logits
 
 LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -154,46 +155,25 @@ def _write_gguf(hf_model, path, rope_freqs: torch.Tensor | None, scaling_type: s
     import numpy as np
 
     cfg = hf_model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer = gguf_writer.header(hf_model, str(path), "llama")
     writer.add_rope_dimension_count(cfg.head_dim)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
     if scaling_type is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType(scaling_type))
         writer.add_rope_scaling_factor(2.0)
-
-    def permute(w: np.ndarray, heads: int) -> np.ndarray:
-        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.down_proj": "ffn_down",
-             "mlp.up_proj": "ffn_up", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
     for name, tensor in hf_model.state_dict().items():
         w = tensor.float().numpy()
-        if name.startswith("model.layers."):
-            _, _, i, rest = name.rsplit(".", 1)[0].split(".", 3)
-            if rest == "self_attn.q_proj":
-                w = permute(w, cfg.num_attention_heads)
-            elif rest == "self_attn.k_proj":
-                w = permute(w, cfg.num_key_value_heads)
-            out = f"blk.{i}.{names[rest]}.weight"
+        stem, kind = name.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            _, _, i, rest = stem.split(".", 3)
+            if rest in ("self_attn.q_proj", "self_attn.k_proj"):
+                w = gguf_writer.permute(w, cfg.num_attention_heads if rest.endswith("q_proj") else cfg.num_key_value_heads)
+            out = f"blk.{i}.{gguf_writer.LAYER_NAMES[rest]}.{kind}"
         else:
-            out = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                   "lm_head.weight": "output.weight"}[name]
+            out = f"{gguf_writer.TOP_NAMES[stem]}.{kind}"
         writer.add_tensor(out, np.ascontiguousarray(w))
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs.numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    gguf_writer.finish(writer)
     return str(path)
 
 

@@ -12,8 +12,15 @@ import pytest
 import torch
 
 from services.worker.loader import load_model
-from tests.inproc_engine import InProcessEngine
-from tests.model_helpers import greedy_generate, make_runner, prefill_logits
+from tests import gguf_writer
+from tests.model_helpers import (
+    check_batched_as_alone,
+    greedy_generate,
+    make_runner,
+    prefill_logits,
+    serve_checkpoint,
+    transformers_greedy,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,59 +76,24 @@ def test_greedy_tokens_match_transformers(family):
 
 
 def test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_tokens(family):
-    name, _, ours = family
-    gen = torch.Generator().manual_seed(3)
-    shared = torch.randint(0, VOCAB, (40,), generator=gen).tolist()  # two full blocks every prompt shares
-    prompts = [shared + torch.randint(0, VOCAB, (30 + 7 * i,), generator=gen).tolist() for i in range(4)]
-    alone = {f"r{i}": greedy_generate(make_runner(ours, num_blocks=8), p, 24) for i, p in enumerate(prompts)}
-    # 64 tokens a step chunk every prompt; 14 blocks of 16 cannot hold four rows growing by 24
-    engine = InProcessEngine(ours, num_blocks=14, max_num_batched_tokens=64)
-    for i, p in enumerate(prompts):
-        engine.add(f"r{i}", p, 24, min_tokens=24)  # as greedy_generate: the full length, EOS or not
-    assert engine.run() == alone
-    assert engine.scheduler.num_preemptions > 0
-    assert max(engine.num_cached_tokens.values()) >= 32  # a later prompt found the shared blocks
-
-
-GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-              "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    check_batched_as_alone(family[-1], VOCAB)
 
 
 def write_gguf(model, path: str, arch: str) -> None:
-    """The checkpoint as llama.cpp's converter writes a Qwen file (float32 tensors, Q/K rows as they
-    are: it permutes them for its llama architecture only), through the gguf package's writer."""
-    import gguf
-
+    """The checkpoint as llama.cpp's converter writes a Qwen file (Q/K rows as they are: it permutes
+    them for its llama architecture only)."""
     c = model.config
-    w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
+    w = gguf_writer.header(model, path, arch)
     for name, tensor in model.state_dict().items():
         stem, kind = name.rsplit(".", 1)
+        if stem == "lm_head" and c.tie_word_embeddings:
+            continue
         if stem.startswith("model.layers."):
             _, _, idx, rest = stem.split(".", 3)
-            ours = f"blk.{idx}.{GGUF_LAYER[rest]}.{kind}"
+            w.add_tensor(f"blk.{idx}.{gguf_writer.LAYER_NAMES[rest]}.{kind}", tensor.float().numpy())
         else:
-            ours = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}[stem] + "." + kind
-            if stem == "lm_head" and c.tie_word_embeddings:
-                continue
-        w.add_tensor(ours, tensor.float().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            w.add_tensor(f"{gguf_writer.TOP_NAMES[stem]}.{kind}", tensor.float().numpy())
+    gguf_writer.finish(w)
 
 
 def test_a_gguf_written_from_the_checkpoint_loads_the_same_model(family, tmp_path):
@@ -227,7 +199,7 @@ def test_routed_experts_match_transformers(moe_family):
 
 
 def test_routed_experts_batched_give_a_lone_runs_tokens(moe_family):
-    test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_tokens(moe_family)
+    check_batched_as_alone(moe_family[-1], VOCAB)
 
 
 @pytest.mark.stack
@@ -238,18 +210,13 @@ def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokeniz
     import httpx
     import openai
 
-    from tests.conftest import _start_stack
-
-    folder = tmp_path_factory.mktemp("qwen3-stack")
     torch.manual_seed(0)
     config = transformers.Qwen3Config(vocab_size=len(hf_tokenizer), intermediate_size=512, num_hidden_layers=2,
                                       initializer_range=0.08, eos_token_id=hf_tokenizer.eos_token_id,
                                       bos_token_id=hf_tokenizer.bos_token_id, **REAL["Qwen3-0.6B"][2])
     theirs = transformers.Qwen3ForCausalLM(config).eval()
-    theirs.save_pretrained(folder, safe_serialization=True)
-    hf_tokenizer.save_pretrained(folder)
-    stack = _start_stack(tmp_path_factory, "qwen3-stack", 1, ["--model-path", str(folder), "--model", "qwen3-test",
-                                                                  "--max-model-len", "4096", "--max-logprobs", "-1"])
+    stack = serve_checkpoint(tmp_path_factory, "qwen3-test", theirs, hf_tokenizer, "--max-model-len", "4096",
+                             "--max-logprobs", "-1")
     try:
         models = httpx.get(stack.base_url + "/v1/models").json()["data"]
         assert [(m["id"], m["architectures"]) for m in models] == [("qwen3-test", ["Qwen3ForCausalLM"])]
@@ -258,9 +225,7 @@ def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokeniz
         ids = hf_tokenizer.encode(prompt)
         got = client.completions.create(model="qwen3-test", prompt=prompt, max_tokens=12, temperature=0,
                                         extra_body={"ignore_eos": True, "return_token_ids": True})
-        with torch.inference_mode():
-            expected = theirs.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
-        assert got.choices[0].token_ids == expected[0, len(ids):].tolist()
+        assert got.choices[0].token_ids == transformers_greedy(theirs, ids, 12)
         # --max-logprobs -1 (vLLM's): a request's -1 is every token of the vocabulary
         whole = client.chat.completions.create(model="qwen3-test", messages=[{"role": "user", "content": "Hi"}],
                                                max_tokens=1, logprobs=True, top_logprobs=-1)
@@ -272,52 +237,30 @@ def test_a_qwen3_directory_serves_through_the_stack(tmp_path_factory, hf_tokeniz
 def write_moe_gguf(model, path: str, arch: str) -> None:
     """The checkpoint as llama.cpp's converter writes a Mixtral (arch `llama`: Q/K rows permuted,
     `expert_count` set) or a Qwen3-MoE (`qwen3moe`): the router as ffn_gate_inp and each projection
-    stacked over the experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps), through gguf's writer."""
-    import gguf
-
-    def permute(w, num_heads):  # llama.cpp's, the inverse of our unpermute_rotary
-        rows = w.shape[0]
-        return w.reshape(num_heads, 2, rows // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
+    stacked over the experts (ffn_gate_exps, ffn_up_exps, ffn_down_exps)."""
     c = model.config
-    experts = getattr(c, "num_local_experts", None) or c.num_experts
     width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w = gguf.GGUFWriter(path, arch)
-    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
-                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_key_length, head_dim), (w.add_value_length, head_dim), (w.add_expert_count, experts),
-                       (w.add_expert_used_count, c.num_experts_per_tok), (w.add_expert_feed_forward_length, width),
-                       (w.add_rope_freq_base, c.rope_parameters["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
-                       (w.add_vocab_size, c.vocab_size)):
-        add(value)
-    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-             "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp"}
+    w = gguf_writer.header(model, path, arch)
+    w.add_expert_count(getattr(c, "num_local_experts", None) or c.num_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(width)
     for name, tensor in model.state_dict().items():
         t = tensor.float().numpy()
+        idx = name.split(".")[2] if name.startswith("model.layers.") else None
         if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: the gate's rows, then the up's
-            idx = name.split(".")[2]
             w.add_tensor(f"blk.{idx}.ffn_gate_exps.weight", t[:, :width].copy())
             w.add_tensor(f"blk.{idx}.ffn_up_exps.weight", t[:, width:].copy())
-            continue
-        if name.endswith("experts.down_proj"):
-            w.add_tensor(f"blk.{name.split('.')[2]}.ffn_down_exps.weight", t)
-            continue
-        stem, kind = name.rsplit(".", 1)
-        if stem.startswith("model.layers."):
-            _, _, idx, rest = stem.split(".", 3)
+        elif name.endswith("experts.down_proj"):
+            w.add_tensor(f"blk.{idx}.ffn_down_exps.weight", t)
+        elif idx is not None:
+            rest, kind = name.split(".", 3)[3].rsplit(".", 1)
             if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):
-                t = permute(t, c.num_attention_heads if rest.endswith("q_proj") else c.num_key_value_heads)
-            w.add_tensor(f"blk.{idx}.{layer[rest]}.{kind}", t)
+                t = gguf_writer.permute(t, c.num_attention_heads if rest.endswith("q_proj") else c.num_key_value_heads)
+            w.add_tensor(f"blk.{idx}.{gguf_writer.LAYER_NAMES[rest]}.{kind}", t)
         else:
-            w.add_tensor({"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}[stem]
-                         + "." + kind, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            stem, kind = name.rsplit(".", 1)
+            w.add_tensor(f"{gguf_writer.TOP_NAMES[stem]}.{kind}", t)
+    gguf_writer.finish(w)
 
 
 def test_a_moe_gguf_as_llama_cpp_writes_it_loads_the_same_model(moe_family, tmp_path):

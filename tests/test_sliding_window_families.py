@@ -18,8 +18,15 @@ import pytest
 import torch
 
 from services.worker.loader import load_model
-from tests.inproc_engine import InProcessEngine
-from tests.model_helpers import greedy_generate, make_runner, prefill_logits
+from tests import gguf_writer
+from tests.model_helpers import (
+    check_batched_as_alone,
+    greedy_generate,
+    make_runner,
+    prefill_logits,
+    serve_checkpoint,
+    transformers_greedy,
+)
 
 transformers = pytest.importorskip("transformers")
 VOCAB = 2048
@@ -101,63 +108,35 @@ def test_greedy_tokens_match_transformers_past_the_window(small_window):
 
 
 def test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_tokens(small_window):
-    _, ours = small_window
-    gen = torch.Generator().manual_seed(3)
-    shared = torch.randint(0, VOCAB, (40,), generator=gen).tolist()  # two full blocks every prompt shares
-    prompts = [shared + torch.randint(0, VOCAB, (30 + 7 * i,), generator=gen).tolist() for i in range(4)]
-    alone = {f"r{i}": greedy_generate(make_runner(ours, num_blocks=8), p, 24) for i, p in enumerate(prompts)}
-    engine = InProcessEngine(ours, num_blocks=14, max_num_batched_tokens=64)
-    for i, p in enumerate(prompts):
-        engine.add(f"r{i}", p, 24, min_tokens=24)
-    assert engine.run() == alone
-    assert engine.scheduler.num_preemptions > 0
-    assert max(engine.num_cached_tokens.values()) >= 32
+    check_batched_as_alone(small_window[-1], VOCAB)
 
 
-GGUF_GEMMA = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-              "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
-              "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+# Gemma normalizes after attention and after the MLP too: its names for the four norms
+GGUF_GEMMA = gguf_writer.LAYER_NAMES | {"post_attention_layernorm": "post_attention_norm",
+                                        "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 
 
 def write_gemma_gguf(model, path: str, arch: str) -> None:
     """The checkpoint as llama.cpp's converter writes a gemma2 or gemma3 file: its tensor names, each
     norm weight with the 1 added, the window and soft caps as metadata (the layer pattern and local
-    rope base are llama.cpp's fixed ones), through the gguf package's writer."""
-    import gguf
-
+    rope base are llama.cpp's fixed ones)."""
     c = model.config
-    w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_rope_freq_base((c.rope_parameters.get("full_attention") or c.rope_parameters)["rope_theta"])
+    w = gguf_writer.header(model, path, arch)
+    w.add_sliding_window(c.sliding_window)
     if c.attn_logit_softcapping is not None:
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_sliding_window(c.sliding_window)
-    w.add_vocab_size(c.vocab_size)
     for name, tensor in model.state_dict().items():
         stem, kind = name.rsplit(".", 1)
         if stem == "lm_head":
             continue  # tied
+        t = tensor.float() + 1 if stem.endswith("norm") else tensor.float()
         if stem.startswith("model.layers."):
             _, _, idx, rest = stem.split(".", 3)
-            ours = f"blk.{idx}.{GGUF_GEMMA[rest]}.{kind}"
+            w.add_tensor(f"blk.{idx}.{GGUF_GEMMA[rest]}.{kind}", t.numpy())
         else:
-            ours = {"model.embed_tokens": "token_embd", "model.norm": "output_norm"}[stem] + "." + kind
-        w.add_tensor(ours, (tensor.float() + 1 if stem.endswith("norm") else tensor.float()).numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            w.add_tensor(f"{gguf_writer.TOP_NAMES[stem]}.{kind}", t.numpy())
+    gguf_writer.finish(w)
 
 
 @pytest.mark.parametrize("arch,name,windows", [("gemma3", "gemma-3-1b-it", [24] * 5 + [None]),
@@ -191,9 +170,6 @@ def test_a_gemma3_directory_serves_through_the_stack_with_the_default_path(tmp_p
     import httpx
     import openai
 
-    from tests.conftest import _start_stack
-
-    folder = tmp_path_factory.mktemp("gemma3-stack")
     config_cls, model_cls, geometry = REAL["gemma-3-1b-it"]
     torch.manual_seed(0)
     config = getattr(transformers, config_cls)(**dict(
@@ -201,10 +177,7 @@ def test_a_gemma3_directory_serves_through_the_stack_with_the_default_path(tmp_p
         num_hidden_layers=len(GEMMA3_LAYERS), eos_token_id=hf_tokenizer.eos_token_id,
         bos_token_id=hf_tokenizer.bos_token_id, pad_token_id=hf_tokenizer.eos_token_id))
     theirs = getattr(transformers, model_cls)(config).eval()
-    theirs.save_pretrained(folder, safe_serialization=True)
-    hf_tokenizer.save_pretrained(folder)
-    stack = _start_stack(tmp_path_factory, "gemma3-stack", 1, ["--model-path", str(folder), "--model", "gemma3-test",
-                                                                   "--max-model-len", "4096"])
+    stack = serve_checkpoint(tmp_path_factory, "gemma3-test", theirs, hf_tokenizer, "--max-model-len", "4096")
     try:
         models = httpx.get(stack.base_url + "/v1/models").json()["data"]
         assert [(m["id"], m["architectures"]) for m in models] == [("gemma3-test", ["Gemma3ForCausalLM"])]
@@ -213,9 +186,7 @@ def test_a_gemma3_directory_serves_through_the_stack_with_the_default_path(tmp_p
         ids = hf_tokenizer.encode(prompt)
         got = client.completions.create(model="gemma3-test", prompt=prompt, max_tokens=16, temperature=0,
                                         extra_body={"ignore_eos": True, "return_token_ids": True})
-        with torch.inference_mode():
-            expected = theirs.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
         assert len(ids) + 16 > 24  # decode steps past the window
-        assert got.choices[0].token_ids == expected[0, len(ids):].tolist()
+        assert got.choices[0].token_ids == transformers_greedy(theirs, ids, 16)
     finally:
         stack.stop()

@@ -1,0 +1,43 @@
+"""Writing a transformers checkpoint as llama.cpp's converter lays it out (float32 tensors), through the
+gguf package's writer: the header every architecture shares, llama's Q/K row permutation, the close."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Hugging Face's layer tensor names -> llama.cpp's (the norm after attention is the MLP's norm in llama's layout)
+LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+               "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp"}
+TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def header(model, path: str, arch: str):
+    """A GGUFWriter with the config's geometry, rope base, eps and vocabulary written."""
+    import gguf
+
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    rope = c.rope_parameters.get("full_attention") or c.rope_parameters
+    w = gguf.GGUFWriter(path, arch)
+    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
+                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
+                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
+                       (w.add_key_length, head_dim), (w.add_value_length, head_dim),
+                       (w.add_rope_freq_base, rope["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
+                       (w.add_vocab_size, c.vocab_size)):
+        add(value)
+    return w
+
+
+def permute(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's interleaving of each head's rotary halves (its llama architecture's Q and K rows)."""
+    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def finish(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
