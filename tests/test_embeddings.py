@@ -112,6 +112,11 @@ def test_embeddings_scores_and_reranking_through_the_stack(tmp_path_factory, hf_
         short = client.embeddings.create(model="embed", input=texts[2], dimensions=32)
         assert len(short.data[0].embedding) == 32
         assert float(np.dot(short.data[0].embedding, _reference(theirs, hf_tokenizer.encode(texts[2]), 32))) > 1 - 1e-4
+        raw = httpx.post(stack.base_url + "/v1/embeddings", json={
+            "model": "embed", "input": texts[3], "encoding_format": "float", "normalize": False}).json()
+        with torch.inference_mode():
+            hidden = theirs.model(torch.tensor([hf_tokenizer.encode(texts[3])])).last_hidden_state[0, -1].numpy()
+        np.testing.assert_allclose(raw["data"][0]["embedding"], hidden, atol=1e-4)  # vLLM's normalize=false
         too_wide = httpx.post(stack.base_url + "/v1/embeddings", json={"model": "embed", "input": "x",
                                                                        "dimensions": 1000})
         assert too_wide.status_code == 400 and "matryoshka" in too_wide.json()["error"]["message"]
@@ -204,3 +209,23 @@ def test_pooling_on_the_qaic_slots(small_qwen3, tmp_path, monkeypatch):
     for request_id, vector in paged.embeddings.items():
         np.testing.assert_allclose(np.frombuffer(slots.embeddings[request_id], dtype="<f4"),
                                    np.frombuffer(vector, dtype="<f4"), atol=1e-5)
+
+
+@pytest.mark.stack
+def test_langchain_and_litellm_embeddings(stack, model_name, openai_client):
+    """LangChain's OpenAIEmbeddings (its own tiktoken split turned off, as for any server whose model
+    is not OpenAI's: vLLM's advice too) and LiteLLM's embedding(), both providers: the openai client's
+    vectors, in input order."""
+    import litellm
+    from langchain_openai import OpenAIEmbeddings
+
+    texts = ["Paris is the capital of France.", "Rome is the capital of Italy.", "Bananas are yellow."]
+    expected = [d.embedding for d in openai_client.embeddings.create(model=model_name, input=texts).data]
+    lc = OpenAIEmbeddings(model=model_name, base_url=stack.base_url + "/v1", api_key="unused",
+                          check_embedding_ctx_length=False, max_retries=0)
+    np.testing.assert_allclose(lc.embed_documents(texts), expected, atol=1e-6)
+    np.testing.assert_allclose(lc.embed_query(texts[2]), expected[2], atol=1e-6)
+    for provider in ("openai", "hosted_vllm"):
+        got = litellm.embedding(model=f"{provider}/{model_name}", input=texts, api_base=stack.base_url + "/v1",
+                                api_key="unused")
+        np.testing.assert_allclose([d["embedding"] for d in got.data], expected, atol=1e-6)

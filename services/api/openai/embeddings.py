@@ -40,6 +40,7 @@ class EmbeddingRequest(_Request):
     user: str | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # vLLM's: the last k tokens kept
     add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS
+    normalize: bool = True  # vLLM's: false gives the pooled hidden state as it is
     priority: int = 0  # vLLM's: lower is served first
 
 
@@ -50,7 +51,7 @@ async def embeddings(request: Request):
         raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
     prompts = await off_loop(embedding_prompts, model, body.input, "input", body.add_special_tokens,
                              body.truncate_prompt_tokens)
-    pooling = Pooling(dimensions=checked_dimensions(model, body.dimensions))
+    pooling = Pooling(dimensions=checked_dimensions(model, body.dimensions), normalize=body.normalize)
     vectors = await embed(ctx, model, prompts, pooling, arrival(request)[1], body.priority)
     data = [{"object": "embedding", "index": i, "embedding": encoded(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
