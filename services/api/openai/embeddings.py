@@ -28,6 +28,12 @@ from shared.messages import FinishReason, Pooling, SamplingParams
 
 router = APIRouter()
 
+
+def no_defaults(model: ServedModel) -> dict:
+    """These routes take no per-model OpenAI defaults; like the others, they answer 404 for a
+    deployment whose OpenAI API is off (body.parse)."""
+    return {}
+
 # one input: a text or its token ids; a request: one input or a list of them
 EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
@@ -46,7 +52,7 @@ class EmbeddingRequest(_Request):
 
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
-    ctx, model, body = await parse(request, EmbeddingRequest)
+    ctx, model, body = await parse(request, EmbeddingRequest, no_defaults)
     if not model.max_model_len:
         raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
     prompts = await off_loop(embedding_prompts, model, body.input, "input", body.add_special_tokens,

@@ -16,7 +16,7 @@ from services.api.errors import APIError
 from services.api.guards import arrival
 from services.api.off_loop import off_loop
 from services.api.openai.body import parse
-from services.api.openai.embeddings import embed, embedding_prompts
+from services.api.openai.embeddings import embed, embedding_prompts, no_defaults
 from services.api.openai.protocol import _Request
 from shared.messages import Pooling
 
@@ -44,7 +44,7 @@ class RerankRequest(_Request):
 @router.post("/score")
 @router.post("/v1/score")
 async def score(request: Request):
-    ctx, model, body = await parse(request, ScoreRequest)
+    ctx, model, body = await parse(request, ScoreRequest, no_defaults)
     firsts = [body.text_1] if isinstance(body.text_1, str) else body.text_1
     seconds = [body.text_2] if isinstance(body.text_2, str) else body.text_2
     if len(firsts) == 1:
@@ -64,7 +64,7 @@ async def score(request: Request):
 @router.post("/v1/rerank")
 @router.post("/v2/rerank")
 async def rerank(request: Request):
-    ctx, model, body = await parse(request, RerankRequest)
+    ctx, model, body = await parse(request, RerankRequest, no_defaults)
     if not body.documents:
         raise APIError(400, "documents cannot be empty", param="documents")
     pairs = [(body.query, doc) for doc in body.documents]
