@@ -24,9 +24,8 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "max_window_layers", "original_max_position_embeddings", "num_local_experts", "num_experts",
          "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
          "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
-         "rope_local_base_freq",
-         "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention", "is_matryoshka",
-         "matryoshka_dimensions", "partial_rotary_factor"}
+         "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention",
+         "is_matryoshka", "matryoshka_dimensions", "partial_rotary_factor"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
           "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
@@ -103,8 +102,6 @@ def _layer_types(raw: dict, architecture: str, window: int | None, where: str) -
         pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
     return ["sliding_attention"] * n
-
-
 
 
 def _gguf_gemma(fields: dict, arch: str) -> dict:
