@@ -122,6 +122,10 @@ def test_embeddings_scores_and_reranking_through_the_stack(tmp_path_factory, hf_
         assert too_wide.status_code == 400 and "matryoshka" in too_wide.json()["error"]["message"]
         empty = httpx.post(stack.base_url + "/v1/embeddings", json={"model": "embed", "input": []})
         assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
+        too_many = httpx.post(stack.base_url + "/v1/embeddings", json={"model": "embed", "input": ["a"] * 2049})
+        assert too_many.status_code == 400 and "at most 2048" in too_many.json()["error"]["message"]
+        too_long = httpx.post(stack.base_url + "/v1/embeddings", json={"model": "embed", "input": [[5] * 600]})
+        assert too_long.status_code == 400 and "maximum context length is 512" in too_long.json()["error"]["message"]
 
         # /score: cosine similarities, one text_1 against each text_2
         scored = httpx.post(stack.base_url + "/score", json={

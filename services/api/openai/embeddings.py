@@ -24,9 +24,11 @@ from services.api.openai.generation import submit_error
 from services.api.openai.params import check_token_ids, encode_text
 from services.api.openai.protocol import _Request
 from shared.client import EngineUnavailable, RequestStream, SubmitRejected
+from shared.log import get_logger
 from shared.messages import FinishReason, Pooling, SamplingParams
 
 router = APIRouter()
+log = get_logger("api")
 
 
 def no_defaults(model: ServedModel) -> dict:
@@ -34,8 +36,10 @@ def no_defaults(model: ServedModel) -> dict:
     deployment whose OpenAI API is off (body.parse)."""
     return {}
 
+
 # one input: a text or its token ids; a request: one input or a list of them
 EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+MAX_INPUTS = 2048  # OpenAI's cap on the inputs of one request
 
 
 class EmbeddingRequest(_Request):
@@ -62,6 +66,7 @@ async def embeddings(request: Request):
     data = [{"object": "embedding", "index": i, "embedding": encoded(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
     num_tokens = sum(len(ids) for ids in prompts)
+    log.info("embeddings_finished", model=model.name, user=body.user, num_inputs=len(prompts), num_tokens=num_tokens)
     return JSONResponse({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                          "model": model.name, "data": data,
                          "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
@@ -79,6 +84,8 @@ def embedding_prompts(model: ServedModel, value: EmbeddingInput, param: str, add
         prompts = [encode_text(model, v, param, add_special_tokens) if isinstance(v, str) else list(v) for v in value]
     if not prompts or any(not ids for ids in prompts):
         raise APIError(400, f"{param} cannot be empty", param=param)
+    if len(prompts) > MAX_INPUTS:
+        raise APIError(400, f"{param} has {len(prompts)} inputs; at most {MAX_INPUTS} a request", param=param)
     if truncate is not None:
         k = max(model.max_model_len - 1, 0) if truncate == -1 else truncate
         prompts = [ids[len(ids) - k:] if k < len(ids) else ids for ids in prompts]
