@@ -51,3 +51,15 @@ def test_transformers_peer_times_static_batches(hf_model, hf_tokenizer):
     assert (short.num_output_tokens, long.num_output_tokens) == (3, 6)
     assert short.ttft == long.ttft  # one prefill for the batch
     assert len(short.itl) == 2 and len(long.itl) == 5 and short.e2e < long.e2e
+
+
+def test_the_embeddings_bench_measures_each_way(stack, model_name):
+    import asyncio
+
+    from bench.embeddings import measure
+
+    texts = [f"The number {i} is written in words." for i in range(6)]
+    rates = asyncio.run(measure(stack.base_url, model_name, texts, concurrency=2))
+    assert list(rates) == ["one request, every input", "one input a request, one at a time",
+                           "one input a request, 2 at a time"]
+    assert all(rate > 0 for rate in rates.values())
