@@ -105,13 +105,14 @@ async def test_after_an_outage_duplicates_are_dropped_overlaps_trimmed_and_a_gap
 
 def test_a_mid_stream_token_entry_is_small_on_the_wire():
     """Per-request constants ride only in a stream's first entry, and the hot-path structs are
-    arrays whose trailing defaults cost a byte each: one token of a 32-hex request id, 56 bytes."""
+    arrays whose trailing defaults cost a byte each: one token of a 32-hex request id, 57 bytes (the
+    pooling requests' embedding added the last)."""
     from shared.messages import TOKEN_BATCH_DECODER, Logprobs
 
     request_id = "0123456789abcdef0123456789abcdef"
     mid = TokenEntry(request_id, 17, [4093], produced_at=1763900000.123)
-    assert len(encode(mid)) == 56
-    assert len(encode(TokenBatch(entries=[mid], worker_id="host-1a2b3c4d"))) == 79
+    assert len(encode(mid)) == 57
+    assert len(encode(TokenBatch(entries=[mid], worker_id="host-1a2b3c4d"))) == 80
     first = TokenEntry(request_id, 0, [4093], produced_at=1763900000.123, num_prompt_tokens=12,
                        num_cached_tokens=0, first_scheduled_at=1763899999.9, prompt_logprobs=[None, Logprobs(-1.5)])
     decoded = TOKEN_BATCH_DECODER.decode(encode(TokenBatch(entries=[first, mid])))
