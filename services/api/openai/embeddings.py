@@ -21,7 +21,7 @@ from services.api.guards import arrival
 from services.api.off_loop import off_loop
 from services.api.openai.body import parse
 from services.api.openai.generation import submit_error
-from services.api.openai.params import check_token_ids, encode_text
+from services.api.openai.params import check_ready, check_token_ids, encode_text
 from services.api.openai.protocol import _Request
 from shared.client import EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
@@ -57,8 +57,7 @@ class EmbeddingRequest(_Request):
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
     ctx, model, body = await parse(request, EmbeddingRequest, no_defaults)
-    if not model.max_model_len:
-        raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
+    check_ready(model)
     prompts = await off_loop(embedding_prompts, model, body.input, "input", body.add_special_tokens,
                              body.truncate_prompt_tokens)
     pooling = Pooling(dimensions=checked_dimensions(model, body.dimensions), normalize=body.normalize)

@@ -126,10 +126,15 @@ def check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
                        param=param)
 
 
+def check_ready(model: ServedModel) -> None:
+    """503 while no worker serves the model: its limits come from its workers (the scheduler says 503 too)."""
+    if not model.max_model_len:
+        raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
+
+
 def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max_tokens: int | None,
                     logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
-    if not model.max_model_len:  # its limit comes from its workers; none has joined (the scheduler says 503 too)
-        raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
+    check_ready(model)
     if max_tokens is None:
         max_tokens = model.max_model_len - num_prompt  # chat without max_tokens: the room left
     too_long = context_length_error(model.max_model_len, num_prompt, max_tokens)

@@ -17,6 +17,7 @@ from services.api.guards import arrival
 from services.api.off_loop import off_loop
 from services.api.openai.body import parse
 from services.api.openai.embeddings import embed, embedding_prompts, no_defaults
+from services.api.openai.params import check_ready
 from services.api.openai.protocol import _Request
 from shared.messages import Pooling
 
@@ -79,8 +80,7 @@ async def rerank(request: Request):
 async def similarities(ctx: ApiContext, model: ServedModel, request: Request, pairs: list[tuple[str, str]],
                        truncate: int | None, priority: int) -> tuple[list[float], int]:
     """Each pair's cosine similarity, every distinct text embedded once; and the tokens embedded."""
-    if not model.max_model_len:
-        raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
+    check_ready(model)
     texts = list(dict.fromkeys(t for pair in pairs for t in pair))
     prompts = await off_loop(embedding_prompts, model, texts, "input", True, truncate)
     vectors = dict(zip(texts, await embed(ctx, model, prompts, Pooling(), arrival(request)[1], priority),
