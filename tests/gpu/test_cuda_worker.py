@@ -90,16 +90,17 @@ def test_contexts_past_max_seq_len_to_capture_run_eagerly(default_model_path, hf
     graphs.run = lambda inputs: replays.append(inputs.meta.max_decode_len) or run(inputs)
     forward = runner.backend.model.forward
     runner.backend.model.forward = lambda *a: eager_steps.append(a[0].shape[0]) or forward(*a)
-    ids = hf_tokenizer.encode(PROMPTS[0])[:40]
+    ids = (hf_tokenizer.encode(PROMPTS[0]) * 8)[:40]  # the prompt is 5 tokens: repeated to 40
     greedy_generate(runner, ids, 40)  # contexts 41..80: graphs up to 64, then eager
     assert replays and max(replays) <= 64
     assert len(eager_steps) >= 80 - 64  # the prefill, and every decode past 64
 
 
 def test_prefix_hits_and_preemption_give_lone_tokens_on_the_gpu(default_model_path, hf_tokenizer):
-    runner, _ = cuda_runner(default_model_path, torch.float32, num_blocks=20)
+    # 10 blocks of 16: four 52-token sequences sharing their first block cannot all grow at once
+    runner, _ = cuda_runner(default_model_path, torch.float32, num_blocks=10)
     shared = hf_tokenizer.encode(PROMPTS[1]) * 3
-    engine = InProcessEngine(None, num_blocks=20, max_num_batched_tokens=64, runner=runner)
+    engine = InProcessEngine(None, num_blocks=10, max_num_batched_tokens=64, runner=runner)
     for i in range(4):
         engine.add(f"r{i}", shared + [1000 + i], 30, ignore_eos=True)
     batched = engine.run()

@@ -37,5 +37,8 @@ def generate(path: str, device: str, hf_tokenizer, **formats) -> dict[str, list[
 def test_the_program_on_the_gpu_gives_the_cpu_emulators_tokens(default_model_path, hf_tokenizer, formats):
     gpu = generate(default_model_path, "cuda", hf_tokenizer, **formats)
     cpu = generate(default_model_path, "cpu", hf_tokenizer, **formats)
-    agree = sum(a == b for k in cpu for a, b in zip(cpu[k], gpu[k], strict=True)) / sum(map(len, cpu.values()))
-    assert agree >= 0.95, agree  # float32 on both; cuBLAS and oneDNN sum in different orders
+    parted = {k: next((i for i, (a, b) in enumerate(zip(cpu[k], gpu[k], strict=True)) if a != b), None) for k in cpu}
+    # float32 on both, summed in other orders (cuBLAS, oneDNN): a near-tie may be decided otherwise,
+    # and the two continuations part there (on an H100, one request of four at token 12 with the MX
+    # formats); none parts before its 8th token
+    assert all(p is None or p >= 8 for p in parted.values()), parted

@@ -69,8 +69,7 @@ class CudaBackend:
         else:
             peak = profile_peak(loaded.model, kv, spec.max_num_batched_tokens, device)
             num_blocks = kv.num_blocks_for_budget(kv_budget(spec.gpu_memory_utilization, peak, device))
-        # routed experts group their rows by counts read on the host, which a graph cannot replay
-        capture = None if loaded.config.num_experts else (spec.max_num_seqs, spec.max_seq_len_to_capture)
+        capture = (spec.max_num_seqs, spec.max_seq_len_to_capture)  # MoE too: its expert sort stays on the device
         log.info("cuda_backend", device=torch.cuda.get_device_name(device), dtype=spec.dtype,
                  kv_cache_dtype=str(kv_dtype), num_blocks=num_blocks, cuda_graphs=capture is not None)
         return cls(loaded, kv, num_blocks, device, capture=capture)

@@ -55,7 +55,8 @@ def sort_pairs(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, t
     flat = experts.reshape(-1)
     num_pairs = flat.numel()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # bincount reads its input's max on the host; a scatter-add of ones does not (CUDA graphs capture it)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends_padded = torch.cumsum(padded, 0)
     starts = torch.cumsum(counts, 0) - counts
