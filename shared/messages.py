@@ -88,6 +88,7 @@ class EmbeddingSpec(msgspec.Struct, frozen=True):
 
     size: int
     matryoshka: list[int] | None = None  # None: not Matryoshka-trained, only the whole vector
+    encoder: bool = False  # a BERT-style encoder: it embeds and scores, and generates nothing
 
 
 class SamplingParams(msgspec.Struct, frozen=True):

@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from shared.architectures import ENCODER_ARCHITECTURES
 from shared.gguf_fields import is_gguf, read_fields
 from shared.model_files import cache_dir_for
 
@@ -28,9 +29,13 @@ class ModelTokenizer:
     eos_token: str | None
     add_bos: bool
     context_length: int
+    post_process: bool = False  # an encoder's: tokenizer.json's own template adds its tokens ([CLS] ... [SEP])
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """add_special_tokens: the BOS the model's tokenizer adds (if it adds one, and the text lacks it)."""
+        """add_special_tokens: the BOS the model's tokenizer adds (if it adds one, and the text lacks it),
+        or an encoder's [CLS] and [SEP]."""
+        if self.post_process:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and self.bos_token is not None:
             bos_id = self.tokenizer.token_to_id(self.bos_token)
@@ -166,4 +171,5 @@ def _from_hf_dir(root: Path) -> ModelTokenizer:
         bos_token=_special(tok_cfg.get("bos_token")), eos_token=_special(tok_cfg.get("eos_token")),
         add_bos=bool(tok_cfg.get("add_bos_token", False)),
         context_length=int(model_cfg.get("max_position_embeddings", 2048)),
+        post_process=(model_cfg.get("architectures") or [""])[0] in ENCODER_ARCHITECTURES,
     )

@@ -91,8 +91,9 @@ def main() -> None:
     if backend.kind == WorkerKind.SLOTS and config.max_model_len is None:
         max_model_len = min(max_model_len, backend.block_size)  # a slot holds ctx_len tokens
     backend.kv.check_capacity(backend.num_blocks, max_model_len)
+    generates = config.load_format != "dummy" and backend.config.pooling is None  # an encoder samples nothing
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
-                              backend.config.eos_token_ids) if config.load_format != "dummy" else None
+                              backend.config.eos_token_ids) if generates else None
     backend.warm_up()
     # sleep mode's wake builds the backend again from the file (a background compile would hold the old one)
     rebuild = None if spec.compile else lambda: create_backend(device, spec)

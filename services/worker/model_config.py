@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope, partial_rotary_factor
-from shared.architectures import GGUF_ARCHITECTURES
+from shared.architectures import ENCODER_ARCHITECTURES, GGUF_ARCHITECTURES
 from shared.config import ConfigError
 from shared.messages import EmbeddingSpec
 
@@ -32,6 +32,12 @@ _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_o
           "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "is_encoder_decoder",
           "chunk_size_feed_forward", "tokenizer_class", "embd_pdrop", "resid_pdrop",
           "output_router_logits", "router_aux_loss_coef", "cache_implementation"}
+# a BERT-style encoder's (`BertModel`) own fields, and those that only describe its training
+_BERT_READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_act",
+              "position_embedding_type"}
+_BERT_INERT = _INERT | {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
+                        "gradient_checkpointing", "tie_word_embeddings"}  # BertModel has no head to tie
 # the activations of the gated MLP: SwiGLU's, and GeGLU's (Gemma)
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
@@ -52,6 +58,20 @@ def _check_implemented(raw: dict, where: str) -> None:
     if raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
         raise ConfigError(f"{where}: decoder_sparse_step and mlp_only_layers (dense layers among the experts' "
                           "layers) are not implemented: every layer routes to experts here")
+
+
+def _sentence_transformers_pooling(root: Path) -> str:
+    """sentence-transformers' pooling module: [CLS] or the mean of the tokens (others refused)."""
+    path = root / "1_Pooling" / "config.json"
+    if not path.exists():
+        return "cls"
+    modes = [k.removeprefix("pooling_mode_") for k, v in json.loads(path.read_text()).items()
+             if k.startswith("pooling_mode_") and v]
+    picked = {"cls_token": "cls", "mean_tokens": "mean"}
+    if len(modes) != 1 or modes[0] not in picked:
+        raise ConfigError(f"{path}: pooling {modes} is not implemented (one of pooling_mode_cls_token, "
+                          "pooling_mode_mean_tokens)")
+    return picked[modes[0]]
 
 
 def _activation(raw: dict) -> str:
@@ -153,6 +173,11 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     # Matryoshka-trained embeddings (config.json's is_matryoshka / matryoshka_dimensions, as vLLM reads
     # them): None: not; []: any size up to hidden_size; else those sizes
     matryoshka_dimensions: list[int] | None = None
+    # an encoder's (models/bert.py): how its prompt's states become one vector ("cls", "mean"); None: a
+    # decoder, pooled by its last token
+    pooling: str | None = None
+    type_vocab_size: int = 0
+    layer_norm_eps: float = 1e-12
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -160,6 +185,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         archs = raw.get("architectures") or []
         if not archs:
             raise ValueError(f"{path}: config.json names no architecture")
+        if archs[0] in ENCODER_ARCHITECTURES:
+            return cls._from_bert(raw, Path(path))
         _check_implemented(raw, str(path))
         rope_theta, rope_scaling = parse_hf_rope(raw, str(path))
         eos = raw.get("eos_token_id")
@@ -199,8 +226,30 @@ class ModelConfig(msgspec.Struct, kw_only=True):
                                    or raw.get("matryoshka_dimensions") else None),
         )
 
+    @classmethod
+    def _from_bert(cls, raw: dict, path: Path) -> ModelConfig:
+        """A BERT encoder; its pooling from sentence-transformers' 1_Pooling/config.json beside it
+        ([CLS] where there is none, as vLLM pools BertModel)."""
+        unknown = sorted(k for k, v in raw.items() if k not in _BERT_READ | _BERT_INERT and v not in (None, False, [], {}))
+        if unknown:
+            raise ConfigError(f"{path}: config field(s) {unknown} are not implemented by this engine; refusing to "
+                              "serve a model whose computation they would change")
+        if raw.get("hidden_act", "gelu") != "gelu":
+            raise ConfigError(f"{path}: hidden_act {raw['hidden_act']!r} is not implemented for BERT (gelu)")
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ConfigError(f"{path}: position_embedding_type {raw['position_embedding_type']!r} is not "
+                              "implemented (absolute)")
+        heads = raw["num_attention_heads"]
+        return cls(architecture=raw["architectures"][0], vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+                   intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"],
+                   num_heads=heads, num_kv_heads=heads, head_dim=raw["hidden_size"] // heads,
+                   max_position_embeddings=raw.get("max_position_embeddings", 512), hidden_act="gelu",
+                   type_vocab_size=raw.get("type_vocab_size", 2), layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+                   pooling=_sentence_transformers_pooling(path.parent))
+
     def embedding_spec(self) -> EmbeddingSpec:
-        return EmbeddingSpec(size=self.hidden_size, matryoshka=self.matryoshka_dimensions)
+        return EmbeddingSpec(size=self.hidden_size, matryoshka=self.matryoshka_dimensions,
+                             encoder=self.pooling is not None)
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends within; None where it attends to the whole context."""

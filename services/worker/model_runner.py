@@ -116,6 +116,8 @@ class ModelRunner:
         batch = self.apply_deltas(step)
         if not batch:
             return self._record([], [], [])
+        if getattr(self.backend.model, "is_encoder", False):
+            return self._encode(batch)
         hidden = self.backend.forward(self.backend.prepare(batch))
         # only sequences whose every known token is now computed produce a token
         rows, to_sample, end = [], [], 0
@@ -143,6 +145,26 @@ class ModelRunner:
             except Exception:  # some row's processors raised: sample each row alone, to find which
                 token_ids, logprobs = self._sample_each(to_sample, hidden)
         return self._record(to_sample, token_ids, logprobs, pooled)
+
+    def _encode(self, batch: list[tuple[SeqState, int]]) -> StepOutput:
+        """An encoder (models/bert.py) attends both ways, so each prompt is encoded whole at its last
+        chunk (the chunks before compute nothing; the KV pool is not used). A row that asks for
+        tokens instead of an embedding fails alone."""
+        done = []
+        for seq, num_new in batch:
+            seq.num_computed_tokens += num_new
+            if seq.num_computed_tokens < len(seq.token_ids):
+                continue
+            if seq.sampling.pooling is None:
+                self._row_errors[seq.request_id] = (f"{self.backend.config.architecture} is an encoder: "
+                                                    "it embeds and scores, and generates no tokens")
+            else:
+                done.append(seq)
+        pooled = {}
+        if done:
+            vectors = self.backend.model.embed([s.token_ids for s in done])
+            pooled = {s.request_id: pool(vectors[i], s.sampling.pooling) for i, s in enumerate(done)}
+        return self._record([], [], [], pooled)
 
     def _sample_each(self, seqs: list[SeqState], hidden: torch.Tensor) -> tuple[list[int], list[Logprobs | None]]:
         """The slow path after a failed batch draw (the logits are recomputed: processors work in
@@ -220,7 +242,8 @@ def _describe(exc: Exception) -> str:
 
 
 def pool(hidden: torch.Tensor, pooling: Pooling) -> bytes:
-    """A prompt's last hidden state [hidden] -> its embedding: the first `dimensions` values
+    """A prompt's pooled state [hidden] (a decoder's last token's, an encoder's [CLS] or mean) -> its
+    embedding: the first `dimensions` values
     (Matryoshka), L2-normalized where asked, as float32 bytes."""
     vector = hidden.float()[: pooling.dimensions]
     if pooling.normalize:

@@ -65,6 +65,7 @@ def render_messages(model: ServedModel, messages: list[ChatMessage], add_generat
         if messages[-1].role != "assistant" or not messages[-1].text():
             raise APIError(400, "continue_final_message needs a final assistant message with text to continue",
                            param="continue_final_message")
+    check_generates(model)
     if not model.chat_template:
         raise APIError(400, f"model {model.name!r} has no chat template", param="messages")
     taken = [k for k in template_kwargs or {} if k in TEMPLATE_OWN_NAMES]
@@ -132,9 +133,18 @@ def check_ready(model: ServedModel) -> None:
         raise APIError(503, f"no worker is ready for model {model.name!r}", code="unavailable")
 
 
+def check_generates(model: ServedModel) -> None:
+    """An encoder (BERT) embeds and scores: a generation route answers 400, as vLLM's do."""
+    if model.embedding is not None and model.embedding.encoder:
+        raise APIError(400, f"The model {model.name!r} does not support generation: it is an encoder "
+                            f"({', '.join(model.architectures)}) that serves /v1/embeddings, /score and /rerank",
+                       param="model")
+
+
 def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max_tokens: int | None,
                     logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
     check_ready(model)
+    check_generates(model)
     if max_tokens is None:
         max_tokens = model.max_model_len - num_prompt  # chat without max_tokens: the room left
     too_long = context_length_error(model.max_model_len, num_prompt, max_tokens)

@@ -9,6 +9,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from services.worker.model_config import ModelConfig
+from shared.architectures import ENCODER_ARCHITECTURES
 
 _LAYER_NAMES = {
     "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
@@ -47,6 +48,9 @@ def _split(hf_name: str, f, config: ModelConfig) -> dict[str, torch.Tensor] | No
 
 def our_name(hf_name: str, architecture: str = "") -> str | None:
     """'model.layers.3.self_attn.q_proj.weight' -> 'layers.3.attention.wq.weight'."""
+    if architecture in ENCODER_ARCHITECTURES:  # models/bert.py keeps transformers' names; the pooler is unused
+        name = hf_name.removeprefix("bert.")
+        return None if name.startswith(("pooler.", "cls.")) or name.endswith("position_ids") else name
     stem, kind = hf_name.rsplit(".", 1)
     names = _GEMMA_NAMES if is_gemma(architecture) else _LAYER_NAMES
     if stem.startswith("model.layers."):

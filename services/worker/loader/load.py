@@ -13,6 +13,7 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import dummy, gguf_file, hf_dir
 from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
+from shared.config import ConfigError
 from shared.gguf_fields import is_gguf
 
 
@@ -31,6 +32,13 @@ def detect_format(path: str, load_format: str) -> str:
     if os.path.isdir(path) and (Path(path) / "config.json").exists():
         return "hf"
     raise ValueError(f"{path}: neither a GGUF file nor a directory with config.json")
+
+
+def refuse_encoder(loaded: LoadedModel, device: str) -> None:
+    """The paged backends' kernels are causal: an encoder (models/bert.py) runs on the torch CPU backend."""
+    if getattr(loaded.model, "is_encoder", False):
+        raise ConfigError(f"{loaded.config.architecture} is an encoder (bidirectional attention over a whole "
+                          f"prompt): it runs on the torch CPU backend (--device cpu), not on {device}")
 
 
 def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32,
@@ -53,9 +61,11 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match {config.architecture}: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    del model.rotary  # still on meta: its buffer is not in the state dict
     model.tie_weights()
     model.fuse_projections()
+    if getattr(cls, "is_encoder", False):  # BERT: absolute positions, no rotary
+        return LoadedModel(model=model.to(device=device, dtype=dtype).eval(), config=config, source=f"{fmt}:{path}")
+    del model.rotary  # still on meta: its buffer is not in the state dict
     model = model.to(device=device, dtype=dtype).eval()
     # made after the cast, so its frequencies stay float32 (in bfloat16 they keep 3 significant
     # digits, and the angles drift by radians at long positions)

@@ -18,7 +18,7 @@ from services.worker.backends.cuda.ops import TritonOps
 from services.worker.backends.cuda.sampler import sample
 from services.worker.backends.kv_pool import KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
-from services.worker.loader import LoadedModel, load_model
+from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
 from shared.config import ConfigError
 from shared.deploy_config import FP8_KV_CACHE_DTYPES
@@ -63,6 +63,7 @@ class CudaBackend:
         dtype = spec.torch_dtype
         kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV_CACHE_DTYPES else spec.kv_torch_dtype  # e4m3, scale 1
         loaded = load_model(spec.model_path, spec.load_format, dtype, TritonOps(), device=device)
+        refuse_encoder(loaded, "cuda")
         kv = KVSpec.of(loaded.config, spec.block_size, kv_dtype)
         if spec.num_kv_blocks:
             num_blocks = spec.num_kv_blocks

@@ -18,7 +18,7 @@ from services.worker.backends.qaic.ops import QAIC_OPS
 from services.worker.backends.qaic.program import QaicProgram, compile_program
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.dense import pack_linears
-from services.worker.loader import LoadedModel, load_model
+from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
 from shared.config import ConfigError
@@ -67,6 +67,7 @@ class QaicBackend:
         qaic = msgspec.structs.replace(qaic, mxfp6_matmul=mxfp6, mxint8_kv_cache=mxint8)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, QAIC_OPS, device=device)
+        refuse_encoder(loaded, "qaic")
         program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
                                   spec.torch_dtype)
         if runtime.detect() is not None:

@@ -55,6 +55,10 @@ class TorchCpuBackend:
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, NATIVE_OPS if native else TORCH_OPS)
+        if getattr(loaded.model, "is_encoder", False) and (spec.compile or spec.quantization != "none"):
+            what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
+            raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
+                              "ops (models/bert.py); serve it without")
         quantize(loaded.model, spec.quantization, native_blocks(loaded, spec.quantization))
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
