@@ -14,7 +14,8 @@ ENCODER_ARCHITECTURES = frozenset({"BertModel"})
 # llama.cpp's architecture names (a GGUF's general.architecture) -> the Hugging Face class its tensors are
 # (a `llama` file with routed experts is a Mixtral: llama.cpp writes Mixtral so)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                      "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                      "phi3": "Phi3ForCausalLM"}
 
 
 def servable_error(architecture: str, is_gguf: bool) -> str | None:

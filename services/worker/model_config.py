@@ -140,6 +140,18 @@ def _gguf_gemma(fields: dict, arch: str) -> dict:
                 final_logit_softcapping=fields.get(p + "final_logit_softcapping"))
 
 
+def _gguf_phi3(fields: dict, head_dim: int) -> dict:
+    """llama.cpp's phi3: a partial rotary as rope.dimension_count, the window (if written) on every
+    layer. LongRoPE's factors, which it writes as tensors, are refused: the HF directory has them."""
+    if "rope_factors_long.weight" in fields["__tensor_names__"]:
+        raise ConfigError("a phi3 GGUF with LongRoPE factors (rope_factors_long/short: Phi-3-128k, Phi-4-mini) is "
+                          "not supported from a GGUF: load the model's Hugging Face directory")
+    rotary = int(fields.get("phi3.rope.dimension_count") or head_dim)
+    window = fields.get("phi3.attention.sliding_window")
+    return dict(rotary_dim=rotary if rotary < head_dim else 0, sliding_window=int(window) if window else None,
+                layer_types=["sliding_attention"] * fields["phi3.block_count"] if window else [])
+
+
 class ModelConfig(msgspec.Struct, kw_only=True):
     architecture: str  # Hugging Face class name, the registry key
     vocab_size: int
@@ -289,6 +301,9 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             raise ValueError(f"GGUF {arch!r} with routed experts ({p}expert_count {experts}) is not supported")
         num_heads = fields[p + "attention.head_count"]
         hidden = fields[p + "embedding_length"]
+        # phi3's rope.dimension_count is the rotating part of a head (Phi-4-mini's 96 of 128), not its size
+        head_dim = fields.get(p + "attention.key_length") or (
+            hidden // num_heads if arch == "phi3" else fields.get(p + "rope.dimension_count", hidden // num_heads))
         eos = fields.get("tokenizer.ggml.eos_token_id")
         vocab = fields.get(p + "vocab_size") or len(fields["tokenizer.ggml.tokens"])
         return cls(
@@ -299,8 +314,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             num_layers=fields[p + "block_count"],
             num_heads=num_heads,
             num_kv_heads=fields.get(p + "attention.head_count_kv", num_heads),
-            head_dim=fields.get(p + "attention.key_length") or fields.get(p + "rope.dimension_count",
-                                                                            hidden // num_heads),
+            head_dim=head_dim,
             rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
             rope_scaling=_gguf_rope_scaling(fields, p),
             rms_norm_eps=float(fields.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
@@ -313,4 +327,5 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             num_experts=experts, num_experts_per_tok=int(fields.get(p + "expert_used_count") or 0),
             moe_intermediate_size=int(fields.get(p + "expert_feed_forward_length") or 0), norm_topk_prob=True,
             **(_gguf_gemma(fields, arch) if arch.startswith("gemma") else {}),
+            **(_gguf_phi3(fields, head_dim) if arch == "phi3" else {}),
         )

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 
-from services.worker.loader.gguf_file import our_name, rows_permuted, unpermute_rotary
+from services.worker.loader.gguf_file import fused_rows, our_name, rows_permuted, split_rows, unpermute_rotary
 from services.worker.model_config import ModelConfig
 
 BLOCK = 32
@@ -86,6 +86,12 @@ def read(path: str, config: ModelConfig) -> dict[str, QuantBlocks]:
                 blocks = QuantBlocks(*(None if t is None else
                                        torch.from_numpy(np.ascontiguousarray(unpermute_rotary(t.numpy(), num_heads)))
                                        for t in (blocks.q, blocks.scale, blocks.low)))
+        if fused := fused_rows(tensor.name, config):  # phi3's: split by rows, as the floats are
+            split = [split_rows(fused, t.numpy()) if t is not None else None for t in (blocks.q, blocks.scale, blocks.low)]
+            for name, _ in fused:
+                out[name] = QuantBlocks(*(None if s is None else torch.from_numpy(np.ascontiguousarray(s[name]))
+                                          for s in split))
+            continue
         out[our_name(tensor.name)] = blocks
     if config.tie_word_embeddings and "tok_embeddings.weight" in out:
         out.setdefault("output.weight", out["tok_embeddings.weight"])

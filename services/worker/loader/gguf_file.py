@@ -41,8 +41,31 @@ def our_name(gguf_name: str) -> str:
         return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP_NAMES:
         return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} is not one this engine reads (a GGUF's fused projections, "
-                     "Phi-3's, are not supported: load the model's Hugging Face directory)")
+    raise ValueError(f"GGUF tensor {gguf_name!r} is not one this engine reads")
+
+
+def fused_rows(gguf_name: str, config: ModelConfig) -> list[tuple[str, int]] | None:
+    """A fused projection's parts in row order, each our weight name and its rows: phi3's attn_qkv
+    (q, k, v) and ffn_up (gate rows, then up rows, as HF's gate_up_proj). None: not fused."""
+    parts = gguf_name.split(".")
+    if config.architecture != "Phi3ForCausalLM" or len(parts) != 4 or parts[0] != "blk" or parts[3] != "weight":
+        return None
+    layer = f"layers.{parts[1]}."
+    if parts[2] == "attn_qkv":
+        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        return [(layer + "attention.wq.weight", q), (layer + "attention.wk.weight", kv),
+                (layer + "attention.wv.weight", kv)]
+    if parts[2] == "ffn_up":
+        return [(layer + "feed_forward.w1.weight", config.intermediate_size),
+                (layer + "feed_forward.w3.weight", config.intermediate_size)]
+    return None
+
+
+def split_rows(parts: list[tuple[str, int]], rows: np.ndarray) -> dict[str, np.ndarray]:
+    bounds = np.cumsum([n for _, n in parts])
+    if bounds[-1] != rows.shape[0]:
+        raise ValueError(f"a fused tensor of {rows.shape[0]} rows, where the config makes {bounds[-1]}")
+    return {name: part for (name, _), part in zip(parts, np.split(rows, bounds[:-1]), strict=True)}
 
 
 def rows_permuted(config: ModelConfig) -> bool:
@@ -70,7 +93,10 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         w = w.reshape([int(d) for d in reversed(tensor.shape)])
         if rows_permuted(config) and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
             w = unpermute_rotary(w, config.num_heads if tensor.name.endswith("attn_q.weight") else config.num_kv_heads)
-        state_dict[our_name(tensor.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
+        fused = fused_rows(tensor.name, config)
+        named = split_rows(fused, w) if fused else {our_name(tensor.name): w}
+        for name, rows in named.items():
+            state_dict[name] = torch.from_numpy(np.array(rows, dtype=np.float32, order="C", copy=True))
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # several workers may build it at once
     save_file(state_dict, str(tmp))
     tmp.rename(cached)  # atomic: a concurrent loader never reads half a file
