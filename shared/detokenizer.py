@@ -13,7 +13,10 @@ from tokenizers.decoders import DecodeStream
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, stop: list[str], skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
-        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.skip_special_tokens = skip_special_tokens
+        self.stream: DecodeStream | None = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.ids: list[int] = []
+        self.prefix = self.read = 0  # after a fallback: ids[prefix:read] decoded already, for context
         self.stop = [s for s in stop if s]
         self.pending = ""  # decoded but not yet released (could begin a stop string)
         self.is_stopped = False
@@ -24,10 +27,28 @@ class IncrementalDetokenizer:
         if self.is_stopped:
             return ""
         for token_id in token_ids:
-            piece = self.stream.step(self.tokenizer, token_id)
+            self.ids.append(token_id)
+            piece = self._step(token_id)
             if piece:
                 self.pending += piece
         return self._release()
+
+    def _step(self, token_id: int) -> str | None:
+        if self.stream is not None:
+            try:
+                return self.stream.step(self.tokenizer, token_id)
+            except Exception:  # tokenizers' stream refuses a decoded prefix that changed
+                # (byte-fallback pieces that are not UTF-8 yet, then are): go on by offsets, as vLLM
+                # detokenizes, from a few tokens back for the context a piece's spaces need
+                self.stream = None
+                self.read = len(self.ids) - 1
+                self.prefix = max(0, self.read - 5)
+        seen = self.tokenizer.decode(self.ids[self.prefix : self.read], skip_special_tokens=self.skip_special_tokens)
+        text = self.tokenizer.decode(self.ids[self.prefix :], skip_special_tokens=self.skip_special_tokens)
+        if len(text) <= len(seen) or text.endswith("\ufffd"):  # nothing new, or a character not whole yet
+            return None
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(seen) :]
 
     def flush(self) -> str:
         """The stream ended: whatever is held back is final text."""

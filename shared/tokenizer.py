@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from shared import spm_tokenizer
 from shared.architectures import ENCODER_ARCHITECTURES
 from shared.gguf_fields import is_gguf, read_fields
 from shared.model_files import cache_dir_for
@@ -88,6 +89,9 @@ def _token_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
     piece = tokenizer.id_to_token(token_id)
     if piece is None:
         return b""
+    if token_id not in tokenizer.get_added_tokens_decoder() and isinstance(tokenizer.model, models.BPE) \
+            and tokenizer.model.byte_fallback:  # SentencePiece's spelling: SPACE for a space, <0x0A> for a byte
+        return spm_tokenizer.piece_bytes(piece)
     if token_id in tokenizer.get_added_tokens_decoder() or not isinstance(tokenizer.decoder, decoders.ByteLevel):
         if not isinstance(tokenizer.decoder, decoders.ByteLevel):
             return tokenizer.decode([token_id], skip_special_tokens=False).encode()
@@ -115,18 +119,15 @@ def _from_gguf(path: str) -> ModelTokenizer:
         meta = msgspec.json.decode((cache / "meta.json").read_bytes(), type=_Meta)
         return ModelTokenizer(Tokenizer.from_file(str(cache / "tokenizer.json")), **msgspec.structs.asdict(meta))
     fields = read_fields(path, with_vocab=True)
-    if fields.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"{path}: tokenizer model {fields.get('tokenizer.ggml.model')!r} is not supported (gpt2 BPE only)")
-    tokens = fields["tokenizer.ggml.tokens"]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
-    tokenizer = Tokenizer(models.BPE(vocab, merges))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if fields.get("tokenizer.ggml.pre") == "smollm":  # SmolLM's own tokenizer splits digits one by one
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    kind = fields.get("tokenizer.ggml.model")
+    if kind == "gpt2":
+        tokenizer = _byte_level_bpe(fields)
+    elif kind == "llama":  # SentencePiece: Llama 2, Phi-3, Gemma
+        tokenizer = spm_tokenizer.build(fields)
     else:
-        tokenizer.pre_tokenizer = byte_level
-    tokenizer.decoder = decoders.ByteLevel()
+        raise ValueError(f"{path}: tokenizer model {kind!r} is not supported (gpt2's byte-level BPE, "
+                         "llama's SentencePiece)")
+    tokens = fields["tokenizer.ggml.tokens"]
     types = fields["tokenizer.ggml.token_type"]
     special = [AddedToken(tokens[i], special=True, normalized=False)
                for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
@@ -146,6 +147,20 @@ def _from_gguf(path: str) -> ModelTokenizer:
     _write_atomic(cache / "tokenizer.json", tokenizer.to_str().encode())
     _write_atomic(cache / "meta.json", msgspec.json.encode(meta))
     return ModelTokenizer(tokenizer, **msgspec.structs.asdict(meta))
+
+
+def _byte_level_bpe(fields: dict) -> Tokenizer:
+    tokens = fields["tokenizer.ggml.tokens"]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab, merges))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if fields.get("tokenizer.ggml.pre") == "smollm":  # SmolLM's own tokenizer splits digits one by one
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -36,6 +36,35 @@ def permute(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+PHI3_NAMES = {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", "self_attn.o_proj": "attn_output",
+              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def phi3(model, path: str, q8_fused: bool = False):
+    """phi3 as llama.cpp writes it: attn_qkv and ffn_up fused as the checkpoint has them (no Q/K
+    permutation), the window, a partial rotary as rope.dimension_count; q8_fused: those two in
+    Q8_0. Returns the writer, for a vocabulary to be added before `finish`."""
+    import gguf
+
+    c = model.config
+    w = header(model, path, "phi3")
+    w.add_rope_dimension_count(int(c.hidden_size // c.num_attention_heads * getattr(c, "partial_rotary_factor", 1.0)))
+    w.add_sliding_window(c.sliding_window)
+    for name, tensor in model.state_dict().items():
+        stem, kind = name.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            _, _, idx, rest = stem.split(".", 3)
+            data = tensor.float().numpy()
+            if q8_fused and rest in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+                q8 = gguf.GGMLQuantizationType.Q8_0
+                w.add_tensor(f"blk.{idx}.{PHI3_NAMES[rest]}.{kind}", gguf.quants.quantize(data, q8), raw_dtype=q8)
+            else:
+                w.add_tensor(f"blk.{idx}.{PHI3_NAMES[rest]}.{kind}", data)
+        else:
+            w.add_tensor(f"{TOP_NAMES[stem]}.{kind}", tensor.float().numpy())
+    return w
+
+
 def finish(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -136,39 +136,11 @@ def test_phi3_fused_projections_and_longrope_match_transformers(tmp_path, varian
         assert ours.model.rotary.magnitude > 1.0  # transformers' attention factor on cos and sin
 
 
-PHI3_GGUF_NAMES = {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", "self_attn.o_proj": "attn_output",
-                   "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-
-
 def _phi3(rotary: float = 1.0):
     torch.manual_seed(0)
     config = transformers.Phi3Config(vocab_size=VOCAB, intermediate_size=512, num_hidden_layers=2,
                                      initializer_range=0.08, sliding_window=24, partial_rotary_factor=rotary, **PHI3)
     return transformers.Phi3ForCausalLM(config).eval()
-
-
-def write_phi3_gguf(model, path: str, q8_fused: bool = False) -> None:
-    """phi3 as llama.cpp writes it: attn_qkv and ffn_up fused as the checkpoint has them (no Q/K
-    permutation), the window, a partial rotary as rope.dimension_count; q8_fused: those two in Q8_0."""
-    import gguf
-
-    c = model.config
-    w = gguf_writer.header(model, path, "phi3")
-    w.add_rope_dimension_count(int(c.hidden_size // c.num_attention_heads * c.partial_rotary_factor))
-    w.add_sliding_window(c.sliding_window)
-    for name, tensor in model.state_dict().items():
-        stem, kind = name.rsplit(".", 1)
-        if stem.startswith("model.layers."):
-            _, _, idx, rest = stem.split(".", 3)
-            data = tensor.float().numpy()
-            if q8_fused and rest in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
-                q8 = gguf.GGMLQuantizationType.Q8_0
-                w.add_tensor(f"blk.{idx}.{PHI3_GGUF_NAMES[rest]}.{kind}", gguf.quants.quantize(data, q8), raw_dtype=q8)
-            else:
-                w.add_tensor(f"blk.{idx}.{PHI3_GGUF_NAMES[rest]}.{kind}", data)
-        else:
-            w.add_tensor(f"{gguf_writer.TOP_NAMES[stem]}.{kind}", tensor.float().numpy())
-    gguf_writer.finish(w)
 
 
 @pytest.mark.parametrize("rotary", [1.0, 0.75])
@@ -177,7 +149,7 @@ def test_a_phi3_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path, rotar
     rotary (three quarters): logits over 100 positions against transformers."""
     theirs = _phi3(rotary)
     path = str(tmp_path / "phi3.gguf")
-    write_phi3_gguf(theirs, path)
+    gguf_writer.finish(gguf_writer.phi3(theirs, path))
     from_gguf = load_model(path)
     assert (from_gguf.config.architecture, from_gguf.config.sliding_window) == ("Phi3ForCausalLM", 24)
     assert from_gguf.config.rotary_dim == (72 if rotary < 1 else 0)
@@ -193,7 +165,7 @@ def test_a_phi3_ggufs_fused_blocks_split_as_its_floats_do(tmp_path):
     from services.worker.loader import gguf_blocks, gguf_file
 
     path = str(tmp_path / "phi3-q8.gguf")
-    write_phi3_gguf(_phi3(), path, q8_fused=True)
+    gguf_writer.finish(gguf_writer.phi3(_phi3(), path, q8_fused=True))
     config, floats = gguf_file.load(path)
     blocks = gguf_blocks.read(path, config)
     for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
