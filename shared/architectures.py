@@ -8,9 +8,10 @@ HF_ARCHITECTURES = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
     "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
     "BertModel",  # an encoder: embeddings and scores only, on the torch CPU backend
+    "BertForSequenceClassification",  # a cross-encoder: /score and /rerank only
 })
 # encoders among them: bidirectional, pooled; they embed and score, and generate nothing
-ENCODER_ARCHITECTURES = frozenset({"BertModel"})
+ENCODER_ARCHITECTURES = frozenset({"BertModel", "BertForSequenceClassification"})
 # llama.cpp's architecture names (a GGUF's general.architecture) -> the Hugging Face class its tensors are
 # (a `llama` file with routed experts is a Mixtral: llama.cpp writes Mixtral so)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",

@@ -89,6 +89,7 @@ class EmbeddingSpec(msgspec.Struct, frozen=True):
     size: int
     matryoshka: list[int] | None = None  # None: not Matryoshka-trained, only the whole vector
     encoder: bool = False  # a BERT-style encoder: it embeds and scores, and generates nothing
+    cross_encoder: bool = False  # a reranker: it scores (text_1, text_2) pairs, one value each, and embeds nothing
 
 
 class SamplingParams(msgspec.Struct, frozen=True):

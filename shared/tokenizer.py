@@ -44,6 +44,10 @@ class ModelTokenizer:
                 ids = [bos_id, *ids]
         return ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """A cross-encoder's input, by tokenizer.json's pair template ([CLS] first [SEP] second [SEP])."""
+        return self.tokenizer.encode(first, second, add_special_tokens=True).ids
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 

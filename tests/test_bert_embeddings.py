@@ -1,6 +1,7 @@
-"""A BERT-style encoder (`BertModel`, as sentence-transformers saves its embedders) against transformers:
-[CLS] and mean pooling on the worker, prompts chunked and batched beside others, and through a stack
-with the openai client (/v1/embeddings, /score, /rerank; generation refused with a 400).
+"""BERT-style encoders against transformers: an embedder (`BertModel`, as sentence-transformers saves
+them) with [CLS] and mean pooling on the worker, prompts chunked and batched beside others, and
+through a stack with the openai client (/v1/embeddings, /score, /rerank; generation refused with a
+400); a cross-encoder (`BertForSequenceClassification`, one label) scoring pairs, through /rerank.
 
 Random weights saved by transformers for a shrunk BERT (2 layers, width 64, 4 heads; BERT-base's
 post-norm, GELU and absolute positions kept), with a WordPiece tokenizer trained here on the test's
@@ -57,6 +58,27 @@ def _save(folder, pooling: str | None):
     return theirs, tokenizer
 
 
+def _save_cross_encoder(folder, activation: str | None = None):
+    """A random one-label BertForSequenceClassification (a reranker) and its tokenizer in `folder`."""
+    torch.manual_seed(0)
+    tokenizer = _tokenizer()
+    extra = {"sbert_ce_default_activation_function": activation} if activation else {}
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+                                     num_labels=1, **extra)
+    theirs = transformers.BertForSequenceClassification(config).eval()
+    theirs.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return theirs, tokenizer
+
+
+def _cross_reference(theirs, tokenizer, query: str, document: str, sigmoid: bool = True) -> float:
+    pair = tokenizer(query, document, return_tensors="pt")  # token_type_ids: 1 for the document
+    with torch.inference_mode():
+        logit = theirs(**pair).logits[0, 0]
+    return float(logit.sigmoid() if sigmoid else logit)
+
+
 def _reference(theirs, ids: list[int], pooling: str) -> np.ndarray:
     with torch.inference_mode():
         states = theirs(torch.tensor([ids])).last_hidden_state[0]
@@ -97,6 +119,22 @@ def test_encoder_rows_chunked_and_preempted_give_their_lone_vectors(tmp_path):
         ours = np.frombuffer(engine.embeddings[f"r{i}"], dtype="<f4")
         np.testing.assert_allclose(ours, _reference(theirs, ids, "mean"), atol=1e-5)
 
+
+@pytest.mark.parametrize("activation", [None, "torch.nn.modules.linear.Identity"])
+def test_a_cross_encoder_scores_pairs_as_transformers_does(tmp_path, activation):
+    """Each (query, document) pair read together, the document as segment 1: the sigmoid of the
+    classifier's logit (or the logit, where sentence-transformers' config says Identity)."""
+    from shared.tokenizer import load_tokenizer
+
+    theirs, tokenizer = _save_cross_encoder(tmp_path, activation)
+    loaded = load_model(str(tmp_path))
+    ours = load_tokenizer(str(tmp_path))
+    pairs = [(TEXTS[0], TEXTS[i]) for i in range(1, 6)]
+    prompts = [ours.encode_pair(q, d) for q, d in pairs]
+    assert prompts[0] == tokenizer(*pairs[0])["input_ids"]
+    scores = loaded.model.embed(prompts)[:, 0].tolist()  # batched, padded to the longest
+    for (q, d), score in zip(pairs, scores, strict=True):
+        assert score == pytest.approx(_cross_reference(theirs, tokenizer, q, d, activation is None), abs=1e-5)
 
 def test_the_paged_backends_refuse_an_encoder_by_name(tmp_path):
     from services.worker.backends.qaic.backend import QaicBackend
@@ -144,5 +182,32 @@ def test_an_encoder_through_the_stack(tmp_path_factory):
                 call()
         too_long = httpx.post(stack.base_url + "/v1/embeddings", json={"model": "bert", "input": [[5] * 200]})
         assert too_long.status_code == 400 and "maximum context length is 128" in too_long.json()["error"]["message"]
+    finally:
+        stack.stop()
+
+
+@pytest.mark.stack
+def test_a_cross_encoder_reranks_through_the_stack(tmp_path_factory):
+    """/rerank and /score by the pairs' scores (transformers' within 1e-4), embeddings refused."""
+    import httpx
+
+    from tests.conftest import _start_stack
+
+    folder = tmp_path_factory.mktemp("reranker-model")
+    theirs, tokenizer = _save_cross_encoder(folder)
+    stack = _start_stack(tmp_path_factory, "reranker", 1, ["--model-path", str(folder), "--model", "rerank",
+                                                           "--no-deterministic"])
+    try:
+        expected = [_cross_reference(theirs, tokenizer, TEXTS[0], d) for d in TEXTS[1:7]]
+        ranked = httpx.post(stack.base_url + "/v1/rerank", json={
+            "model": "rerank", "query": TEXTS[0], "documents": TEXTS[1:7], "top_n": 3}).json()
+        assert [r["index"] for r in ranked["results"]] == sorted(range(6), key=lambda i: -expected[i])[:3]
+        for r in ranked["results"]:
+            assert r["relevance_score"] == pytest.approx(expected[r["index"]], abs=1e-4)
+        scored = httpx.post(stack.base_url + "/score", json={"model": "rerank", "text_1": TEXTS[0],
+                                                            "text_2": TEXTS[1:3]}).json()
+        assert [d["score"] for d in scored["data"]] == pytest.approx(expected[:2], abs=1e-4)
+        refused = httpx.post(stack.base_url + "/v1/embeddings", json={"model": "rerank", "input": "x"})
+        assert refused.status_code == 400 and "is a cross-encoder" in refused.json()["error"]["message"]
     finally:
         stack.stop()

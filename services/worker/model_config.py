@@ -35,7 +35,9 @@ _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_o
 # a BERT-style encoder's (`BertModel`) own fields, and those that only describe its training
 _BERT_READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_act",
-              "position_embedding_type"}
+              "position_embedding_type", "id2label", "sbert_ce_default_activation_function"}
+# a cross-encoder's score: sentence-transformers' activation on its one logit (sigmoid unless it names another)
+_CE_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity"}
 _BERT_INERT = _INERT | {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
                         "gradient_checkpointing", "tie_word_embeddings"}  # BertModel has no head to tie
 # the activations of the gated MLP: SwiGLU's, and GeGLU's (Gemma)
@@ -58,6 +60,28 @@ def _check_implemented(raw: dict, where: str) -> None:
     if raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
         raise ConfigError(f"{where}: decoder_sparse_step and mlp_only_layers (dense layers among the experts' "
                           "layers) are not implemented: every layer routes to experts here")
+
+
+def _cross_encoder(raw: dict, path: Path) -> dict:
+    """A BertForSequenceClassification reranker: one label, its activation, and [SEP]'s id (from the
+    tokenizer files beside it) to tell the pair's two texts apart."""
+    labels = len(raw.get("id2label") or {0: "LABEL_0"})
+    if labels != 1:
+        raise ConfigError(f"{path}: a classifier of {labels} labels; /score and /rerank serve a cross-encoder of one")
+    named = raw.get("sbert_ce_default_activation_function") or "torch.nn.modules.activation.Sigmoid"
+    if named not in _CE_ACTIVATIONS:
+        raise ConfigError(f"{path}: sbert_ce_default_activation_function {named!r} is not implemented "
+                          f"({', '.join(_CE_ACTIVATIONS)})")
+    root = path.parent
+    tok_cfg = json.loads((root / "tokenizer_config.json").read_text()) if (root / "tokenizer_config.json").exists() else {}
+    sep = tok_cfg.get("sep_token") or "[SEP]"
+    sep = sep.get("content") if isinstance(sep, dict) else sep
+    tok = json.loads((root / "tokenizer.json").read_text()) if (root / "tokenizer.json").exists() else {}
+    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    sep_id = added.get(sep, (tok.get("model") or {}).get("vocab", {}).get(sep))
+    if sep_id is None:
+        raise ConfigError(f"{path}: a cross-encoder needs its tokenizer.json beside it, with {sep!r}")
+    return dict(sep_token_id=sep_id, score_activation=_CE_ACTIVATIONS[named])
 
 
 def _sentence_transformers_pooling(root: Path) -> str:
@@ -190,6 +214,10 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     pooling: str | None = None
     type_vocab_size: int = 0
     layer_norm_eps: float = 1e-12
+    # a cross-encoder's (BertForSequenceClassification): a pair's second text is segment 1 after the
+    # first [SEP], and its one logit, through `score_activation`, is the pair's score
+    sep_token_id: int | None = None
+    score_activation: str | None = None
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -252,14 +280,18 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"{path}: position_embedding_type {raw['position_embedding_type']!r} is not "
                               "implemented (absolute)")
         heads = raw["num_attention_heads"]
+        classifier = raw["architectures"][0] == "BertForSequenceClassification"
         return cls(architecture=raw["architectures"][0], vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
                    intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"],
                    num_heads=heads, num_kv_heads=heads, head_dim=raw["hidden_size"] // heads,
                    max_position_embeddings=raw.get("max_position_embeddings", 512), hidden_act="gelu",
                    type_vocab_size=raw.get("type_vocab_size", 2), layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-                   pooling=_sentence_transformers_pooling(path.parent))
+                   pooling="cls" if classifier else _sentence_transformers_pooling(path.parent),
+                   **(_cross_encoder(raw, path) if classifier else {}))
 
     def embedding_spec(self) -> EmbeddingSpec:
+        if self.score_activation is not None:
+            return EmbeddingSpec(size=1, encoder=True, cross_encoder=True)
         return EmbeddingSpec(size=self.hidden_size, matryoshka=self.matryoshka_dimensions,
                              encoder=self.pooling is not None)
 

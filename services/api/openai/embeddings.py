@@ -58,6 +58,9 @@ class EmbeddingRequest(_Request):
 async def embeddings(request: Request):
     ctx, model, body = await parse(request, EmbeddingRequest, no_defaults)
     check_ready(model)
+    if model.embedding is not None and model.embedding.cross_encoder:
+        raise APIError(400, f"The model {model.name!r} is a cross-encoder: it scores pairs of texts (/score, "
+                            "/rerank), and gives no embeddings", param="model")
     prompts = await off_loop(embedding_prompts, model, body.input, "input", body.add_special_tokens,
                              body.truncate_prompt_tokens)
     pooling = Pooling(dimensions=checked_dimensions(model, body.dimensions), normalize=body.normalize)

@@ -1,5 +1,6 @@
 """/score (vLLM's shape) and /rerank, /v1/rerank, /v2/rerank (vLLM's, Jina's and Cohere's shape): the
-cosine similarity of two texts' embeddings, as vLLM scores with an embedding model."""
+cosine similarity of two texts' embeddings, as vLLM scores with an embedding model, or a
+cross-encoder's score of the pair read together."""
 
 from __future__ import annotations
 
@@ -81,9 +82,24 @@ async def similarities(ctx: ApiContext, model: ServedModel, request: Request, pa
                        truncate: int | None, priority: int) -> tuple[list[float], int]:
     """Each pair's cosine similarity, every distinct text embedded once; and the tokens embedded."""
     check_ready(model)
+    if model.embedding is not None and model.embedding.cross_encoder:
+        return await _cross_scores(ctx, model, request, pairs, truncate, priority)
     texts = list(dict.fromkeys(t for pair in pairs for t in pair))
     prompts = await off_loop(embedding_prompts, model, texts, "input", True, truncate)
     vectors = dict(zip(texts, await embed(ctx, model, prompts, Pooling(), arrival(request)[1], priority),
                        strict=True))
     scores = [float(np.dot(vectors[a], vectors[b])) for a, b in pairs]  # unit vectors: the dot is the cosine
     return scores, sum(len(ids) for ids in prompts)
+
+
+async def _cross_scores(ctx: ApiContext, model: ServedModel, request: Request, pairs: list[tuple[str, str]],
+                        truncate: int | None, priority: int) -> tuple[list[float], int]:
+    """A cross-encoder's: each pair as one input ([CLS] text_1 [SEP] text_2 [SEP]), its score the
+    worker's one value (the classifier's logit through the model's activation)."""
+    if truncate is not None:  # a pair is cut where it is longest, not from one end: not implemented
+        raise APIError(400, "truncate_prompt_tokens is not supported for a cross-encoder's pairs",
+                       param="truncate_prompt_tokens")
+    encoded = await off_loop(lambda: [model.tokenizer.encode_pair(a, b) for a, b in pairs])
+    prompts = await off_loop(embedding_prompts, model, encoded, "text_2")
+    values = await embed(ctx, model, prompts, Pooling(normalize=False), arrival(request)[1], priority)
+    return [float(v[0]) for v in values], sum(len(ids) for ids in prompts)

@@ -50,7 +50,8 @@ def our_name(hf_name: str, architecture: str = "") -> str | None:
     """'model.layers.3.self_attn.q_proj.weight' -> 'layers.3.attention.wq.weight'."""
     if architecture in ENCODER_ARCHITECTURES:  # models/bert.py keeps transformers' names; the pooler is unused
         name = hf_name.removeprefix("bert.")
-        return None if name.startswith(("pooler.", "cls.")) or name.endswith("position_ids") else name
+        unused = ("cls.",) if architecture == "BertForSequenceClassification" else ("pooler.", "cls.")
+        return None if name.startswith(unused) or name.endswith("position_ids") else name
     stem, kind = hf_name.rsplit(".", 1)
     names = _GEMMA_NAMES if is_gemma(architecture) else _LAYER_NAMES
     if stem.startswith("model.layers."):

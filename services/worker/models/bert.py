@@ -1,5 +1,6 @@
-"""BERT-style encoders (`BertModel`, as sentence-transformers saves its embedders): bidirectional
-attention over a whole prompt, pooled by its [CLS] token or the mean of its tokens."""
+"""BERT-style encoders: bidirectional attention over a whole prompt, pooled by its [CLS] token or the
+mean of its tokens (`BertModel`, as sentence-transformers saves its embedders), or scoring a pair
+of texts by a classifier on [CLS] (`BertForSequenceClassification`, its cross-encoders)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
-        return self.LayerNorm(x + self.token_type_embeddings.weight[0])  # one segment: type 0
+        return self.LayerNorm(x + self.token_type_embeddings(segments))
 
 
 class _SelfAttention(nn.Module):
@@ -113,9 +114,10 @@ class Bert(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"{self.config.architecture} is an encoder: it embeds, and generates no tokens")
 
-    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """input_ids [B, L] (padded), mask [B, L] (True: a real token) -> the last layer's states [B, L, H]."""
-        x = self.embeddings(input_ids)
+    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+        """input_ids, segments [B, L] (padded), mask [B, L] (True: a real token) -> the last layer's
+        states [B, L, H]."""
+        x = self.embeddings(input_ids, segments)
         for layer in self.encoder.layer:
             x = layer(x, mask)
         return x
@@ -127,11 +129,38 @@ class Bert(nn.Module):
         longest = max(map(len, prompts))
         ids = torch.zeros(len(prompts), longest, dtype=torch.int64, device=device)
         mask = torch.zeros(len(prompts), longest, dtype=torch.bool, device=device)
+        segments = torch.zeros(len(prompts), longest, dtype=torch.int64, device=device)
+        sep = self.config.sep_token_id
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p)
             mask[i, : len(p)] = True
-        states = self.encode(ids, mask)
+            if sep is not None and sep in p[:-1]:  # a pair: the second text (and its [SEP]) is segment 1
+                segments[i, p.index(sep) + 1 : len(p)] = 1
+        states = self.encode(ids, mask, segments)
         if self.config.pooling == "cls":
-            return states[:, 0]
+            return self.head(states[:, 0])
         weights = mask.to(states.dtype)[..., None]
         return (states * weights).sum(1) / weights.sum(1)
+
+    def head(self, cls_states: torch.Tensor) -> torch.Tensor:
+        return cls_states  # an embedder's vector is the state itself
+
+
+class _Pooler(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+
+class BertCrossEncoder(Bert):
+    """A reranker: [CLS] q [SEP] d [SEP] -> BERT's pooler (dense, tanh) -> one logit -> the score
+    (sentence-transformers' activation: sigmoid, or none)."""
+
+    def __init__(self, cfg: ModelConfig, ops):
+        super().__init__(cfg, ops)
+        self.pooler = _Pooler(cfg)
+        self.classifier = nn.Linear(cfg.hidden_size, 1)
+
+    def head(self, cls_states: torch.Tensor) -> torch.Tensor:
+        logits = self.classifier(torch.tanh(self.pooler.dense(cls_states)))
+        return logits.sigmoid() if self.config.score_activation == "sigmoid" else logits

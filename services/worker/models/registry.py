@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.worker.models.bert import Bert
+from services.worker.models.bert import Bert, BertCrossEncoder
 from services.worker.models.gemma import Gemma2, Gemma3
 from services.worker.models.llama import Llama
 from services.worker.models.moe import Mixtral, Qwen3Moe
@@ -18,7 +18,8 @@ _REGISTRY: dict[str, type] = {
     "Qwen3MoeForCausalLM": Qwen3Moe,  # Qwen3 + top-k routed experts
     "Gemma2ForCausalLM": Gemma2,  # sliding-window layers among global ones, four norms a layer, GeGLU, soft caps
     "Gemma3ForCausalLM": Gemma3,
-    "BertModel": Bert,  # an encoder: bidirectional, pooled (embeddings and scores only)  # Gemma 2's layers, q/k norms in place of the soft caps, a local rope base
+    "BertModel": Bert,  # an encoder: bidirectional, pooled (embeddings and scores only)
+    "BertForSequenceClassification": BertCrossEncoder,  # an encoder scoring (query, document) pairs  # Gemma 2's layers, q/k norms in place of the soft caps, a local rope base
 }
 
 
