@@ -98,6 +98,16 @@ class Pipeline(msgspec.Struct, kw_only=True):
     generation: int = 0  # bumped by every deploy: a changed generation means "restart with the new state"
     deployment_config: DeploymentConfig | None = None
     publishes: list[Publish] = []
+    # a pipeline of several model steps (RAG: an embedder, then the LLM) deploys each step as a
+    # pipeline of its own, named here; those name their parent
+    children: list[str] = []
+    parent: str | None = None
+
+    @property
+    def serves(self) -> bool:
+        """Deployed and served as one model: what schedulers, agents and gateways run (a pipeline of
+        several steps is deployed, and its children serve)."""
+        return self.deployed and not self.children
 
     @property
     def deployment(self) -> str:

@@ -62,6 +62,8 @@ class PipelineState:
     registry: Registry | None = None
     aliases: dict[str, str] = field(default_factory=dict)  # pipeline or model name -> deployment
     pending: dict[str, str] = field(default_factory=dict)  # deployment -> pipeline, while it loads
+    # a deployed pipeline of several steps: its deployment -> (its name, its steps' pipelines)
+    parents: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
     watcher: DeploymentWatcher | None = None  # fills the context's models, and aliases and pending
     inference_log: InferenceLog | None = None  # the deployed pipelines' InferenceLog (JetStream)
     oci_registry: str | None = None  # where pipeline.publish() pushes (--oci-registry)

@@ -85,7 +85,7 @@ class SchedulerHost:
 
     async def _apply(self, registry: Registry, name: str, pipeline: Pipeline | None) -> None:
         current = self.deployed.get(name)
-        wanted = pipeline is not None and pipeline.deployed
+        wanted = pipeline is not None and pipeline.serves
         if not wanted and self.budget.refused.pop(name, None) is not None:
             await registry.put_agent(self.budget)
         if current is not None and (not wanted or current[0] != pipeline.generation):

@@ -119,19 +119,19 @@ class Agent:
         for name, replicas in list(self.running.items()):
             pipeline = self.desired.get(name)
             replicas.reap()
-            if pipeline is None or not pipeline.deployed or pipeline.generation != replicas.generation:
+            if pipeline is None or not pipeline.serves or pipeline.generation != replicas.generation:
                 replicas.stop_all()
                 if not replicas.replicas:
                     del self.running[name]
                     log.info("deployment_released", pipeline=name)
         for name, pipeline in list(self.desired.items()):  # the watch may add one while we adopt
-            if pipeline.deployed and name not in self.running:
+            if pipeline.serves and name not in self.running:
                 await self._adopt(pipeline)
-            elif not pipeline.deployed:
+            elif not pipeline.serves:
                 self.refused.pop(name, None)
         for name, replicas in self.running.items():
             pipeline = self.desired.get(name)
-            if pipeline is not None and pipeline.deployed and pipeline.generation == replicas.generation:
+            if pipeline is not None and pipeline.serves and pipeline.generation == replicas.generation:
                 await self._scale(replicas)
         await self.publish()
 

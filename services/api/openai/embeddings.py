@@ -55,8 +55,13 @@ class EmbeddingRequest(_Request):
 
 
 @router.post("/v1/embeddings")
-async def embeddings(request: Request):
-    ctx, model, body = await parse(request, EmbeddingRequest, no_defaults)
+async def embeddings_route(request: Request):
+    return await embeddings(request)
+
+
+async def embeddings(request: Request, model_name: str | None = None):
+    """model_name: set by a route whose path names the model (a pipeline's inference URL)."""
+    ctx, model, body = await parse(request, EmbeddingRequest, no_defaults, model_name)
     check_ready(model)
     if model.embedding is not None and model.embedding.cross_encoder:
         raise APIError(400, f"The model {model.name!r} is a cross-encoder: it scores pairs of texts (/score, "

@@ -45,8 +45,12 @@ class RerankRequest(_Request):
 
 @router.post("/score")
 @router.post("/v1/score")
-async def score(request: Request):
-    ctx, model, body = await parse(request, ScoreRequest, no_defaults)
+async def score_route(request: Request):
+    return await score(request)
+
+
+async def score(request: Request, model_name: str | None = None):
+    ctx, model, body = await parse(request, ScoreRequest, no_defaults, model_name)
     firsts = [body.text_1] if isinstance(body.text_1, str) else body.text_1
     seconds = [body.text_2] if isinstance(body.text_2, str) else body.text_2
     if len(firsts) == 1:
@@ -65,8 +69,12 @@ async def score(request: Request):
 @router.post("/rerank")
 @router.post("/v1/rerank")
 @router.post("/v2/rerank")
-async def rerank(request: Request):
-    ctx, model, body = await parse(request, RerankRequest, no_defaults)
+async def rerank_route(request: Request):
+    return await rerank(request)
+
+
+async def rerank(request: Request, model_name: str | None = None):
+    ctx, model, body = await parse(request, RerankRequest, no_defaults, model_name)
     if not body.documents:
         raise APIError(400, "documents cannot be empty", param="documents")
     pairs = [(body.query, doc) for doc in body.documents]

@@ -37,7 +37,12 @@ class DeploymentWatcher:
             self._task.cancel()
 
     async def _apply(self, name: str, pipeline: Pipeline | None) -> None:
-        if pipeline is not None and pipeline.deployed:
+        parents = self.ctx.pipelines.parents
+        for deployment in [d for d, (parent, _) in parents.items() if parent == name]:
+            parents.pop(deployment)
+        if pipeline is not None and pipeline.deployed and pipeline.children:  # its steps serve (steps.py)
+            parents[pipeline.deployment] = (pipeline.name, list(pipeline.children))
+        if pipeline is not None and pipeline.serves:
             if self._generations.get(name) == pipeline.generation:
                 return
             self._remove(name)

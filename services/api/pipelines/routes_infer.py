@@ -1,7 +1,8 @@
 """A deployed pipeline's inference URLs, as the seed product spells them.
 
-- `/v1/api/pipelines/infer/{deployment}/{pipeline}/openai/v1/completions` and `.../chat/completions`:
-  the OpenAI routes for that deployment (the body's `model` may be left out); with
+- `/v1/api/pipelines/infer/{deployment}/{pipeline}/openai/v1/completions` and `.../chat/completions`
+  (and `.../embeddings`, `.../score`, `.../rerank`): the OpenAI routes for that deployment (the
+  body's `model` may be left out); with
   `stream_options.include_usage` every chunk carries the usage so far, `ttft` and `tps` included.
 - `/v1/api/pipelines/infer/{deployment}/{pipeline}`: the records route, one row
   `{"prompt", "max_tokens"}` in, `{"generated_text", "num_output_tokens"}` out; the model's Arrow
@@ -21,10 +22,13 @@ from services.api.errors import APIError
 from services.api.guards import arrival
 from services.api.off_loop import off_loop
 from services.api.openai.body import read_json, validate
+from services.api.openai.embeddings import embeddings
 from services.api.openai.params import completion_prompts, sampling_params
 from services.api.openai.protocol import CompletionRequest
 from services.api.openai.routes import chat, choices_for, complete
+from services.api.openai.scores import rerank, score
 from services.api.pipelines.custom_records import custom_records
+from services.api.pipelines.steps import step_model
 from shared.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row
 
 router = APIRouter(prefix="/v1/api/pipelines/infer/{deployment}/{pipeline}")
@@ -32,12 +36,15 @@ MULTI_ROW_ERROR = ("Continuous batching is not supported with more than one batc
                    "requests with a single batch size or contact your Switchyard operator for support")
 
 
-def _deployment(request: Request, deployment: str, pipeline: str) -> str:
-    """The deployment's served name, if the URL's two parts agree; 404 otherwise."""
+def _deployment(request: Request, deployment: str, pipeline: str, route: str = "completions") -> str:
+    """The deployment's served name, if the URL's two parts agree (a pipeline of several steps: the
+    step `route` goes to); 404 otherwise."""
     ctx: ApiContext = request.app.state.ctx
     served = ctx.models.get(deployment)
     if served is not None and served.pipeline == pipeline:
         return deployment
+    if (step := step_model(ctx, deployment, pipeline, route)) is not None:
+        return step
     if ctx.pipelines.pending.get(deployment) == pipeline:
         raise APIError(503, f"pipeline {pipeline!r} is deployed but not ready yet", code="model_not_ready")
     raise APIError(404, f"no deployment {deployment!r} of pipeline {pipeline!r}", code="deployment_not_found")
@@ -53,11 +60,29 @@ async def pipeline_chat_completions(request: Request, deployment: str, pipeline:
     return await chat(request, _deployment(request, deployment, pipeline), usage_every_chunk=True)
 
 
+@router.post("/openai/v1/embeddings")
+async def pipeline_embeddings(request: Request, deployment: str, pipeline: str):
+    return await embeddings(request, _deployment(request, deployment, pipeline, "embeddings"))
+
+
+@router.post("/openai/v1/score")
+async def pipeline_score(request: Request, deployment: str, pipeline: str):
+    return await score(request, _deployment(request, deployment, pipeline, "score"))
+
+
+@router.post("/openai/v1/rerank")
+async def pipeline_rerank(request: Request, deployment: str, pipeline: str):
+    return await rerank(request, _deployment(request, deployment, pipeline, "rerank"))
+
+
 @router.post("")
 async def records(request: Request, deployment: str, pipeline: str) -> JSONResponse:
     """One row in, one row out. More than one row is refused where continuous batching is configured
     (the seed product's rule); a model without it takes the rows one after another."""
     ctx: ApiContext = request.app.state.ctx
+    if deployment in ctx.pipelines.parents:
+        raise APIError(400, f"pipeline {pipeline!r} has several steps: its OpenAI routes answer (embeddings, score "
+                            "and rerank by its first step, completions and chat by its last), not records")
     model = ctx.models[_deployment(request, deployment, pipeline)]
     raw = await read_json_rows(request, ctx.server.max_body_bytes)
     if len(raw) > 1 and model.deployed.version.continuous_batching_config is not None:

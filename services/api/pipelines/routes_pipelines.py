@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from services.api.errors import APIError
 from services.api.openai.body import read_json
 from services.api.pipelines.routes_models import as_json, config_error, registry_of
+from services.api.pipelines.steps import aggregate, deploy_steps, undeploy_steps
 from shared import subjects
 from shared.agents import ENGINE_HOST, fits, free_resources, host_accepts, host_address, needs
 from shared.config import ConfigError
@@ -89,13 +90,20 @@ async def clear_steps(request: Request) -> JSONResponse:
 async def deploy(request: Request) -> JSONResponse:
     body, registry = await read_body(request)
     pipeline = await find_pipeline(registry, body)
+    if pipeline.parent is not None:
+        raise APIError(400, f"pipeline {pipeline.name!r} is a step of {pipeline.parent!r}: deploy that one",
+                       param="pipeline")
     try:
         raw = body.get("deployment_config")
         config = convert(raw, DeploymentConfig, "deployment_config").validate() if raw else DeploymentConfig()
-        candidate = msgspec.structs.replace(pipeline, deployment_config=config)
-        deployed = await load_deployed(registry, candidate)
-        deployed.engine_config()  # the model's configs are checked again as the engine will take them
-        await _check_placement(registry, deployed)
+        if len(pipeline.steps) > 1:  # each step its own deployment (steps.py)
+            await deploy_steps(registry, pipeline, config, _check_placement)
+        else:
+            candidate = msgspec.structs.replace(pipeline, deployment_config=config)
+            deployed = await load_deployed(registry, candidate)
+            deployed.engine_config()  # the model's configs are checked again as the engine will take them
+            await _check_placement(registry, deployed)
+            await undeploy_steps(registry, pipeline)  # the steps of an earlier deploy of several
     except ConfigError as exc:
         raise config_error(exc) from None
     pipeline.deployment_config, pipeline.deployed = config, True
@@ -108,7 +116,7 @@ async def _check_placement(registry: Registry, deployed) -> None:
     """The scheduler must have room for the engine, and some live worker host must offer the
     accelerator and have room for the minimum replicas."""
     records = await registry.agent_records()
-    others = [p for p in await registry.pipelines() if p.deployed and p.name != deployed.pipeline.name]
+    others = [p for p in await registry.pipelines() if p.serves and p.name != deployed.pipeline.name]
     engines = []
     for other in others:
         with contextlib.suppress(ConfigError):
@@ -143,6 +151,7 @@ async def undeploy(request: Request) -> JSONResponse:
     body, registry = await read_body(request)
     pipeline = await find_pipeline(registry, body)
     pipeline.deployed = False
+    await undeploy_steps(registry, pipeline)
     await registry.put_pipeline(pipeline)
     return JSONResponse(_described(pipeline))
 
@@ -166,6 +175,13 @@ async def status(request: Request) -> JSONResponse:
     body, registry = await read_body(request)
     pipeline = await find_pipeline(registry, body)
     ctx = request.app.state.ctx
+    if pipeline.children:
+        children = [await registry.pipeline(name) for name in pipeline.children]
+        return JSONResponse(aggregate(pipeline, [await _status(ctx, registry, c) for c in children if c is not None]))
+    return JSONResponse(await _status(ctx, registry, pipeline))
+
+
+async def _status(ctx, registry: Registry, pipeline: Pipeline) -> dict:
     agents = await registry.agent_records()
     workers = [w for a in agents for w in a.workers
                if w.deployment == pipeline.deployment and w.generation == pipeline.generation]
@@ -211,6 +227,6 @@ async def status(request: Request) -> JSONResponse:
     config = pipeline.deployment_config
     replicas = {"min": config.replicas_min, "max": config.replicas_max,
                 "running": sum(w.state == "running" for w in workers)} if config else None
-    return JSONResponse({"status": overall, "deployment": pipeline.deployment, "generation": pipeline.generation,
-                         "details": refusals, "replicas": replicas, "engines": engines, "engine_lbs": engine_lbs,
-                         "sidekicks": sidekicks, "models": models})
+    return {"status": overall, "deployment": pipeline.deployment, "generation": pipeline.generation,
+            "details": refusals, "replicas": replicas, "engines": engines, "engine_lbs": engine_lbs,
+            "sidekicks": sidekicks, "models": models}
