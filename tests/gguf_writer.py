@@ -3,6 +3,8 @@ gguf package's writer: the header every architecture shares, llama's Q/K row per
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # Hugging Face's layer tensor names -> llama.cpp's (the norm after attention is the MLP's norm in llama's layout)
@@ -49,7 +51,16 @@ def phi3(model, path: str, q8_fused: bool = False):
     c = model.config
     w = header(model, path, "phi3")
     w.add_rope_dimension_count(int(c.hidden_size // c.num_attention_heads * getattr(c, "partial_rotary_factor", 1.0)))
-    w.add_sliding_window(c.sliding_window)
+    if c.sliding_window:
+        w.add_sliding_window(c.sliding_window)
+    rope = c.rope_parameters
+    if rope.get("rope_type") == "longrope":  # as llama.cpp's converter: factors as tensors, its attention factor
+        original = rope["original_max_position_embeddings"]
+        scale = c.max_position_embeddings / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        for kind in ("short", "long"):
+            w.add_tensor(f"rope_factors_{kind}.weight", np.array(rope[f"{kind}_factor"], dtype=np.float32))
     for name, tensor in model.state_dict().items():
         stem, kind = name.rsplit(".", 1)
         if stem.startswith("model.layers."):

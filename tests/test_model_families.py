@@ -136,23 +136,35 @@ def test_phi3_fused_projections_and_longrope_match_transformers(tmp_path, varian
         assert ours.model.rotary.magnitude > 1.0  # transformers' attention factor on cos and sin
 
 
-def _phi3(rotary: float = 1.0):
+def _phi3(rotary: float = 1.0, longrope: bool = False):
     torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(5)
+    rope = {} if not longrope else dict(
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        rope_scaling={"type": "longrope", "short_factor": (1 + torch.rand(int(48 * rotary), generator=gen)).tolist(),
+                      "long_factor": (4 + 8 * torch.rand(int(48 * rotary), generator=gen)).tolist()})
     config = transformers.Phi3Config(vocab_size=VOCAB, intermediate_size=512, num_hidden_layers=2,
-                                     initializer_range=0.08, sliding_window=24, partial_rotary_factor=rotary, **PHI3)
+                                     initializer_range=0.08, sliding_window=None if longrope else 24,
+                                     partial_rotary_factor=rotary, **PHI3, **rope)
     return transformers.Phi3ForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("rotary", [1.0, 0.75])
-def test_a_phi3_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path, rotary):
-    """Phi-3-mini's geometry with its window shrunk to 24 (every layer), and Phi-4-mini's partial
-    rotary (three quarters): logits over 100 positions against transformers."""
-    theirs = _phi3(rotary)
+@pytest.mark.parametrize("rotary,longrope", [(1.0, False), (0.75, False), (0.75, True)])
+def test_a_phi3_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path, rotary, longrope):
+    """Phi-3-mini-4k's geometry with its window shrunk to 24 (every layer), Phi-4-mini's partial
+    rotary (three quarters), and LongRoPE as llama.cpp writes Phi-3-128k's and Phi-4-mini's (its
+    factors as tensors): logits over 100 positions against transformers; the context capped at the
+    original length, as from the Hugging Face directory."""
+    theirs = _phi3(rotary, longrope)
     path = str(tmp_path / "phi3.gguf")
     gguf_writer.finish(gguf_writer.phi3(theirs, path))
     from_gguf = load_model(path)
-    assert (from_gguf.config.architecture, from_gguf.config.sliding_window) == ("Phi3ForCausalLM", 24)
+    assert (from_gguf.config.architecture, from_gguf.config.sliding_window) == ("Phi3ForCausalLM",
+                                                                              None if longrope else 24)
     assert from_gguf.config.rotary_dim == (72 if rotary < 1 else 0)
+    if longrope:
+        assert from_gguf.config.rope_scaling.rope_type == "longrope"
+        assert from_gguf.config.limit_context(131072, configured=False) == 4096
     ids = torch.randint(0, VOCAB, (100,), generator=torch.Generator().manual_seed(4)).tolist()
     with torch.inference_mode():
         expected = theirs(torch.tensor([ids])).logits[0].float()

@@ -166,10 +166,7 @@ def _gguf_gemma(fields: dict, arch: str) -> dict:
 
 def _gguf_phi3(fields: dict, head_dim: int) -> dict:
     """llama.cpp's phi3: a partial rotary as rope.dimension_count, the window (if written) on every
-    layer. LongRoPE's factors, which it writes as tensors, are refused: the HF directory has them."""
-    if "rope_factors_long.weight" in fields["__tensor_names__"]:
-        raise ConfigError("a phi3 GGUF with LongRoPE factors (rope_factors_long/short: Phi-3-128k, Phi-4-mini) is "
-                          "not supported from a GGUF: load the model's Hugging Face directory")
+    layer. LongRoPE's factors are tensors, which the loader reads (loader/gguf_file.py)."""
     rotary = int(fields.get("phi3.rope.dimension_count") or head_dim)
     window = fields.get("phi3.attention.sliding_window")
     return dict(rotary_dim=rotary if rotary < head_dim else 0, sliding_window=int(window) if window else None,

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from services.worker.model_config import ModelConfig
+from services.worker.rope import RopeScaling
 from shared.gguf_fields import read_fields
 from shared.model_files import cache_dir_for
 
@@ -29,7 +30,8 @@ _LAYER_NAMES = {
 }
 # each expert projection stacked over the experts ([E, out, in], as our parameters hold them)
 _EXPERT_NAMES = {"ffn_gate_exps": "feed_forward.w1", "ffn_up_exps": "feed_forward.w3", "ffn_down_exps": "feed_forward.w2"}
-_TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output", "rope_freqs": "rope_freqs"}
+_TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output", "rope_freqs": "rope_freqs",
+              "rope_factors_short": "rope_factors_short", "rope_factors_long": "rope_factors_long"}
 
 
 def our_name(gguf_name: str) -> str:
@@ -85,7 +87,7 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     config = ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in fields["__tensor_names__"])
     cached = cache_dir_for(path, "weights-v1") / "model.safetensors"
     if cached.exists():
-        return _with_rope_freqs(config, load_file(str(cached)))
+        return _with_rope_freqs(config, load_file(str(cached)), fields)
     state_dict = {}
     reader = GGUFReader(path)
     for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor"):
@@ -100,12 +102,22 @@ def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # several workers may build it at once
     save_file(state_dict, str(tmp))
     tmp.rename(cached)  # atomic: a concurrent loader never reads half a file
-    return _with_rope_freqs(config, state_dict)
+    return _with_rope_freqs(config, state_dict, fields)
 
 
-def _with_rope_freqs(config: ModelConfig, state_dict: dict) -> tuple[ModelConfig, dict]:
-    """Llama 3.1+ GGUFs carry their rope scaling as a tensor of per-frequency divisors (rope_freqs)."""
+def _with_rope_freqs(config: ModelConfig, state_dict: dict, fields: dict) -> tuple[ModelConfig, dict]:
+    """Llama 3.1+ GGUFs carry their rope scaling as a tensor of per-frequency divisors (rope_freqs);
+    phi3's LongRoPE as its short and long factors, with the original length and attention factor
+    as keys (transformers' longrope: the short factors within the original length)."""
     factors = state_dict.pop("rope_freqs.weight", None)
     if factors is not None:
         config = msgspec.structs.replace(config, rope_freq_factors=factors.float().tolist())
+    short, long = state_dict.pop("rope_factors_short.weight", None), state_dict.pop("rope_factors_long.weight", None)
+    if short is not None and long is not None:
+        arch = fields["general.architecture"]
+        attn = fields.get(f"{arch}.rope.scaling.attn_factor")
+        config = msgspec.structs.replace(config, rope_scaling=RopeScaling(
+            rope_type="longrope", short_factor=short.float().tolist(), long_factor=long.float().tolist(),
+            original_max_position_embeddings=int(fields[f"{arch}.rope.scaling.original_context_length"]),
+            attention_factor=float(attn) if attn is not None else None))
     return config, state_dict
