@@ -223,13 +223,13 @@ def test_upload_takes_every_family_and_refuses_an_architecture_it_cannot_serve(w
     recorded); one it does not serve is refused there by name, not at deploy."""
     from shared.architectures import HF_ARCHITECTURES
 
-    for arch in sorted(HF_ARCHITECTURES) + ["BertModel"]:
+    for arch in sorted(HF_ARCHITECTURES) + ["T5EncoderModel"]:
         folder = tmp_path / arch
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps({"architectures": [arch], "max_position_embeddings": 4096}))
-        if arch == "BertModel":
-            with pytest.raises(SwitchyardError, match="architecture 'BertModel' is not supported; known: Gemma2"):
-                wl.upload_model("bert", str(folder))
+        if arch == "T5EncoderModel":
+            with pytest.raises(SwitchyardError, match="architecture 'T5EncoderModel' is not supported; known: Bert"):
+                wl.upload_model("t5", str(folder))
             continue
         version = wl.upload_model(f"family-{arch.lower()}", str(folder))
         assert (version.status, version.record["architecture"]) == ("ready", arch)
