@@ -44,11 +44,16 @@ _BERT_INERT = _INERT | {"hidden_dropout_prob", "attention_probs_dropout_prob", "
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
-def _check_implemented(raw: dict, where: str) -> None:
-    unknown = sorted(k for k, v in raw.items() if k not in _READ | _INERT and v not in (None, False, [], {}))
+def _refuse_unknown(raw: dict, known: set[str], where: str) -> None:
+    """A field with a value that is neither read nor inert would change the computation unseen."""
+    unknown = sorted(k for k, v in raw.items() if k not in known and v not in (None, False, [], {}))
     if unknown:
         raise ConfigError(f"{where}: config field(s) {unknown} are not implemented by this engine; refusing to "
                           "serve a model whose computation they would change")
+
+
+def _check_implemented(raw: dict, where: str) -> None:
+    _refuse_unknown(raw, _READ | _INERT, where)
     act = _activation(raw)
     if act not in ACTIVATIONS:
         key = "hidden_activation" if raw.get("hidden_activation") else "hidden_act"
@@ -267,10 +272,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     def _from_bert(cls, raw: dict, path: Path) -> ModelConfig:
         """A BERT encoder; its pooling from sentence-transformers' 1_Pooling/config.json beside it
         ([CLS] where there is none, as vLLM pools BertModel)."""
-        unknown = sorted(k for k, v in raw.items() if k not in _BERT_READ | _BERT_INERT and v not in (None, False, [], {}))
-        if unknown:
-            raise ConfigError(f"{path}: config field(s) {unknown} are not implemented by this engine; refusing to "
-                              "serve a model whose computation they would change")
+        _refuse_unknown(raw, _BERT_READ | _BERT_INERT, str(path))
         if raw.get("hidden_act", "gelu") != "gelu":
             raise ConfigError(f"{path}: hidden_act {raw['hidden_act']!r} is not implemented for BERT (gelu)")
         if raw.get("position_embedding_type", "absolute") != "absolute":

@@ -107,7 +107,7 @@ async def _cross_scores(ctx: ApiContext, model: ServedModel, request: Request, p
     if truncate is not None:  # a pair is cut where it is longest, not from one end: not implemented
         raise APIError(400, "truncate_prompt_tokens is not supported for a cross-encoder's pairs",
                        param="truncate_prompt_tokens")
-    encoded = await off_loop(lambda: [model.tokenizer.encode_pair(a, b) for a, b in pairs])
-    prompts = await off_loop(embedding_prompts, model, encoded, "text_2")
+    prompts = await off_loop(lambda: embedding_prompts(model, [model.tokenizer.encode_pair(a, b) for a, b in pairs],
+                                                       "text_2"))
     values = await embed(ctx, model, prompts, Pooling(normalize=False), arrival(request)[1], priority)
     return [float(v[0]) for v in values], sum(len(ids) for ids in prompts)

@@ -50,7 +50,7 @@ async def deploy_steps(registry: Registry, pipeline: Pipeline, config: Deploymen
 
 async def undeploy_steps(registry: Registry, pipeline: Pipeline, keep: int = 0) -> None:
     """The children past the first `keep` undeployed (all of them by default)."""
-    for name in pipeline.children[keep:] if keep else pipeline.children:
+    for name in pipeline.children[keep:]:
         child = await registry.pipeline(name)
         if child is not None and child.deployed:
             child.deployed = False
