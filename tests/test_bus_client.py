@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import nats
 import pytest
@@ -142,10 +143,17 @@ async def test_a_caller_cancelled_while_its_submit_is_answered_leaves_nothing_ru
     await spy.subscribe(bus.reply_subject, cb=on_reply)
     await spy.flush()
     sampling = SamplingParams(max_tokens=4000, ignore_eos=True)
-    submitting = asyncio.create_task(bus.submit(model_name, hf_tokenizer.encode("Tell a long story"), sampling,
-                                                request_id="given-up"))
-    with pytest.raises(asyncio.CancelledError):
-        await submitting
+    # the scheduler is held while the Submit is in flight, so the caller gives up before any answer
+    # (unheld, a fast scheduler's answer could reach the client before the spy saw the Submit)
+    scheduler = stack.service("scheduler").proc
+    scheduler.send_signal(signal.SIGSTOP)
+    try:
+        submitting = asyncio.create_task(bus.submit(model_name, hf_tokenizer.encode("Tell a long story"), sampling,
+                                                    request_id="given-up"))
+        with pytest.raises(asyncio.CancelledError):
+            await submitting
+    finally:
+        scheduler.send_signal(signal.SIGCONT)
     assert seen.is_set() and "given-up" not in bus.streams
     await asyncio.wait_for(aborted.wait(), 30)  # the scheduler ended it: its final entry says abort
     await spy.close()
