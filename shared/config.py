@@ -11,6 +11,8 @@ import os
 
 import msgspec
 
+from shared.lora import add_lora_args
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # fp8: the cuda backend only; mxint8: the qaic backend only
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "mxint8")
@@ -183,6 +185,7 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                         default=os.environ.get("SY_DETERMINISTIC", "0") == "1",
                         help="batch-invariant float32: a request's tokens do not depend on what else is in its "
                              "batch (dense weights, no compile); slower")
+    add_lora_args(parser)
     parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "10")),
                         help="scheduling niceness of the worker (default 10): the gateway, scheduler and "
                              "bus preempt the model's threads when they share cores (0: no preference)")

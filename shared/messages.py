@@ -13,6 +13,8 @@ from typing import NewType, Union
 
 import msgspec
 
+from shared.lora import LoraInfo
+
 RequestId = NewType("RequestId", str)
 WorkerId = NewType("WorkerId", str)
 BlockHash = bytes
@@ -34,6 +36,7 @@ class RejectCode(enum.IntEnum):
     INVALID = 0  # -> HTTP 400
     QUEUE_FULL = 1  # -> HTTP 429
     UNAVAILABLE = 2  # no worker for the model -> HTTP 503
+    NOT_FOUND = 3  # a LoRA adapter no worker of the model serves -> HTTP 404
 
 
 class BackendName(enum.IntEnum):
@@ -139,6 +142,7 @@ class Submit(msgspec.Struct, tag="submit"):
     abort_key: str = ""  # a secret of the submitter's: only an Abort that carries it ends the request
     # vLLM's priority: lower is served first (the Batch API's lines run at BATCH_PRIORITY); ties by arrival
     priority: int = 0
+    lora: str | None = None  # the LoRA adapter to run on (its name); None: the base model
 
 
 class Accepted(msgspec.Struct, tag="accepted"):
@@ -223,6 +227,7 @@ class NewSeq(msgspec.Struct, array_like=True):
     reply_to: str
     num_cached_tokens: int = 0
     first_scheduled_at: float = 0.0
+    lora: str | None = None  # the adapter its rows run on; None: the base model
 
 
 class ScheduledSeq(msgspec.Struct, array_like=True):
@@ -287,6 +292,8 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     num_scheduler_steps: int = 1  # the worker's pick of decode iterations per Step, where the engine leaves it at 0
     architecture: str = ""  # the loaded model's Hugging Face class, e.g. "Qwen3ForCausalLM"
     embedding: EmbeddingSpec | None = None  # what /v1/embeddings gives for this model
+    max_loras: int = 0  # LoRA adapters one step may mix (0: it serves the base model alone)
+    loras: list[LoraInfo] = []  # the adapters it serves (said again after each load and unload)
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
@@ -321,6 +328,7 @@ class ModelLimits(msgspec.Struct, tag="limits"):
     devices: list[str] = []  # what its workers run on, e.g. "cpu", "qaic, emulated on cpu"
     architectures: list[str] = []  # what its workers loaded (their hellos' architecture)
     embedding: EmbeddingSpec | None = None  # as its workers announce it
+    loras: list[LoraInfo] = []  # the LoRA adapters its workers serve (/v1/models lists them)
 
 
 # ---- KV events and the cluster index -------------------------------------------------------
@@ -424,6 +432,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     num_migrations: int = 0  # requests moved off a worker that died, recomputed on another
     is_sleeping: bool = False  # sleep mode: the workers freed their weights and KV pool
     sleep_level: int = 0  # the level asked when it fell asleep (1 or 2); 0 awake
+    loras: list[LoraInfo] = []  # the LoRA adapters its workers serve
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's

@@ -31,7 +31,8 @@ def stats_of(service: str) -> list[str]:
 # who may publish (pub) and subscribe (sub) to what; a model name and a worker id are one token
 PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "api": {
-        "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", f"{P}.kv.stats", subjects.WORKERS_RESEND,
+        "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", f"{P}.*.lora", f"{P}.kv.stats",
+                subjects.WORKERS_RESEND,
                 subjects.CLIENTS_HEARTBEAT, f"{P}.responses.>", f"{P}.batches.>", f"{P}.background.>",
                 f"{P}.custom.*.predict", subjects.INFERENCE_LOGS, *JETSTREAM],
         "sub": [f"{P}.background.>", f"{P}.out.>", subjects.SCHEDULERS_HEARTBEAT, subjects.MODEL_LIMITS, INBOX, *JETSTREAM],
@@ -48,15 +49,15 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
         REPLIES: True,
     },
     "scheduler": {
-        "pub": [f"{P}.worker.*.step", f"{P}.worker.*.sleep", f"{P}.out.>", f"{P}.kv.events.*", subjects.KV_LOOKUP, subjects.MODEL_LIMITS,
+        "pub": [f"{P}.worker.*.step", f"{P}.worker.*.sleep", f"{P}.worker.*.lora", f"{P}.out.>", f"{P}.kv.events.*", subjects.KV_LOOKUP, subjects.MODEL_LIMITS,
                 subjects.WORKERS_DISCOVER, subjects.SCHEDULERS_HEARTBEAT, *JETSTREAM],
-        "sub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", subjects.WORKERS_HELLO, subjects.WORKERS_HEARTBEAT,
+        "sub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", f"{P}.*.lora", subjects.WORKERS_HELLO, subjects.WORKERS_HEARTBEAT,
                 subjects.KV_RESYNC, subjects.CLIENTS_HEARTBEAT, INBOX, *JETSTREAM, *stats_of("scheduler")],
         REPLIES: True,
     },
     "worker": {
         "pub": [f"{P}.out.>", f"{P}.tokens.*", subjects.WORKERS_HELLO, subjects.WORKERS_HEARTBEAT, *JETSTREAM],
-        "sub": [f"{P}.worker.*.step", f"{P}.worker.*.sleep", subjects.WORKERS_DISCOVER, subjects.WORKERS_RESEND, INBOX, *JETSTREAM,
+        "sub": [f"{P}.worker.*.step", f"{P}.worker.*.sleep", f"{P}.worker.*.lora", subjects.WORKERS_DISCOVER, subjects.WORKERS_RESEND, INBOX, *JETSTREAM,
                 *stats_of("worker")],
         REPLIES: True,
     },

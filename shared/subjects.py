@@ -104,6 +104,16 @@ def worker_sleep(worker_id: str) -> str:
     return f"{PREFIX}.worker.{token(worker_id)}.sleep"
 
 
+def lora(model: str) -> str:
+    """Request/reply: LoadLora | UnloadLora -> LoraState (the model's scheduler, for every worker)."""
+    return f"{PREFIX}.{token(model)}.lora"
+
+
+def worker_lora(worker_id: str) -> str:
+    """Request/reply: LoadLora | UnloadLora -> LoraState (one worker, from its pool's scheduler)."""
+    return f"{PREFIX}.worker.{token(worker_id)}.lora"
+
+
 def service_stats(service: str, instance_id: str = "*") -> str:
     """nats.py micro's stats request: a service's every instance answers, or the one named."""
     return f"$SRV.STATS.{service}" if not instance_id else f"$SRV.STATS.{service}.{instance_id}"

@@ -26,6 +26,7 @@ from shared.config import EngineConfig
 from shared.hashing import root_hash
 from shared.liveness import Heartbeats
 from shared.log import get_logger
+from shared.lora import LORA_STATE_DECODER, LoraOrder, LoraState
 from shared.messages import (
     ITERATION_TOKEN_BUCKETS,
     SLEEP_STATE_DECODER,
@@ -61,7 +62,8 @@ def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more) -> Sc
                         enable_prefix_caching=config.enable_prefix_caching)
     kind = StaticScheduler if config.batching == "static" else Scheduler
     return kind(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
-                num_scheduler_steps=num_steps, long_prefill_token_threshold=config.long_prefill_token_threshold)
+                num_scheduler_steps=num_steps, long_prefill_token_threshold=config.long_prefill_token_threshold,
+                max_loras=hello.max_loras)
 
 
 class PoolLoop:
@@ -165,6 +167,12 @@ class PoolLoop:
         self._park_asked = False
         self._parked.clear()
         self._resume.set()
+
+    async def order_lora(self, order: LoraOrder) -> LoraState:
+        """The worker loads or lets go of a LoRA adapter; its answer lists what it serves after."""
+        msg = await self.nc.request(subjects.worker_lora(self.worker_id), encode(order), timeout=self.step_timeout_s)
+        self.workers.heard(self.worker_id)
+        return LORA_STATE_DECODER.decode(msg.data)
 
     async def order_worker(self, order: Sleep | WakeUp) -> SleepState:
         """The worker frees (Sleep) or loads back (WakeUp) its weights and KV pool."""

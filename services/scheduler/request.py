@@ -41,6 +41,7 @@ class Request:
     client_id: str = ""  # the bus client that submitted it: its requests end when it falls silent
     abort_key: str = ""  # what an Abort must carry to end it
     priority: int = 0  # lower is served first
+    lora: str | None = None  # the LoRA adapter it runs on (its name, also in its block 0's hash)
 
     @classmethod
     def from_submit(cls, submit: Submit) -> Request:
@@ -52,7 +53,8 @@ class Request:
         return cls(request_id=submit.request_id, prompt_token_ids=submit.prompt_token_ids,
                    sampling=sampling, reply_to=submit.reply_to,
                    cache_salt=submit.cache_salt, deadline=submit.deadline,
-                   client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority)
+                   client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority,
+                   lora=submit.lora)
 
     def migrate(self) -> None:
         """Its worker died: start over elsewhere from prompt + the outputs so far (recomputed, as

@@ -41,13 +41,15 @@ def _always() -> bool:
 class Scheduler:
     def __init__(self, kv: KVManager, max_num_seqs: int, max_num_batched_tokens: int,
                  can_run_more: Callable[[], bool] = _always, num_scheduler_steps: int = 1,
-                 long_prefill_token_threshold: int = 0):
+                 long_prefill_token_threshold: int = 0, max_loras: int = 0):
         """long_prefill_token_threshold: while more than one request has a prompt to compute, each
         takes at most this many tokens a step (0: a quarter of the budget), so a long prompt does not
-        hold back the first token of short ones; a prompt computed alone takes the whole budget."""
+        hold back the first token of short ones; a prompt computed alone takes the whole budget.
+        max_loras: the LoRA adapters one step may mix (the worker's slots)."""
         self.kv = kv
         self.long_prefill_tokens = long_prefill_token_threshold or max(kv.block_size, max_num_batched_tokens // 4)
         self.num_scheduler_steps = num_scheduler_steps
+        self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.can_run_more = can_run_more  # the model-wide cap (max_concurrent_batch_size) across pools
@@ -148,6 +150,8 @@ class Scheduler:
                and self.can_run_more() and self._is_batch_open()
                and (focus is None or self.waiting[0].priority <= focus)):
             request = self.waiting[0]
+            if not self._has_lora_slot(request):
+                break
             hits = self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.kv.block_size
             num_new = min(request.num_tokens - num_computed, budget, share)
@@ -164,6 +168,13 @@ class Scheduler:
             self._emit(out, request, num_new, [])
             budget -= num_new
         return budget
+
+    def _has_lora_slot(self, request: Request) -> bool:
+        """A request on an adapter joins while the running batch mixes fewer than max_loras others."""
+        if request.lora is None:
+            return True
+        running = {r.lora for r in self.running if r.lora is not None}
+        return request.lora in running or len(running) < self.max_loras
 
     def _schedule_running(self, out: SchedulerOutput, rows: list[Request], budget: int,
                           share: int) -> tuple[int, bool]:
@@ -249,6 +260,7 @@ class Scheduler:
             num_new_tokens=num_new, block_ids=self.kv.block_ids(request.request_id),
             sampling=request.sampling, reply_to=request.reply_to,
             num_cached_tokens=request.num_cached_tokens, first_scheduled_at=request.first_scheduled_at,
+            lora=request.lora,
         ))
 
     def take_dropped_ids(self) -> list[str]:

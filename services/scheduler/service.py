@@ -9,6 +9,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
@@ -21,6 +22,7 @@ from shared.endpoints import Endpoints
 from shared.hashing import max_cacheable_blocks
 from shared.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, Heartbeats
 from shared.log import get_logger
+from shared.lora import LORA_ORDER_DECODER, LoraInfo
 from shared.messages import (
     ABORT_DECODER,
     CLIENT_HEARTBEAT_DECODER,
@@ -84,6 +86,7 @@ class SchedulerService:
         self._sleep_lock = asyncio.Lock()
         self.num_deadline_exceeded = 0
         self.num_migrations = 0  # requests moved off a dead worker
+        self.loras = ModelLoras()
 
     async def start(self) -> None:
         add = self.endpoints.add
@@ -95,6 +98,7 @@ class SchedulerService:
         await add("client_heartbeat", subjects.CLIENTS_HEARTBEAT, self._on_client_heartbeat)
         await add("stats", subjects.scheduler_stats(self.model), self._on_stats)
         await add("sleep", subjects.sleep(self.model), self._on_sleep)
+        await add("lora", subjects.lora(self.model), self._on_lora)
         await self.endpoints.start()
         await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
         self._watchdog = asyncio.create_task(self._watch())
@@ -160,6 +164,8 @@ class SchedulerService:
         if self.num_requests >= self.config.max_concurrent_batch_size + self.config.max_waiting:
             return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full "
                           f"({self.num_running} running, {num_waiting} waiting)")
+        if submit.lora is not None and not (pools := self.loras.pools_for(submit.lora, pools)):
+            return reject(RejectCode.NOT_FOUND, f"The model `{submit.lora}` does not exist.")
         total = num_prompt + max_tokens
         pools = [p for p in pools if p.can_take(total)]
         if not pools:
@@ -271,8 +277,9 @@ class SchedulerService:
         pool = self.pools.get(announce.worker_id)
         if pool is not None and pool.is_alive:
             self.workers.heard(announce.worker_id)
-            if isinstance(announce, WorkerHello) and announce.device != pool.hello.device:  # e.g. compiled now
-                pool.hello.device = announce.device
+            if isinstance(announce, WorkerHello) and (announce.device, announce.loras) != (pool.hello.device,
+                                                                                             pool.hello.loras):
+                pool.hello.device, pool.hello.loras = announce.device, announce.loras  # compiled now; adapters
                 await self.publish_limits()
         elif isinstance(announce, WorkerHello):
             self._add_pool(announce)
@@ -294,7 +301,7 @@ class SchedulerService:
         """The model's max_model_len as its workers announced it (the API reads it from here)."""
         alive = any(p.is_alive for p in self.pools.values())
         limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.devices,
-                             architectures=self.architectures, embedding=self.embedding)
+                             architectures=self.architectures, embedding=self.embedding, loras=self.served_loras)
         await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
@@ -303,7 +310,8 @@ class SchedulerService:
         await self.publish_limits()
         alive = [p for p in self.pools.values() if p.is_alive]
         for request in requeue:
-            fitting = [p for p in alive if p.can_take(request.num_prompt_tokens + request.sampling.max_tokens)]
+            fitting = [p for p in self.loras.pools_for(request.lora, alive)
+                       if p.can_take(request.num_prompt_tokens + request.sampling.max_tokens)]
             if fitting:
                 pool = min(fitting, key=lambda p: p.load)
                 pool.add(request)
@@ -330,6 +338,8 @@ class SchedulerService:
                     log.info("request_deadline_exceeded", request_id=request.request_id)
                     await publish_error(self.nc, request, "the request ran past its deadline and was stopped",
                                         FinishReason.TIMEOUT)
+            if self.loras.unloading and await self.loras.release_idle(self.alive_pools, self.in_flight):
+                await self.publish_limits()
 
     # ---- stats and resync ----------------------------------------------------------------------
 
@@ -362,9 +372,27 @@ class SchedulerService:
             iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
             devices=self.devices, architectures=self.architectures, embedding=self.embedding, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
-            sleep_level=self.sleep_level,
+            sleep_level=self.sleep_level, loras=self.served_loras,
         )
         await msg.respond(encode(stats))
+
+    @property
+    def alive_pools(self) -> list[PoolLoop]:
+        return [p for p in self.pools.values() if p.is_alive]
+
+    @property
+    def in_flight(self) -> list[Request]:
+        return [*self._routing.values(), *(r for p in self.pools.values() for r in p.scheduler.requests.values())]
+
+    @property
+    def served_loras(self) -> list[LoraInfo]:
+        return self.loras.served(self.alive_pools)
+
+    async def _on_lora(self, msg: Msg) -> None:
+        """Load or unload a LoRA adapter on every worker of the model (loras.py)."""
+        state = await self.loras.order(LORA_ORDER_DECODER.decode(msg.data), self.alive_pools)
+        await self.publish_limits()
+        await msg.respond(encode(state))
 
     async def _on_sleep(self, msg: Msg) -> None:
         """Sleep or WakeUp for every pool of the model (sleep_mode.py); one order at a time."""

@@ -16,6 +16,8 @@ from services.worker.backends.spec import WorkerSpec
 from services.worker.custom_runtime import supervise
 from services.worker.deployment import drain_when_orphaned, fetch_deployment
 from services.worker.guided import GrammarCompiler
+from services.worker.lora.adapter import LoraError
+from services.worker.lora.manager import LoraLimits, LoraManager
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
 from services.worker.model_runner import ModelRunner
 from services.worker.service import WorkerService
@@ -32,6 +34,7 @@ from shared.config import (
 from shared.deploy_config import QaicConfig, convert
 from shared.engine_defaults import EngineDefaults, pick_for_host
 from shared.lifecycle import serve
+from shared.lora import parse_lora_modules
 from shared.messages import WorkerHello, WorkerKind
 from shared.model_files import cache_root, resolve_model_path
 from shared.tokenizer import load_tokenizer
@@ -94,14 +97,17 @@ def main() -> None:
     generates = config.load_format != "dummy" and backend.config.pooling is None  # an encoder samples nothing
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if generates else None
+    lora = lora_manager(args, backend, device)
     backend.warm_up()
     # sleep mode's wake builds the backend again from the file (a background compile would hold the old one)
     rebuild = None if spec.compile else lambda: create_backend(device, spec)
-    runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild)
+    runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild,
+                         lora=lora)
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
                         architecture=backend.config.architecture, embedding=backend.config.embedding_spec(),
                         num_scheduler_steps=defaults.num_scheduler_steps.value if defaults else 1,
+                        max_loras=lora.limits.max_loras if lora else 0, loras=lora.infos if lora else [],
                         **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
     del backend  # the runner holds it alone, so that sleep mode frees it
     executor = MainThreadExecutor()
@@ -130,6 +136,28 @@ def main() -> None:
 async def _set_when(first: asyncio.Event, then: asyncio.Event) -> None:
     await first.wait()
     then.set()
+
+
+def lora_manager(args: argparse.Namespace, backend, device: str) -> LoraManager | None:
+    """LoRA slots on the model's Linears and the --lora-modules in them (--enable-lora); None: off."""
+    if not (args.enable_lora or args.lora_modules):
+        return None
+    if device == "qaic":
+        raise ConfigError("LoRA adapters: the qaic backend runs one compiled program of the base model's weights "
+                          "(docs/qaic.md); serve adapters on the cpu or cuda backend")
+    if getattr(backend.model, "is_encoder", False):
+        raise ConfigError(f"LoRA adapters: {backend.config.architecture} is an encoder; adapters are served for "
+                          "decoders")
+    limits = LoraLimits(args.max_loras, args.max_lora_rank, args.max_cpu_loras)
+    if limits.max_loras < 1 or limits.max_lora_rank < 1:
+        raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
+    manager = LoraManager(backend.model, backend.config, limits)
+    try:
+        for name, path in parse_lora_modules(args.lora_modules).items():
+            manager.add(name, path)
+    except (LoraError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    return manager
 
 
 def engine_defaults(args: argparse.Namespace, config, model_path: str, deployed) -> EngineDefaults:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from services.worker import memory
 from services.worker.backends.base import Backend, BatchRow
 from services.worker.guided import GrammarCompiler
+from services.worker.lora.manager import LoraManager
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
 from shared.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
@@ -36,9 +37,12 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, backend: Backend, max_model_len: int, eos_token_ids: list[int],
-                 grammar: GrammarCompiler | None = None, rebuild: Callable[[], Backend] | None = None):
-        """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep."""
+                 grammar: GrammarCompiler | None = None, rebuild: Callable[[], Backend] | None = None,
+                 lora: LoraManager | None = None):
+        """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep.
+        lora: the adapters attached to the backend's model (None: it serves the base model alone)."""
         self.backend: Backend | None = backend
+        self.lora = lora
         self.rebuild = rebuild
         self._num_blocks = 0  # the KV pool's, while asleep: the one the wake must give back
         self.max_model_len = max_model_len
@@ -74,6 +78,8 @@ class ModelRunner:
         backend = self.rebuild()
         if backend.num_blocks != self._num_blocks:
             raise RuntimeError(f"woke with {backend.num_blocks} KV blocks, not the {self._num_blocks} announced")
+        if self.lora is not None:
+            self.lora.attach_to(backend.model)
         backend.warm_up()
         self.backend = backend
 
@@ -88,6 +94,9 @@ class ModelRunner:
         batch = []
         for new in step.new_seqs:
             state = SeqState.from_new(new)
+            if new.lora is not None and (self.lora is None or new.lora not in self.lora.served):
+                self._row_errors[new.request_id] = f"LoRA adapter {new.lora!r} is not loaded on this worker"
+                continue
             if new.sampling.guided is not None:
                 try:
                     state.matcher = self._grammar().matcher(new.sampling.guided)
@@ -118,7 +127,7 @@ class ModelRunner:
             return self._record([], [], [])
         if getattr(self.backend.model, "is_encoder", False):
             return self._encode(batch)
-        hidden = self.backend.forward(self.backend.prepare(batch))
+        hidden = self.forward(batch)
         # only sequences whose every known token is now computed produce a token
         rows, to_sample, end = [], [], 0
         for seq, num_new in batch:
@@ -145,6 +154,16 @@ class ModelRunner:
             except Exception:  # some row's processors raised: sample each row alone, to find which
                 token_ids, logprobs = self._sample_each(to_sample, hidden)
         return self._record(to_sample, token_ids, logprobs, pooled)
+
+    def forward(self, batch: list[BatchRow]) -> torch.Tensor:
+        """The ragged forward, with each row's LoRA adapter (if any) in place for its tokens."""
+        if self.lora is None:
+            return self.backend.forward(self.backend.prepare(batch))
+        self.lora.activate([seq.lora for seq, _ in batch], [n for _, n in batch], self.backend.device)
+        try:
+            return self.backend.forward(self.backend.prepare(batch))
+        finally:
+            self.lora.deactivate()
 
     def _encode(self, batch: list[tuple[SeqState, int]]) -> StepOutput:
         """An encoder (models/bert.py) attends both ways, so each prompt is encoded whole at its last

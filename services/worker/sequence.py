@@ -34,6 +34,7 @@ class SeqState:
     sent_prompt_logprobs: list[Logprobs | None] | None = None
     finish_reason: FinishReason | None = None  # once the final entry was published
     embedding: bytes | None = None  # a pooling request's output, once computed
+    lora: str | None = None  # the LoRA adapter its rows run on
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:
@@ -41,7 +42,7 @@ class SeqState:
             request_id=new.request_id, token_ids=list(new.token_ids),
             num_prompt_tokens=new.num_prompt_tokens, num_computed_tokens=new.num_computed_tokens,
             block_table=list(new.block_ids), sampling=new.sampling, reply_to=new.reply_to,
-            num_cached_tokens=new.num_cached_tokens, first_scheduled_at=new.first_scheduled_at,
+            num_cached_tokens=new.num_cached_tokens, first_scheduled_at=new.first_scheduled_at, lora=new.lora,
         )
         state.num_sent = state.logprobs_from = state.num_output_tokens  # an earlier life published those
         if new.sampling.seed is not None:

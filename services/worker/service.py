@@ -16,11 +16,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.worker import memory
+from services.worker.lora.adapter import LoraError
 from services.worker.model_runner import ModelRunner, StepOutput
 from services.worker.resend import SentTokens
 from shared import subjects
 from shared.endpoints import Endpoints
 from shared.log import get_logger
+from shared.lora import LORA_ORDER_DECODER, LoadLora, LoraState
 from shared.messages import (
     DISCOVER_DECODER,
     RESEND_DECODER,
@@ -60,6 +62,7 @@ class WorkerService:
         await self.endpoints.add("discover", subjects.WORKERS_DISCOVER, self._on_discover)
         await self.endpoints.add("resend", subjects.WORKERS_RESEND, self._on_resend)
         await self.endpoints.add("sleep", subjects.worker_sleep(self.hello.worker_id), self._on_sleep)
+        await self.endpoints.add("lora", subjects.worker_lora(self.hello.worker_id), self._on_lora)
         await self.endpoints.start()
         await self.say_hello()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
@@ -113,6 +116,25 @@ class WorkerService:
             error = f"{type(exc).__name__}: {exc}"
         log.info("worker_sleeping" if self.runner.is_sleeping else "worker_awake", worker_id=self.hello.worker_id)
         await msg.respond(encode(SleepState(is_sleeping=self.runner.is_sleeping, error=error)))
+
+    async def _on_lora(self, msg: Msg) -> None:
+        """Load a LoRA adapter (read and checked on the main thread, between steps) or let one go."""
+        order = LORA_ORDER_DECODER.decode(msg.data)
+        lora = self.runner.lora
+        error = None
+        if lora is None:
+            error = "LoRA adapters are not enabled on this model's workers (start them with --enable-lora)"
+        elif isinstance(order, LoadLora):
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.executor, lora.add, order.name, order.path)
+            except LoraError as exc:
+                error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - an unreadable file: told to the caller
+                error = f"LoRA adapter {order.name!r}: {type(exc).__name__}: {exc}"
+        else:
+            await asyncio.get_running_loop().run_in_executor(self.executor, lora.remove, order.name)
+        self.hello.loras = lora.infos if lora else []
+        await msg.respond(encode(LoraState(adapters=self.hello.loras, error=error)))
 
     async def _maybe_announce_device(self) -> None:
         """A device line that changed (a CPU worker's background compile ended, or failed) is said

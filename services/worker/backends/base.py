@@ -51,6 +51,10 @@ class LayerOps(Protocol):
         """x [T, H] through each token's top-k SwiGLU experts (w13 [E, 2I, H]: gate rows then up;
         w2 [E, H, I]; experts and their routing weights [T, k]), weighted and summed -> [T, H]."""
 
+    def lora_add(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: Any) -> torch.Tensor:
+        """y [T, out] += b[s] @ a[s] @ x[t] for each token t whose row runs on the adapter in slot s
+        (rows: lora/layers.py's LoraRows; a [S, R', in], b [S, out, R']) -> y (added in place or not)."""
+
 
 class ForwardInputs(Protocol):
     input_ids: torch.Tensor

@@ -156,6 +156,7 @@ class Llama(nn.Module):
         self.rotary = self.rotary_class(cfg)
         # how the layers run: run_layers, or a backend's own (torch_cpu/compiled.py: compiled decode steps)
         self.layer_runner = run_layers
+        self.lora = None  # the LoRA Linears' shared step state, once adapters are attached (lora/manager.py)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -173,7 +174,9 @@ class Llama(nn.Module):
         cos, sin = self.rotary.cos_sin(positions)
         x = self.tok_embeddings(input_ids)
         residual = torch.zeros_like(x)  # the stream starts empty: the first norm adds the embeddings to it
-        x, residual = self.layer_runner(self.layers, x, residual, cos, sin, kv_caches, meta)
+        # a step with adapter rows runs eagerly: compiled graphs were traced without them
+        runner = run_layers if self.lora is not None and self.lora.rows is not None else self.layer_runner
+        x, residual = runner(self.layers, x, residual, cos, sin, kv_caches, meta)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

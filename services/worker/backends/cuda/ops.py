@@ -9,6 +9,7 @@ from services.worker.backends.cuda.kernels.activation import silu_and_mul
 from services.worker.backends.cuda.kernels.decode_attention import decode_attention
 from services.worker.backends.cuda.kernels.experts import grouped_experts
 from services.worker.backends.cuda.kernels.kv_write import write_kv
+from services.worker.backends.cuda.kernels.lora import lora_add
 from services.worker.backends.cuda.kernels.norm import rms_norm
 from services.worker.backends.cuda.kernels.prefill_attention import prefill_attention
 from services.worker.backends.cuda.kernels.rotary import rotary
@@ -44,3 +45,6 @@ class TritonOps:
 
     def routed_experts(self, x, w13, w2, weights, experts):
         return grouped_experts(x, w13, w2, weights, experts)
+
+    def lora_add(self, x, y, a, b, rows):
+        return lora_add(x, y, a, b, rows)

@@ -13,6 +13,7 @@ from services.worker.backends.torch_cpu.attention import (
     write_kv,
 )
 from services.worker.backends.torch_cpu.experts import grouped_experts
+from services.worker.backends.torch_cpu.lora import lora_add
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,6 +72,9 @@ class TorchOps:
 
     def routed_experts(self, x, w13, w2, weights, experts):
         return grouped_experts(x, w13, w2, weights, experts)
+
+    def lora_add(self, x, y, a, b, rows):
+        return lora_add(x, y, a, b, rows)
 
 
 TORCH_OPS = TorchOps()  # the reference: torch alone
