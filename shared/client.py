@@ -127,16 +127,18 @@ class BusClient:
 
     async def submit(self, model: str, prompt_token_ids: list[int], sampling: SamplingParams, *,
                      request_id: str | None = None, cache_salt: str | None = None,
-                     deadline: float = 0.0, priority: int = 0, timeout: float = 5.0) -> RequestStream:
+                     deadline: float = 0.0, priority: int = 0, timeout: float = 5.0,
+                     lora: str | None = None) -> RequestStream:
         """deadline: wall-clock time after which the scheduler ends the request (0: none).
-        priority: lower is served first (vLLM's meaning); see Scheduler.schedule."""
+        priority: lower is served first (vLLM's meaning); see Scheduler.schedule.
+        lora: a LoRA adapter the model's workers serve, by name (None: the base model)."""
         request_id = request_id or uuid.uuid4().hex
         stream = RequestStream(self, model, request_id)
         self.streams[request_id] = stream  # registered before Submit: the first token may beat the reply
         submit = Submit(request_id=request_id, model=model, prompt_token_ids=list(prompt_token_ids),
                         sampling=sampling, reply_to=self.reply_subject, arrival_time=time.time(),
                         cache_salt=cache_salt, deadline=deadline, client_id=self.client_id,
-                        abort_key=self.abort_key, priority=priority)
+                        abort_key=self.abort_key, priority=priority, lora=lora)
         answer = asyncio.ensure_future(self.nc.request(subjects.submit(model), encode(submit), timeout=timeout))
         try:  # shielded: a caller that gives up meanwhile must not leave an accepted request running
             msg = await asyncio.shield(answer)

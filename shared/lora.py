@@ -21,6 +21,7 @@ class LoadLora(msgspec.Struct, tag="load_lora"):
 
     name: str
     path: str
+    load_inplace: bool = False  # vLLM's: an adapter of that name already served takes the new weights
 
 
 class UnloadLora(msgspec.Struct, tag="unload_lora"):

@@ -26,6 +26,7 @@ from services.api.pipelines.routes_models import router as models_router
 from services.api.pipelines.routes_pipelines import router as pipelines_router
 from services.api.pipelines.routes_publish import router as publish_router
 from services.api.responses.routes import router as responses_router
+from services.api.routes_lora import router as lora_router
 from services.api.routes_server import router as server_router
 from services.api.routes_sleep import router as sleep_router
 from shared.log import get_logger
@@ -53,6 +54,7 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
     app.include_router(batches_router)
     app.include_router(server_router)
     app.include_router(sleep_router)
+    app.include_router(lora_router)
     app.include_router(models_router)
     app.include_router(pipelines_router)
     app.include_router(pipeline_logs_router)

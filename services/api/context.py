@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from services.api.metrics import ApiMetrics
 from services.api.openai.defaults import OpenaiDefaults
 from shared.client import BusClient
 from shared.deployment import DeployedModel
+from shared.lora import LoraInfo
 from shared.messages import EmbeddingSpec
 from shared.registry import Registry
 from shared.tokenizer import ModelTokenizer
@@ -36,7 +38,15 @@ class ServedModel:
     openai: OpenaiDefaults = field(default_factory=OpenaiDefaults)  # per-model OpenAI config
     max_logprobs: int = 20
     pipeline: str | None = None  # set for a deployed pipeline (served by the registry, not by flags)
+    loras: list[LoraInfo] = field(default_factory=list)  # the LoRA adapters its workers serve, as published
+    lora: str | None = None  # set on the view of one adapter (resolve): its name is the adapter's
+    base: str | None = None  # and the model it adapts
     deployed: DeployedModel | None = None
+
+    @property
+    def engine(self) -> str:
+        """The model whose scheduler serves it (an adapter's: its base model's)."""
+        return self.base or self.name
 
     @property
     def chat_template(self) -> str | None:
@@ -93,8 +103,13 @@ class ApiContext:
     pipelines: PipelineState = field(default_factory=PipelineState)
 
     def resolve(self, name: str) -> ServedModel | None:
-        """A served model by its name, or by its pipeline's or model's name."""
-        return self.models.get(name) or self.models.get(self.pipelines.aliases.get(name, ""))
+        """A served model by its name, or by its pipeline's or model's name, or one of its LoRA
+        adapters by the adapter's name (a view of the base model that names the adapter)."""
+        found = self.models.get(name) or self.models.get(self.pipelines.aliases.get(name, ""))
+        if found is not None:
+            return found
+        base = next((m for m in self.models.values() if any(info.name == name for info in m.loras)), None)
+        return dataclasses.replace(base, name=name, lora=name, base=base.name) if base is not None else None
 
     def is_pending(self, name: str) -> bool:
         pending = self.pipelines.pending

@@ -8,6 +8,7 @@ from nats.aio.msg import Msg
 from services.api.context import ApiContext
 from shared import subjects
 from shared.log import get_logger
+from shared.lora import LoraInfo
 from shared.messages import (
     MODEL_LIMITS_DECODER,
     SCHEDULER_STATS_DECODER,
@@ -39,17 +40,19 @@ class LimitsWatcher:
         except Exception:  # no scheduler yet: it publishes when its first worker joins
             return
         stats = SCHEDULER_STATS_DECODER.decode(msg.data)
-        self.apply(model, stats.max_model_len, stats.devices, stats.architectures, stats.embedding)
+        self.apply(model, stats.max_model_len, stats.devices, stats.architectures, stats.embedding, stats.loras)
 
     def apply(self, model: str, max_model_len: int, devices: list[str], architectures: list[str],
-              embedding: EmbeddingSpec | None) -> None:
+              embedding: EmbeddingSpec | None, loras: list[LoraInfo] | None = None) -> None:
         served = self.ctx.models.get(model)
         if served is not None:
             served.devices, served.architectures, served.embedding = devices, architectures, embedding
+            served.loras = loras or []
             if served.max_model_len != max_model_len:
                 served.max_model_len = max_model_len
                 log.info("model_limits", model=model, max_model_len=max_model_len, devices=devices)
 
     async def _on_limits(self, msg: Msg) -> None:
         limits = MODEL_LIMITS_DECODER.decode(msg.data)
-        self.apply(limits.model, limits.max_model_len, limits.devices, limits.architectures, limits.embedding)
+        self.apply(limits.model, limits.max_model_len, limits.devices, limits.architectures, limits.embedding,
+                   limits.loras)

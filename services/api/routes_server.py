@@ -36,7 +36,7 @@ async def health(request: Request) -> JSONResponse:
         if stats.num_workers == 0:
             return APIError(503, f"no worker is ready for {name!r}").response()
         # ready implies the gateway knows the model's limit
-        ctx.limits.apply(name, stats.max_model_len, stats.devices, stats.architectures, stats.embedding)
+        ctx.limits.apply(name, stats.max_model_len, stats.devices, stats.architectures, stats.embedding, stats.loras)
         if stats.is_draining:
             return APIError(503, f"the scheduler for {name!r} is shutting down").response()
     return JSONResponse({"status": "ok"})
@@ -51,6 +51,10 @@ async def list_models(request: Request) -> JSONResponse:
              "root": m.name, "parent": None, "max_model_len": m.max_model_len or None, "devices": m.devices,
              "architectures": m.architectures}
             for m in ctx.models.values()]
+    data += [{"id": info.name, "object": "model", "created": m.created, "owned_by": "switchyard", "root": info.path,
+              "parent": m.name, "max_model_len": m.max_model_len or None, "devices": m.devices,
+              "architectures": m.architectures}  # vLLM's: an adapter's root is its path, its parent the base
+             for m in ctx.models.values() for info in m.loras]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -42,7 +42,8 @@ class ModelLoras:
             self.unloading.add(order.name)
             log.info("lora_unloading", name=order.name)
             return LoraState(self.served(pools))
-        if any(info.name == order.name for p in pools for info in p.hello.loras) and order.name not in self.unloading:
+        loaded = any(info.name == order.name for p in pools for info in p.hello.loras)
+        if loaded and order.name not in self.unloading and not order.load_inplace:
             return LoraState(self.served(pools), f"The lora adapter '{order.name}' has already been loaded.")
         self.unloading.discard(order.name)  # loaded again before the last one let go: its workers replace it
         errors = await _order_all(order, pools)

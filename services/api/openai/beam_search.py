@@ -114,11 +114,11 @@ class BeamChoices:
 
     async def _one_token(self, ids: list[int], sampling: SamplingParams):
         """One engine request for one token and its 2n likeliest; the prefix cache holds the beam."""
-        gen = Generation(self.ctx.bus, self.model.name, ids, sampling,
+        gen = Generation(self.ctx.bus, self.model.engine, ids, sampling,
                          IncrementalDetokenizer(self.model.tokenizer.tokenizer, []), self.ctx.metrics,
                          cache_salt=self.body.cache_salt, idle_timeout_s=self.ctx.server.idle_timeout_s,
                          request_timeout_s=self.ctx.server.request_timeout_s, arrival=self.arrived,
-                         user=self.body.user, priority=self.body.priority)
+                         user=self.body.user, priority=self.body.priority, lora=self.model.lora)
         self._in_flight.append(gen)
         try:
             await gen.submit()

@@ -116,7 +116,8 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
         raw["model"] = next(iter(ctx.models))
     model = served_model(ctx, raw)
     if model is not None and not model.max_model_len and ctx.limits is not None:
-        await ctx.limits.refresh(model.name)  # its workers joined before the scheduler's word reached us
+        await ctx.limits.refresh(model.engine)  # its workers joined before the scheduler's word reached us
+        model = served_model(ctx, raw)  # an adapter's view copies its base's limits
     if defaults_of is not None and model is not None and not model.openai.enabled:
         raise APIError(404, f"The OpenAI API is not enabled for model `{model.name}`.", param="model",
                        code="openai_not_enabled")

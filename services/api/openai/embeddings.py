@@ -144,7 +144,7 @@ async def embed(ctx: ApiContext, model: ServedModel, prompts: list[list[int]], p
 async def _submit(ctx: ApiContext, model: ServedModel, ids: list[int], sampling: SamplingParams, deadline: float,
                   priority: int) -> RequestStream:
     try:
-        return await ctx.bus.submit(model.name, ids, sampling, deadline=deadline, priority=priority)
+        return await ctx.bus.submit(model.engine, ids, sampling, deadline=deadline, priority=priority, lora=model.lora)
     except (EngineUnavailable, SubmitRejected) as exc:
         raise submit_error(exc) from None
 

@@ -15,7 +15,9 @@ from shared.log import get_logger
 from shared.messages import FinishReason, Logprobs, RejectCode, SamplingParams
 
 log = get_logger("api")
-_REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCode.UNAVAILABLE: 503}
+_REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCode.UNAVAILABLE: 503,
+                  RejectCode.NOT_FOUND: 404}
+_REJECT_CODE = {RejectCode.NOT_FOUND: "model_not_found"}  # OpenAI's; the others: the RejectCode's name
 RETRY_AFTER_S = "1"  # what a 429 asks the client to wait
 
 
@@ -24,7 +26,8 @@ def submit_error(exc: EngineUnavailable | SubmitRejected) -> APIError:
     if isinstance(exc, EngineUnavailable):
         return APIError(503, str(exc), code="engine_unavailable")
     headers = {"Retry-After": RETRY_AFTER_S} if exc.code == RejectCode.QUEUE_FULL else None
-    return APIError(_REJECT_STATUS[exc.code], exc.reason, code=exc.code.name.lower(), headers=headers)
+    return APIError(_REJECT_STATUS[exc.code], exc.reason, code=_REJECT_CODE.get(exc.code, exc.code.name.lower()),
+                    headers=headers)
 
 
 @dataclass
@@ -43,12 +46,14 @@ class Generation:
     def __init__(self, bus: BusClient, model: str, prompt_ids: list[int], sampling: SamplingParams,
                  detokenizer: IncrementalDetokenizer, metrics: ApiMetrics, *, cache_salt: str | None,
                  idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float],
-                 user: str | None = None, priority: int = 0):
+                 user: str | None = None, priority: int = 0, lora: str | None = None):
         """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival).
         user: OpenAI's end-user identifier, logged with the request for monitoring.
-        priority: the scheduler serves lower first (vLLM's meaning)."""
+        priority: the scheduler serves lower first (vLLM's meaning).
+        lora: the LoRA adapter of `model` to run on (None: the base model)."""
         self.bus = bus
         self.priority = priority
+        self.lora = lora
         self.user = user
         self.model = model
         self.prompt_ids = prompt_ids
@@ -80,7 +85,7 @@ class Generation:
         try:
             self.stream = await self.bus.submit(self.model, self.prompt_ids, self.sampling,
                                                 cache_salt=self.cache_salt, deadline=deadline,
-                                                priority=self.priority)
+                                                priority=self.priority, lora=self.lora)
         except (EngineUnavailable, SubmitRejected) as exc:
             raise submit_error(exc) from None
         self.submitted_at = time.monotonic()

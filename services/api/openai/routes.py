@@ -106,10 +106,10 @@ def thinking_choices(ctx: ApiContext, model: ServedModel, body: ChatCompletionRe
                      sampling: SamplingParams, arrived: tuple[float, float]) -> Choices:
     """Each choice thinks, then answers under the request's grammar (thinking.py)."""
     def make(ids: list[int], params: SamplingParams, stop: list[str]) -> Generation:
-        return Generation(ctx.bus, model.name, ids, params, IncrementalDetokenizer(model.tokenizer.tokenizer, stop),
+        return Generation(ctx.bus, model.engine, ids, params, IncrementalDetokenizer(model.tokenizer.tokenizer, stop),
                           ctx.metrics, cache_salt=body.cache_salt, idle_timeout_s=ctx.server.idle_timeout_s,
                           request_timeout_s=ctx.server.request_timeout_s, arrival=arrived, user=body.user,
-                          priority=body.priority)
+                          priority=body.priority, lora=model.lora)
 
     ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
     log = recorder(ctx.pipelines.inference_log, model, body)
@@ -136,9 +136,9 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
             seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, j))
             detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings)
             generations.append(Generation(
-                ctx.bus, model.name, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
+                ctx.bus, model.engine, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
                 idle_timeout_s=ctx.server.idle_timeout_s, request_timeout_s=ctx.server.request_timeout_s, arrival=arrived,
-                user=body.user, priority=body.priority))
+                user=body.user, priority=body.priority, lora=model.lora))
             generations[-1].on_finished, generations[-1].keeps_output = log, log is not None
             prompt_index.append(p)
     return Choices(generations, prompt_index)

@@ -1,0 +1,133 @@
+"""LoRA adapters through the whole stack with the official openai client: served from start
+(--lora-modules) and loaded at run time (vLLM's routes), listed by /v1/models with their parent,
+each answering as transformers with PEFT's merged weights, in one mixed batch; unloaded while a
+request runs on it; what is refused and with which status. Random adapters saved by peft for the
+real SmolLM2's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import httpx
+import pytest
+import torch
+
+from tests.conftest import _start_stack
+
+pytestmark = pytest.mark.stack
+peft = pytest.importorskip("peft")
+openai = pytest.importorskip("openai")
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {"sql": (8, ALL, False), "chat-qv": (16, ["q_proj", "v_proj"], True), "late": (4, ["o_proj", "down_proj"], False)}
+PROMPT = "The capital of France is"
+NUM_TOKENS = 12
+
+
+def _save(hf_model, folder, rank: int, targets: list[str], rslora: bool, seed: int) -> None:
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=rank, lora_alpha=rank * 2, use_rslora=rslora, target_modules=targets,
+                             init_lora_weights=False, lora_dropout=0.0)
+    peft.get_peft_model(copy.deepcopy(hf_model), config).save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, hf_model) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("smollm2-loras")
+    for seed, (name, (rank, targets, rslora)) in enumerate(ADAPTERS.items()):
+        _save(hf_model, root / name, rank, targets, rslora, seed)
+    _save(hf_model, root / "too-big", 32, ["q_proj"], False, 9)
+    return {name: str(root / name) for name in [*ADAPTERS, "too-big"]}
+
+
+@pytest.fixture(scope="module")
+def lora_stack(tmp_path_factory, adapters):
+    stack = _start_stack(tmp_path_factory, "lora", 1, ["--lora-modules", f"sql={adapters['sql']}",
+                                                       f"chat-qv={adapters['chat-qv']}", "--max-loras", "2"])
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(hf_model, hf_tokenizer, adapters) -> dict[str, str]:
+    """Each adapter's greedy text from transformers with PEFT's merged weights (and the base's)."""
+    ids = torch.tensor([hf_tokenizer.encode(PROMPT)])
+    out = {}
+    for name in [None, *ADAPTERS]:
+        model = copy.deepcopy(hf_model)
+        if name is not None:
+            model = peft.PeftModel.from_pretrained(model, adapters[name]).merge_and_unload()
+        with torch.inference_mode():
+            tokens = model.generate(ids, max_new_tokens=NUM_TOKENS, min_new_tokens=NUM_TOKENS, do_sample=False)
+        out[name or "base"] = hf_tokenizer.decode(tokens[0, ids.shape[1]:])
+    assert len(set(out.values())) == len(out)  # every adapter answers its own way
+    return out
+
+
+def _client(stack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+async def _complete(client, model: str) -> str:
+    answer = await client.completions.create(model=model, prompt=PROMPT, max_tokens=NUM_TOKENS, temperature=0,
+                                             extra_body={"ignore_eos": True})
+    assert answer.model == model
+    return answer.choices[0].text
+
+
+async def test_models_lists_each_adapter_with_its_parent(lora_stack, model_name, adapters):
+    async with _client(lora_stack) as client:
+        models = {m.id: m for m in (await client.models.list()).data}
+    assert models["sql"].parent == model_name and models["sql"].root == adapters["sql"]
+    assert models["chat-qv"].parent == model_name and models[model_name].parent is None
+
+
+async def test_adapters_and_the_base_in_one_batch_answer_as_their_merged_models(lora_stack, model_name, expected):
+    """Base, sql and chat-qv, twice each, all in flight at once (max_loras 2: the scheduler mixes
+    both adapters and the base in a step)."""
+    names = [model_name, "sql", "chat-qv"] * 2
+    async with _client(lora_stack) as client:
+        answers = await asyncio.gather(*(_complete(client, name) for name in names))
+    for name, text in zip(names, answers, strict=True):
+        assert text == expected["base" if name == model_name else name], name
+
+
+async def test_an_adapter_loaded_at_run_time_serves_and_unloads_after_its_running_request(lora_stack, adapters,
+                                                                                         expected):
+    base = lora_stack.base_url
+    async with httpx.AsyncClient(base_url=base, timeout=120) as http, _client(lora_stack) as client:
+        loaded = await http.post("/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": adapters["late"]})
+        assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'late' added successfully."
+        assert "late" in {m.id for m in (await client.models.list()).data}
+        assert await _complete(client, "late") == expected["late"]
+        again = await http.post("/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": adapters["late"]})
+        assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
+        stream = await client.completions.create(model="late", prompt=PROMPT, max_tokens=40, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        chunks = [await anext(stream)]
+        unloaded = await http.post("/v1/unload_lora_adapter", json={"lora_name": "late"})
+        assert unloaded.status_code == 200 and unloaded.text == "Success: LoRA adapter 'late' removed successfully."
+        with pytest.raises(openai.NotFoundError):  # new requests are refused at once
+            await _complete(client, "late")
+        chunks += [chunk async for chunk in stream]  # the running one finishes on the adapter
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        assert chunks[-1].choices[0].finish_reason == "length" and text.startswith(expected["late"])
+        gone = await http.post("/v1/unload_lora_adapter", json={"lora_name": "late"})
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+        assert "late" not in {m.id for m in (await client.models.list()).data}
+
+
+async def test_bad_adapters_and_names_are_refused_with_their_status(lora_stack, adapters, tmp_path):
+    async with httpx.AsyncClient(base_url=lora_stack.base_url, timeout=120) as http, _client(lora_stack) as client:
+        with pytest.raises(openai.NotFoundError) as missing:
+            await _complete(client, "nobody")
+        assert missing.value.body["code"] == "model_not_found"
+        big = await http.post("/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": adapters["too-big"]})
+        assert big.status_code == 400 and "rank 32 is over --max-lora-rank 16" in big.json()["error"]["message"]
+        nowhere = await http.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path)})
+        assert nowhere.status_code == 400 and "no adapter_config.json" in nowhere.json()["error"]["message"]
+        unknown = await http.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path),
+                                                                  "lora_int_id": 3})
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "lora_int_id"
+        assert "big" not in {m.id for m in (await client.models.list()).data}
