@@ -173,3 +173,29 @@ def test_adapters_that_do_not_fit_are_refused_by_name(lora_model, tmp_path):
         load_adapter("dora", str(tmp_path / "dora"), cfg, max_rank=16)
     with pytest.raises(LoraError, match="no adapter_config.json"):
         load_adapter("none", str(tmp_path), cfg, max_rank=16)
+
+
+def test_the_cuda_backends_lora_kernels_give_the_torch_paths_tokens(lora_model):
+    """The CUDA backend (its Triton kernels interpreted on the CPU, float32) with four adapters and the
+    base in one batch: each request's greedy tokens equal the torch path's."""
+    from services.worker.backends.cuda.backend import CudaBackend
+    from services.worker.backends.cuda.ops import TritonOps
+    from services.worker.backends.kv_pool import KVSpec
+    from services.worker.model_runner import ModelRunner
+
+    base_dir, adapters = lora_model
+    loaded = load_model(base_dir, "auto", torch.float32, TritonOps())
+    backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, torch.float32), 24, torch.device("cpu"))
+    triton = ModelRunner(backend, max_model_len=8192, eos_token_ids=loaded.config.eos_token_ids,
+                         lora=LoraManager(loaded.model, loaded.config, LoraLimits(4, 16)))
+    for name, path in adapters.items():
+        triton.lora.add(name, path)
+    outputs = []
+    for runner in (our_runner(base_dir, adapters), triton):
+        engine = InProcessEngine(None, num_blocks=24, max_num_batched_tokens=48, runner=runner)
+        engine.scheduler.max_loras = 4
+        for name, prompt in prompts().items():
+            engine.add(name, prompt, 8, min_tokens=8)
+            engine.scheduler.requests[name].lora = None if name == "base" else name
+        outputs.append(engine.run())
+    assert outputs[1] == outputs[0]
