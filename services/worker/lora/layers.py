@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+PADDED_MAX_TOKENS = 64  # past this, a step's adapters go one matmul pair each (mostly prefill chunks)
+
 
 @dataclass
 class LoraRows:
@@ -18,6 +20,9 @@ class LoraRows:
 
     token_slots: torch.Tensor
     groups: list[tuple[int, slice | torch.Tensor]]
+    # a decode-sized step (<= PADDED_MAX_TOKENS tokens): each slot 0..S-1's tokens as one row of
+    # indices [S, n], padded with T (a zero row), so every adapter's tokens go in one batched matmul
+    padded: torch.Tensor | None = None
 
     @classmethod
     def of(cls, slots_per_row: list[int], tokens_per_row: list[int], device: torch.device) -> LoraRows | None:
@@ -36,7 +41,15 @@ class LoraRows:
             else:
                 index = torch.cat([torch.arange(starts[r], starts[r + 1]) for r in rows])
                 groups.append((slot, index.to(device)))
-        return cls(token_slots.to(device), groups)
+        padded = None
+        if starts[-1] <= PADDED_MAX_TOKENS:
+            tokens = [[] for _ in range(max(slots_per_row) + 1)]
+            for row, slot in enumerate(slots_per_row):
+                if slot >= 0:
+                    tokens[slot].extend(range(starts[row], starts[row + 1]))
+            width = max(len(t) for t in tokens)
+            padded = torch.tensor([t + [starts[-1]] * (width - len(t)) for t in tokens]).to(device)
+        return cls(token_slots.to(device), groups, padded)
 
 
 class LoraState:
