@@ -38,7 +38,8 @@ C_FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11", "-Wall"]
 # fixed whatever the batch); infinities stay, the softmax starts from -inf. quant_linear.c keeps
 # its sums in order (its header says why).
 SOURCE_FLAGS = {"decode_attention.c": ["-ffast-math", "-fno-finite-math-only"],
-                "fused_ops.c": ["-ffast-math", "-fno-finite-math-only"]}
+                "fused_ops.c": ["-ffast-math", "-fno-finite-math-only"],
+                "lora.c": ["-ffast-math", "-fno-finite-math-only"]}
 
 
 def kernels_dir() -> Path:

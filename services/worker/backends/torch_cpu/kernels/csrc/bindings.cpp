@@ -37,6 +37,8 @@ struct Variant {
   decltype(&rotary_bf16_portable) rotary_bf16;
   decltype(&silu_and_mul_f32_portable) silu_and_mul_f32;
   decltype(&silu_and_mul_bf16_portable) silu_and_mul_bf16;
+  decltype(&lora_add_f32_portable) lora_add_f32;
+  decltype(&lora_add_bf16_portable) lora_add_bf16;
   DecodeF32 decode_f32_64, decode_f32_128;
   DecodeBF16 decode_bf16_64, decode_bf16_128;
 };
@@ -44,7 +46,8 @@ struct Variant {
 #define SY_ENTRY(V, RUNS)                                                                            \
   Variant {                                                                                          \
     #V, RUNS, quant_linear_f32_##V, add_rms_norm_f32_##V, add_rms_norm_bf16_##V, rotary_f32_##V,     \
-        rotary_bf16_##V, silu_and_mul_f32_##V, silu_and_mul_bf16_##V, decode_attention_f32_64_##V,   \
+        rotary_bf16_##V, silu_and_mul_f32_##V, silu_and_mul_bf16_##V, lora_add_f32_##V,             \
+        lora_add_bf16_##V, decode_attention_f32_64_##V,                                                \
         decode_attention_f32_128_##V, decode_attention_bf16_64_##V, decode_attention_bf16_128_##V    \
   }
 
@@ -221,6 +224,37 @@ at::Tensor silu_and_mul(const at::Tensor &gate_up) {
   return out;
 }
 
+// y [T, out] += b[s] @ a[s] @ x[t] for each token t of slot s = slots[t] >= 0, in place: x [T, in],
+// a [S, width, in], b [S, out, width] of y's dtype, contiguous; slots [T] int64, each -1 or a slot
+void lora_add_(at::Tensor &y, const at::Tensor &x, const at::Tensor &a, const at::Tensor &b,
+               const at::Tensor &slots) {
+  check_float(y, "y");
+  for (const auto *t : {&x, &a, &b}) {
+    check_same_dtype(y, *t, "x, a and b");
+    TORCH_CHECK(t->is_contiguous(), "x, a and b must be contiguous");
+  }
+  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), "y must be a contiguous [tokens, out], got ", y.sizes());
+  TORCH_CHECK(x.dim() == 2 && a.dim() == 3, "x must be [tokens, in] and a [slots, width, in]");
+  const int64_t tokens = y.size(0), out = y.size(1), in = x.size(1), num_slots = a.size(0), width = a.size(1);
+  check_shape(x, {tokens, in}, "x");
+  check_shape(a, {num_slots, width, in}, "a");
+  check_shape(b, {num_slots, out, width}, "b");
+  TORCH_CHECK(width > 0 && width <= 4096, "a slot's width must be 1..4096, got ", width);
+  check_cpu(slots, "slots");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous(), "slots must be contiguous int64");
+  check_shape(slots, {tokens}, "slots");
+  const int64_t *slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; t++)
+    TORCH_CHECK(slot[t] >= -1 && slot[t] < num_slots, "slots[", t, "] = ", slot[t], " is not -1 or one of the ",
+                num_slots, " slots");
+  if (y.scalar_type() == at::kFloat)
+    current->lora_add_f32(data<float>(x), data<float>(y), data<float>(a), data<float>(b), slot, tokens, in, out,
+                          width);
+  else
+    current->lora_add_bf16(data<uint16_t>(x), data<uint16_t>(y), data<uint16_t>(a), data<uint16_t>(b), slot,
+                           tokens, in, out, width);
+}
+
 // q: [B, heads, d] (d 64 or 128); caches: [blocks, kv heads, block size, d] of q's dtype;
 // block_tables: [B, max blocks] int64, every id a block of the caches; context_lens: [B] int64,
 // each within its table
@@ -278,6 +312,7 @@ TORCH_LIBRARY(switchyard_cpu, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor a, Tensor b, Tensor slots) -> ()");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
         "float scale) -> Tensor");
   m.def("variant() -> str", &variant);
@@ -290,5 +325,6 @@ TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("rotary", &rotary);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("lora_add_", &lora_add_);
   m.impl("decode_attention", &decode_attention);
 }
