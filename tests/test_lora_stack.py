@@ -1,5 +1,6 @@
-"""LoRA adapters through the whole stack with the official openai client: served from start
-(--lora-modules) and loaded at run time (vLLM's routes), listed by /v1/models with their parent,
+"""LoRA adapters through the whole stack on `make run`'s defaults, with the official openai client:
+served from start (--lora-modules) and loaded at run time (vLLM's routes), listed by /v1/models
+with their parent,
 each answering as transformers with PEFT's merged weights, in one mixed batch; unloaded while a
 request runs on it; what is refused and with which status. Random adapters saved by peft for the
 real SmolLM2's shapes."""
@@ -43,8 +44,11 @@ def adapters(tmp_path_factory, hf_model) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def lora_stack(tmp_path_factory, adapters):
-    stack = _start_stack(tmp_path_factory, "lora", 1, ["--lora-modules", f"sql={adapters['sql']}",
-                                                       f"chat-qv={adapters['chat-qv']}", "--max-loras", "2"])
+    """On `make run`'s defaults (the suite's other stacks run --deterministic): the C kernels, the
+    GGUF's Q8_0 blocks kept, the adapters' deltas from the C grouped LoRA GEMM."""
+    stack = _start_stack(tmp_path_factory, "lora", 1, [
+        "--no-deterministic", "--lora-modules", f"sql={adapters['sql']}", f"chat-qv={adapters['chat-qv']}",
+        "--max-loras", "2"])
     yield stack
     stack.stop()
 
