@@ -7,7 +7,7 @@ records, so they cannot disagree (the scheduler still refuses a worker whose KV 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.config import DEFAULTS, ConfigError, EngineConfig
 from shared.deploy_config import DeploymentConfig, parse_memory
@@ -18,6 +18,8 @@ from shared.registry import ModelVersion, Pipeline, Registry
 class DeployedModel:
     pipeline: Pipeline
     version: ModelVersion
+    loras: list[ModelVersion] = field(default_factory=list)  # LoRA adapters served beside the model
+    lora_paths: dict[str, str] = field(default_factory=dict)  # on a worker: each adapter's files, by name
 
     @property
     def name(self) -> str:
@@ -94,4 +96,12 @@ async def load_deployed(registry: Registry, pipeline: Pipeline) -> DeployedModel
                           "status is ready")
     if version.status != "ready":
         raise ConfigError(f"model {step.model!r} version {step.version} is {version.status}: {version.error}")
-    return DeployedModel(pipeline, version)
+    loras = []
+    for adapter in pipeline.loras:
+        record = await registry.version(adapter.model, adapter.version)
+        if record is None or record.status != "ready":
+            raise ConfigError(f"LoRA adapter {adapter.model!r} version {adapter.version} is not ready in the registry")
+        if record.lora_base != step:
+            raise ConfigError(f"LoRA adapter {adapter.model!r} adapts {record.lora_base}, not this pipeline's model step")
+        loras.append(record)
+    return DeployedModel(pipeline, version, loras)

@@ -64,3 +64,22 @@ def parse_lora_modules(values: list[str]) -> dict[str, str]:
             raise ValueError(f"--lora-modules takes NAME=PATH entries, got {value!r}")
         modules[name] = path
     return modules
+
+
+def peft_lora_rank(folder: str) -> int:
+    """The rank of the PEFT LoRA adapter in `folder` (an upload's first check; the worker checks the
+    rest against its model); ValueError saying what is missing."""
+    import json
+    from pathlib import Path
+
+    config, weights = Path(folder) / "adapter_config.json", Path(folder) / "adapter_model.safetensors"
+    if not config.is_file() or not weights.is_file():
+        raise ValueError("a LoRA adapter is PEFT's directory: adapter_config.json and adapter_model.safetensors")
+    try:
+        raw = json.loads(config.read_text())
+        rank = int(raw["r"])
+    except Exception as exc:
+        raise ValueError(f"adapter_config.json cannot be read ({type(exc).__name__}: {exc})") from None
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"adapter_config.json: peft_type {raw['peft_type']!r} is not LoRA")
+    return rank

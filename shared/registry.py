@@ -41,6 +41,11 @@ AGENTS_BUCKET = "sy-agents"
 AGENT_TTL_S = 10.0  # an agent refreshes its entry every few seconds; a dead one disappears
 
 
+class PipelineStep(msgspec.Struct):
+    model: str
+    version: int
+
+
 class ModelVersion(msgspec.Struct, kw_only=True):
     name: str
     version: int
@@ -63,15 +68,12 @@ class ModelVersion(msgspec.Struct, kw_only=True):
     architecture: str = ""  # read from the artifact at upload
     context_length: int = 0
     error: str | None = None
+    lora_base: PipelineStep | None = None  # a LoRA adapter (PEFT's files): the model version it adapts
+    lora_rank: int = 0
 
     @property
     def object_name(self) -> str:
         return f"{self.name}/{self.version}/{self.file_name}"
-
-
-class PipelineStep(msgspec.Struct):
-    model: str
-    version: int
 
 
 class Publish(msgspec.Struct, kw_only=True):
@@ -102,6 +104,7 @@ class Pipeline(msgspec.Struct, kw_only=True):
     # pipeline of its own, named here; those name their parent
     children: list[str] = []
     parent: str | None = None
+    loras: list[PipelineStep] = []  # LoRA adapters of its model step, served beside it by its name
 
     @property
     def serves(self) -> bool:

@@ -76,13 +76,16 @@ class Client:
                      input_schema=None, output_schema=None,
                      visibility: str = "private", workspace_id: int | None = None,
                      python_version: str | None = None, requirements: list[str] | None = None,
-                     convert_wait: bool = True) -> ModelVersion:
+                     convert_wait: bool = True, lora_base: ModelVersion | None = None) -> ModelVersion:
         """A GGUF file, a Hugging Face model directory (zipped on the way) or a zip of one.
+        lora_base: `path` is a LoRA adapter (PEFT's directory) of that model version; it runs as its
+        base does, and a pipeline with the base's step serves it by its own name (add_model_step).
         convert_wait=False returns once the file is stored, its status "converting"; `refresh()`
         shows it move to "ready" (or "error", with the reason)."""
         config = framework_config or FrameworkConfig()
         metadata = {
             "name": name, "visibility": visibility, "workspace_id": workspace_id, "convert_wait": convert_wait,
+            "lora_base": {"name": lora_base.name, "version": lora_base.version} if lora_base else None,
             "input_schema": arrow_schema.to_wire(input_schema), "output_schema": arrow_schema.to_wire(output_schema),
             "conversion": {"framework": framework, "accel": accel.to_wire(), "python_version": python_version,
                            "requirements": requirements or [],
@@ -192,6 +195,8 @@ class Pipeline:
         return self.client._post(f"/v1/api/pipelines/{action}", json={"pipeline": self.name, **fields})
 
     def add_model_step(self, model: ModelVersion) -> Pipeline:
+        """A model step; a LoRA adapter (uploaded with lora_base) joins its base's step instead, served
+        beside it under the adapter's name (a request's `model`)."""
         self.record = self._call("add_step", model=model.name, version=model.version)["pipeline"]
         return self
 

@@ -53,18 +53,21 @@ def lora_stack(tmp_path_factory, adapters):
     stack.stop()
 
 
+def merged_text(hf_model, hf_tokenizer, adapter: str | None) -> str:
+    """PROMPT's greedy continuation by transformers with the adapter's weights merged in by PEFT."""
+    ids = torch.tensor([hf_tokenizer.encode(PROMPT)])
+    model = copy.deepcopy(hf_model)
+    if adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    with torch.inference_mode():
+        tokens = model.generate(ids, max_new_tokens=NUM_TOKENS, min_new_tokens=NUM_TOKENS, do_sample=False)
+    return hf_tokenizer.decode(tokens[0, ids.shape[1]:])
+
+
 @pytest.fixture(scope="module")
 def expected(hf_model, hf_tokenizer, adapters) -> dict[str, str]:
     """Each adapter's greedy text from transformers with PEFT's merged weights (and the base's)."""
-    ids = torch.tensor([hf_tokenizer.encode(PROMPT)])
-    out = {}
-    for name in [None, *ADAPTERS]:
-        model = copy.deepcopy(hf_model)
-        if name is not None:
-            model = peft.PeftModel.from_pretrained(model, adapters[name]).merge_and_unload()
-        with torch.inference_mode():
-            tokens = model.generate(ids, max_new_tokens=NUM_TOKENS, min_new_tokens=NUM_TOKENS, do_sample=False)
-        out[name or "base"] = hf_tokenizer.decode(tokens[0, ids.shape[1]:])
+    out = {name or "base": merged_text(hf_model, hf_tokenizer, adapters.get(name)) for name in [None, *ADAPTERS]}
     assert len(set(out.values())) == len(out)  # every adapter answers its own way
     return out
 

@@ -97,7 +97,7 @@ def main() -> None:
     generates = config.load_format != "dummy" and backend.config.pooling is None  # an encoder samples nothing
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if generates else None
-    lora = lora_manager(args, backend, device)
+    lora = lora_manager(args, backend, device, deployed)
     backend.warm_up()
     # sleep mode's wake builds the backend again from the file (a background compile would hold the old one)
     rebuild = None if spec.compile else lambda: create_backend(device, spec)
@@ -138,10 +138,20 @@ async def _set_when(first: asyncio.Event, then: asyncio.Event) -> None:
     then.set()
 
 
-def lora_manager(args: argparse.Namespace, backend, device: str) -> LoraManager | None:
-    """LoRA slots on the model's Linears and the --lora-modules in them (--enable-lora); None: off."""
-    if not (args.enable_lora or args.lora_modules):
-        return None
+def lora_manager(args: argparse.Namespace, backend, device: str, deployed=None) -> LoraManager | None:
+    """LoRA slots on the model's Linears and the --lora-modules in them (--enable-lora), or a deployed
+    pipeline's adapters; None: off."""
+    if deployed is not None:  # a deployment serves its pipeline's adapters, not the stack's flags
+        modules = deployed.lora_paths
+        if not modules:
+            return None
+    else:
+        if not (args.enable_lora or args.lora_modules):
+            return None
+        try:
+            modules = parse_lora_modules(args.lora_modules)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if device == "qaic":
         raise ConfigError("LoRA adapters: the qaic backend runs one compiled program of the base model's weights "
                           "(docs/qaic.md); serve adapters on the cpu or cuda backend")
@@ -153,9 +163,9 @@ def lora_manager(args: argparse.Namespace, backend, device: str) -> LoraManager 
         raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
     manager = LoraManager(backend.model, backend.config, limits)
     try:
-        for name, path in parse_lora_modules(args.lora_modules).items():
+        for name, path in modules.items():
             manager.add(name, path)
-    except (LoraError, ValueError) as exc:
+    except LoraError as exc:
         raise ConfigError(str(exc)) from None
     return manager
 

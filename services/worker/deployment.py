@@ -30,6 +30,7 @@ async def _fetch(nats_url: str, pipeline_name: str, generation: int):
         deployed = await load_deployed(registry, pipeline)
         custom = None
         path = await registry.model_path(deployed.version)
+        deployed.lora_paths = {a.name: await registry.model_path(a) for a in deployed.loras}
         if deployed.version.framework == "custom":
             root = artifact_root(await registry.fetch_artifact(deployed.version, cache_root()))
             custom = CustomRuntime(await asyncio.to_thread(python_for, deployed.version.sha256, root), str(root))

@@ -110,8 +110,8 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     """
     ctx: ApiContext = request.app.state.ctx
     raw = await read_json(request, ctx.server.max_body_bytes)
-    if model_name is not None:
-        raw["model"] = model_name
+    if model_name is not None and not _adapter_of(ctx, raw.get("model"), model_name):
+        raw["model"] = model_name  # the route's model, unless the body names one of its LoRA adapters
     elif raw.get("model") in (None, "") and ctx.models:  # vLLM's rule: no name is the stack's own model
         raw["model"] = next(iter(ctx.models))
     model = served_model(ctx, raw)
@@ -123,6 +123,11 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
                        code="openai_not_enabled")
     body = validate(cls, raw, defaults_of(model) if model is not None and defaults_of else None)
     return ctx, model, body  # validation requires `model`, so model is set here
+
+
+def _adapter_of(ctx: ApiContext, name, model_name: str) -> bool:
+    base = ctx.resolve(model_name)
+    return isinstance(name, str) and base is not None and any(info.name == name for info in base.loras)
 
 
 def validate(cls: type[Body], raw: dict, defaults: dict | None = None) -> Body:

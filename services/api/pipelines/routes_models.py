@@ -40,8 +40,9 @@ from shared.deploy_config import (
     workspace_id,
 )
 from shared.gguf_fields import is_gguf
+from shared.lora import peft_lora_rank
 from shared.model_files import artifact_root, cache_root, inspect_artifact, model_in, unpacked
-from shared.registry import ModelVersion
+from shared.registry import ModelVersion, PipelineStep
 
 router = APIRouter(prefix="/v1/api/models")
 MAX_METADATA_BYTES = 1 << 20
@@ -77,6 +78,8 @@ async def upload_and_convert(request: Request) -> JSONResponse:
         if not isinstance(metadata, str):
             raise APIError(400, "the upload needs a `metadata` part (JSON)", param="metadata")
         record, convert_wait = _new_version(metadata, os.path.basename(upload.filename or "model.gguf"))
+        if record.lora_base is not None:
+            await _check_lora_base(registry, record)
         record = await registry.create_version(record)
         try:
             record.sha256, record.size = await registry.put_artifact(record.object_name, upload.file)
@@ -140,6 +143,7 @@ def _new_version(metadata: str, file_name: str) -> tuple[ModelVersion, bool]:
         shown_to = visibility(meta.get("visibility", "private"))
         schemas = {"input_schema": meta.get("input_schema"), "output_schema": meta.get("output_schema")}
         check_schemas(schemas, framework)
+        lora_base = _lora_base(meta.get("lora_base"), framework)
         if conversion.get("requirements"):
             raise ConfigError(f"conversion.requirements = {conversion['requirements']!r} is not supported: a vLLM "
                               "model runs in the server's own pinned environment, and a custom model's "
@@ -152,8 +156,31 @@ def _new_version(metadata: str, file_name: str) -> tuple[ModelVersion, bool]:
     return ModelVersion(name=name, version=0, file_name=file_name, sha256="", size=0, status="uploading",
                         created_at=time.time(), framework=framework, framework_config=framework_config,
                         accel=accel, visibility=shown_to,
-                        workspace_id=workspace, python_version=conversion.get("python_version"), **schemas), \
+                        workspace_id=workspace, python_version=conversion.get("python_version"),
+                        lora_base=lora_base, **schemas), \
         convert_wait
+
+
+def _lora_base(raw, framework: str) -> PipelineStep | None:
+    """metadata.lora_base: {name, version} of the model version a LoRA adapter upload adapts."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or type(raw.get("version")) is not int:
+        raise ConfigError(f"lora_base must be {{\"name\": <model>, \"version\": <int>}}, got {raw!r}")
+    if framework != "vllm":
+        raise ConfigError(f"a LoRA adapter is served by the engine (framework 'vllm'), not {framework!r}")
+    return PipelineStep(raw["name"], raw["version"])
+
+
+async def _check_lora_base(registry, record: ModelVersion) -> None:
+    base = await registry.version(record.lora_base.model, record.lora_base.version)
+    if base is None:
+        raise APIError(404, f"lora_base: model {record.lora_base.model!r} version {record.lora_base.version} does "
+                       "not exist", param="lora_base", code="model_not_found")
+    if base.status != "ready" or base.framework != "vllm" or base.lora_base is not None:
+        raise APIError(400, f"lora_base: model {base.name!r} version {base.version} is not a ready vllm base model "
+                       f"(status {base.status!r}, framework {base.framework!r})", param="lora_base")
+    record.framework_config, record.accel = base.framework_config, base.accel  # it runs as its base does
 
 
 def check_schemas(schemas: dict, framework: str) -> None:
@@ -182,6 +209,10 @@ def _inspect_file(path, record: ModelVersion) -> None:
     context checked; a custom model's zip also has its script found and its environment made (its
     requirements installed), so an upload that cannot run says so."""
     loadable = unpacked(str(path))
+    if record.lora_base is not None:
+        record.lora_rank = peft_lora_rank(loadable)
+        record.architecture = "LoRA adapter"
+        return
     if record.framework == "custom":
         if not zipfile.is_zipfile(path):
             raise ValueError("a custom model is a zip: its .py script, requirements.txt and model/")

@@ -72,7 +72,14 @@ async def add_step(request: Request) -> JSONResponse:
     if record is None:
         raise APIError(404, f"model {model!r} (version {version or 'latest'}) does not exist", param="model",
                        code="model_not_found")
-    pipeline.steps.append(PipelineStep(record.name, record.version))
+    if record.lora_base is not None:  # an adapter: served beside its base's step, by its own name
+        if record.lora_base not in pipeline.steps:
+            raise APIError(400, f"model {record.name!r} is a LoRA adapter of {record.lora_base.model!r} version "
+                           f"{record.lora_base.version}: add that model's step to the pipeline first", param="model")
+        if all(a.model != record.name for a in pipeline.loras):
+            pipeline.loras.append(PipelineStep(record.name, record.version))
+    else:
+        pipeline.steps.append(PipelineStep(record.name, record.version))
     await registry.put_pipeline(pipeline)
     return JSONResponse(_described(pipeline))
 
@@ -81,7 +88,7 @@ async def add_step(request: Request) -> JSONResponse:
 async def clear_steps(request: Request) -> JSONResponse:
     body, registry = await read_body(request)
     pipeline = await find_pipeline(registry, body)
-    pipeline.steps = []
+    pipeline.steps, pipeline.loras = [], []
     await registry.put_pipeline(pipeline)
     return JSONResponse(_described(pipeline))
 
