@@ -51,9 +51,12 @@ class LayerOps(Protocol):
         """x [T, H] through each token's top-k SwiGLU experts (w13 [E, 2I, H]: gate rows then up;
         w2 [E, H, I]; experts and their routing weights [T, k]), weighted and summed -> [T, H]."""
 
-    def lora_add(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: Any) -> torch.Tensor:
+    def lora_add(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: Any,
+                 out_sizes: list[int]) -> torch.Tensor:
         """y [T, out] += b[s] @ a[s] @ x[t] for each token t whose row runs on the adapter in slot s
-        (rows: lora/layers.py's LoraRows; a [S, R', in], b [S, out, R']) -> y (added in place or not)."""
+        (rows: lora/layers.py's LoraRows; a [S, R', in], b [S, out, R']) -> y (added in place or not).
+        b is block-diagonal: output slice i (out_sizes) is zero outside columns i*R'/n..; an op may
+        skip the zeros."""
 
 
 class ForwardInputs(Protocol):

@@ -95,4 +95,4 @@ class LoraLinear(nn.Module):
         rows = self.state.rows
         if rows is None:
             return y
-        return self.ops.lora_add(x, y, self.a, self.b, rows)
+        return self.ops.lora_add(x, y, self.a, self.b, rows, self.out_sizes)

@@ -46,5 +46,5 @@ class TritonOps:
     def routed_experts(self, x, w13, w2, weights, experts):
         return grouped_experts(x, w13, w2, weights, experts)
 
-    def lora_add(self, x, y, a, b, rows):
+    def lora_add(self, x, y, a, b, rows, out_sizes):
         return lora_add(x, y, a, b, rows)

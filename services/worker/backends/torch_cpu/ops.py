@@ -73,9 +73,9 @@ class TorchOps:
     def routed_experts(self, x, w13, w2, weights, experts):
         return grouped_experts(x, w13, w2, weights, experts)
 
-    def lora_add(self, x, y, a, b, rows):
+    def lora_add(self, x, y, a, b, rows, out_sizes):
         if self._is_native(x) and y.is_contiguous() and x.dtype == y.dtype == a.dtype:
-            torch.ops.switchyard_cpu.lora_add_(y, x.contiguous(), a, b, rows.token_slots)
+            torch.ops.switchyard_cpu.lora_add_(y, x.contiguous(), a, b, rows.token_slots, out_sizes)
             return y
         return lora_add(x, y, a, b, rows)
 

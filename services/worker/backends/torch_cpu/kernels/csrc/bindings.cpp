@@ -225,9 +225,10 @@ at::Tensor silu_and_mul(const at::Tensor &gate_up) {
 }
 
 // y [T, out] += b[s] @ a[s] @ x[t] for each token t of slot s = slots[t] >= 0, in place: x [T, in],
-// a [S, width, in], b [S, out, width] of y's dtype, contiguous; slots [T] int64, each -1 or a slot
+// a [S, width, in], b [S, out, width] of y's dtype, contiguous; slots [T] int64, each -1 or a slot;
+// out_sizes: b's output slices, each reading its own width / len(out_sizes) columns (zero elsewhere)
 void lora_add_(at::Tensor &y, const at::Tensor &x, const at::Tensor &a, const at::Tensor &b,
-               const at::Tensor &slots) {
+               const at::Tensor &slots, at::IntArrayRef out_sizes) {
   check_float(y, "y");
   for (const auto *t : {&x, &a, &b}) {
     check_same_dtype(y, *t, "x, a and b");
@@ -240,6 +241,15 @@ void lora_add_(at::Tensor &y, const at::Tensor &x, const at::Tensor &a, const at
   check_shape(a, {num_slots, width, in}, "a");
   check_shape(b, {num_slots, out, width}, "b");
   TORCH_CHECK(width > 0 && width <= 4096, "a slot's width must be 1..4096, got ", width);
+  const int64_t num_slices = static_cast<int64_t>(out_sizes.size());
+  TORCH_CHECK(num_slices > 0 && width % num_slices == 0, "the width ", width, " must split into ", num_slices,
+              " slices");
+  std::vector<int64_t> offsets{0};
+  for (int64_t size : out_sizes) {
+    TORCH_CHECK(size >= 0, "out_sizes must not be negative");
+    offsets.push_back(offsets.back() + size);
+  }
+  TORCH_CHECK(offsets.back() == out, "out_sizes must sum to ", out, ", got ", offsets.back());
   check_cpu(slots, "slots");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous(), "slots must be contiguous int64");
   check_shape(slots, {tokens}, "slots");
@@ -247,12 +257,14 @@ void lora_add_(at::Tensor &y, const at::Tensor &x, const at::Tensor &a, const at
   for (int64_t t = 0; t < tokens; t++)
     TORCH_CHECK(slot[t] >= -1 && slot[t] < num_slots, "slots[", t, "] = ", slot[t], " is not -1 or one of the ",
                 num_slots, " slots");
+  int status;
   if (y.scalar_type() == at::kFloat)
-    current->lora_add_f32(data<float>(x), data<float>(y), data<float>(a), data<float>(b), slot, tokens, in, out,
-                          width);
+    status = current->lora_add_f32(data<float>(x), data<float>(y), data<float>(a), data<float>(b), slot, tokens, in,
+                                   out, width, num_slots, offsets.data(), num_slices);
   else
-    current->lora_add_bf16(data<uint16_t>(x), data<uint16_t>(y), data<uint16_t>(a), data<uint16_t>(b), slot,
-                           tokens, in, out, width);
+    status = current->lora_add_bf16(data<uint16_t>(x), data<uint16_t>(y), data<uint16_t>(a), data<uint16_t>(b),
+                                    slot, tokens, in, out, width, num_slots, offsets.data(), num_slices);
+  TORCH_CHECK(status == 0, "lora_add ran out of memory");
 }
 
 // q: [B, heads, d] (d 64 or 128); caches: [blocks, kv heads, block size, d] of q's dtype;
@@ -312,7 +324,7 @@ TORCH_LIBRARY(switchyard_cpu, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
-  m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor a, Tensor b, Tensor slots) -> ()");
+  m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor a, Tensor b, Tensor slots, int[] out_sizes) -> ()");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
         "float scale) -> Tensor");
   m.def("variant() -> str", &variant);

@@ -27,11 +27,14 @@ void SY_KERNEL(rotary_bf16)(const uint16_t *x, int64_t x_stride, const float *co
 void SY_KERNEL(silu_and_mul_f32)(const float *gate_up, float *out, int64_t rows, int64_t width);
 void SY_KERNEL(silu_and_mul_bf16)(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width);
 
-/* lora.c: y[t] += B[s] A[s] x[t] for each token t of slot s = slots[t] >= 0 (the grouped LoRA GEMM) */
-void SY_KERNEL(lora_add_f32)(const float *x, float *y, const float *a, const float *b, const int64_t *slots,
-                             int64_t tokens, int64_t in, int64_t out, int64_t width);
-void SY_KERNEL(lora_add_bf16)(const uint16_t *x, uint16_t *y, const uint16_t *a, const uint16_t *b,
-                              const int64_t *slots, int64_t tokens, int64_t in, int64_t out, int64_t width);
+/* lora.c: y[t] += B[s] A[s] x[t] for each token t of slot s = slots[t] >= 0 (the grouped LoRA GEMM),
+ * B block-diagonal over num_slices output slices; 0, or -2 out of memory */
+int SY_KERNEL(lora_add_f32)(const float *x, float *y, const float *a, const float *b, const int64_t *slots,
+                            int64_t tokens, int64_t in, int64_t out, int64_t width, int64_t num_slots,
+                            const int64_t *offsets, int64_t num_slices);
+int SY_KERNEL(lora_add_bf16)(const uint16_t *x, uint16_t *y, const uint16_t *a, const uint16_t *b,
+                             const int64_t *slots, int64_t tokens, int64_t in, int64_t out, int64_t width,
+                             int64_t num_slots, const int64_t *offsets, int64_t num_slices);
 
 /* decode_attention.c: one query token per sequence over the paged KV cache; 0, or -2 out of memory */
 #define SY_DECODE_ATTENTION(T, NAME)                                                                 \
