@@ -1,5 +1,6 @@
 """Two workers: a request whose prefix is cached is routed to the worker that holds it; the
-KV-cache service knows which pool holds what, and rebuilds that after its own restart."""
+KV-cache service knows which pool holds what, and rebuilds that after its own restart; a request
+on a LoRA adapter goes to the worker already running it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from shared import subjects
 from shared.client import BusClient
+from shared.lora import LORA_STATE_DECODER, LoadLora
 from shared.messages import (
     KV_STATS_REPLY_DECODER,
     FinishReason,
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.stack
 def two_worker_stack(tmp_path_factory, model_name):
     from tests.conftest import _start_stack
 
-    s = _start_stack(tmp_path_factory, "two-workers", num_workers=2, extra_args=[])
+    s = _start_stack(tmp_path_factory, "two-workers", num_workers=2, extra_args=["--enable-lora"])
     asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))  # /health is ready with one; routing needs both
     yield s
     s.stop()
@@ -45,9 +47,9 @@ async def _wait_for_workers(nats_url: str, model: str, num_workers: int, timeout
         await nc.close()
 
 
-async def run(bus: BusClient, model: str, prompt_ids: list[int], max_tokens: int):
+async def run(bus: BusClient, model: str, prompt_ids: list[int], max_tokens: int, lora: str | None = None):
     stream = await bus.submit(model, prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                                 ignore_eos=True))
+                                                                 ignore_eos=True), lora=lora)
     entries = [e async for e in stream.entries(timeout=120)]
     return stream.worker_id, entries[0].num_cached_tokens, [t for e in entries for t in e.token_ids]
 
@@ -97,6 +99,35 @@ async def test_prefix_routing_and_kv_index(two_worker_stack, model_name):
         except Exception:
             continue
     assert await kv_stats(nc) == stats
+    await bus.stop()
+    await nc.close()
+
+
+async def test_a_request_on_an_adapter_goes_to_the_worker_already_running_it(two_worker_stack, model_name,
+                                                                           hf_model, tmp_path):
+    """Loaded on both workers at run time (through the scheduler, as the API's route does); a second
+    request on the adapter, with no prefix in common, joins the worker whose slots hold it, where
+    least load alone would send it to the idle one; a base request still goes by load."""
+    pytest.importorskip("peft")
+    from tests.test_lora_stack import _save
+
+    _save(hf_model, tmp_path / "adapter", 4, ["q_proj", "v_proj"], False, 5)
+    nc = await nats.connect(two_worker_stack.admin_url)
+    loaded = await nc.request(subjects.lora(model_name), encode(LoadLora("route-me", str(tmp_path / "adapter"))),
+                              timeout=60)
+    assert LORA_STATE_DECODER.decode(loaded.data).error is None
+    bus = BusClient(nc)
+    await bus.start()
+    first = await bus.submit(model_name, [7000 + i for i in range(20)],
+                             SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True), lora="route-me")
+    entries = first.entries(timeout=120)
+    await entries.__anext__()
+    home = first.worker_id
+    worker, _, _ = await run(bus, model_name, [9000 + i for i in range(20)], 4, lora="route-me")
+    assert worker == home and not first.is_finished
+    worker, _, _ = await run(bus, model_name, [11000 + i for i in range(20)], 4)
+    assert worker != home and not first.is_finished
+    assert [e async for e in entries][-1].finish_reason == FinishReason.LENGTH
     await bus.stop()
     await nc.close()
 

@@ -110,6 +110,11 @@ class PoolLoop:
     def load(self) -> int:
         return self.scheduler.num_requests
 
+    @property
+    def loras_in_use(self) -> set[str]:
+        """The adapters of its requests: in its worker's slots while they run."""
+        return {r.lora for r in self.scheduler.requests.values() if r.lora is not None}
+
     def can_take(self, num_tokens: int) -> bool:
         """A request of num_tokens (prompt + max_tokens) fits this worker's context and KV memory."""
         return num_tokens <= self.hello.max_model_len and self.scheduler.kv.can_ever_fit(num_tokens)

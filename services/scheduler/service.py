@@ -183,7 +183,7 @@ class SchedulerService:
         if self.config.enable_prefix_caching and kv0 is not None:
             kv0.update_block_hashes(request)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, kv0.block_size)]
-        pool = await self.router.choose([p for p in pools if p.is_alive] or pools, lookup)
+        pool = await self.router.choose([p for p in pools if p.is_alive] or pools, lookup, request.lora)
         self._routing.pop(request.request_id, None)
         if request.request_id in self._aborted_while_routing:
             self._aborted_while_routing.discard(request.request_id)
