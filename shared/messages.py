@@ -331,56 +331,6 @@ class ModelLimits(msgspec.Struct, tag="limits"):
     loras: list[LoraInfo] = []  # the LoRA adapters its workers serve (/v1/models lists them)
 
 
-# ---- KV events and the cluster index -------------------------------------------------------
-
-
-class BlockStored(msgspec.Struct, tag="stored"):
-    block_hashes: list[BlockHash]
-    # the block before the first of them (None: they start the chain). Our index needs none (each
-    # hash chains its parent's); it is DESIGN.md's contract for consumers that build a tree of
-    # prefixes from the events, as vLLM's KV-event consumers do
-    parent_hash: BlockHash | None = None
-
-
-class BlockRemoved(msgspec.Struct, tag="removed"):
-    block_hashes: list[BlockHash]
-
-
-class PoolCleared(msgspec.Struct, tag="cleared"):
-    pass
-
-
-KvEvent = Union[BlockStored, BlockRemoved, PoolCleared]
-
-
-class KvEventBatch(msgspec.Struct, tag="kv_events"):
-    pool: str
-    model: str
-    events: list[KvEvent]
-
-
-class KvLookup(msgspec.Struct, tag="kv_lookup"):
-    model: str
-    block_hashes: list[BlockHash]
-
-
-class KvLookupReply(msgspec.Struct, tag="kv_lookup_reply"):
-    num_matched_blocks: dict[str, int]  # pool -> longest cached prefix, in blocks
-
-
-class KvStatsRequest(msgspec.Struct, tag="kv_stats"):
-    pass
-
-
-class KvStatsReply(msgspec.Struct, tag="kv_stats_reply"):
-    num_blocks_by_pool: dict[str, int]
-    model_by_pool: dict[str, str]
-
-
-class Resync(msgspec.Struct, tag="resync"):
-    pass
-
-
 class SchedulerStatsRequest(msgspec.Struct, tag="sched_stats"):
     pass
 
@@ -457,10 +407,6 @@ SCHEDULER_HEARTBEAT_DECODER = msgspec.msgpack.Decoder(SchedulerHeartbeat)
 CLIENT_HEARTBEAT_DECODER = msgspec.msgpack.Decoder(ClientHeartbeat)
 DISCOVER_DECODER = msgspec.msgpack.Decoder(Discover)
 MODEL_LIMITS_DECODER = msgspec.msgpack.Decoder(ModelLimits)
-KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)
-KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
-KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)
 SCHEDULER_STATS_DECODER = msgspec.msgpack.Decoder(SchedulerStats)
-KV_STATS_REPLY_DECODER = msgspec.msgpack.Decoder(KvStatsReply)
 SLEEP_ORDER_DECODER = msgspec.msgpack.Decoder(Union[Sleep, WakeUp])
 SLEEP_STATE_DECODER = msgspec.msgpack.Decoder(SleepState)

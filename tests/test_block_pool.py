@@ -6,7 +6,8 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from shared.hashing import hash_block_chain, root_hash
-from shared.messages import BlockRemoved, BlockStored, SamplingParams
+from shared.kv_events import BlockRemoved, BlockStored
+from shared.messages import SamplingParams
 
 ROOT = root_hash("m", "auto")
 

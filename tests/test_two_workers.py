@@ -11,11 +11,10 @@ import pytest
 
 from shared import subjects
 from shared.client import BusClient
+from shared.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
 from shared.lora import LORA_STATE_DECODER, LoadLora
 from shared.messages import (
-    KV_STATS_REPLY_DECODER,
     FinishReason,
-    KvStatsRequest,
     SamplingParams,
     encode,
 )

@@ -25,11 +25,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from shared import subjects
+from shared.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
 from shared.messages import (
     ITERATION_TOKEN_BUCKETS,
-    KV_STATS_REPLY_DECODER,
     SCHEDULER_STATS_DECODER,
-    KvStatsRequest,
     SchedulerStats,
     SchedulerStatsRequest,
     encode,

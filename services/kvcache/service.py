@@ -10,13 +10,9 @@ from nats.aio.msg import Msg
 from services.kvcache.index import KvIndex
 from shared import subjects
 from shared.endpoints import Endpoints
+from shared.kv_events import KV_EVENT_BATCH_DECODER, KV_LOOKUP_DECODER, KvLookupReply, KvStatsReply, Resync
 from shared.log import get_logger
 from shared.messages import (
-    KV_EVENT_BATCH_DECODER,
-    KV_LOOKUP_DECODER,
-    KvLookupReply,
-    KvStatsReply,
-    Resync,
     encode,
 )
 

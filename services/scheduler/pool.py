@@ -24,6 +24,7 @@ from services.scheduler.static_scheduler import StaticScheduler
 from shared import subjects
 from shared.config import EngineConfig
 from shared.hashing import root_hash
+from shared.kv_events import BlockStored, KvEventBatch, PoolCleared
 from shared.liveness import Heartbeats
 from shared.log import get_logger
 from shared.lora import LORA_STATE_DECODER, LoraOrder, LoraState
@@ -31,9 +32,6 @@ from shared.messages import (
     ITERATION_TOKEN_BUCKETS,
     SLEEP_STATE_DECODER,
     STEP_RESULT_DECODER,
-    BlockStored,
-    KvEventBatch,
-    PoolCleared,
     Sleep,
     SleepState,
     Step,

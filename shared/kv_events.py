@@ -1,0 +1,63 @@
+"""KV events and the cluster index's messages: what a scheduler tells the KV-cache service about its
+pools' blocks (sy.v1.kv.events.<pool>), and the lookups, stats and resync the service answers."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+BlockHash = bytes  # shared/hashing.py's sha256 digests
+
+
+class BlockStored(msgspec.Struct, tag="stored"):
+    block_hashes: list[BlockHash]
+    # the block before the first of them (None: they start the chain). Our index needs none (each
+    # hash chains its parent's); it is DESIGN.md's contract for consumers that build a tree of
+    # prefixes from the events, as vLLM's KV-event consumers do
+    parent_hash: BlockHash | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag="removed"):
+    block_hashes: list[BlockHash]
+
+
+class PoolCleared(msgspec.Struct, tag="cleared"):
+    pass
+
+
+KvEvent = Union[BlockStored, BlockRemoved, PoolCleared]
+
+
+class KvEventBatch(msgspec.Struct, tag="kv_events"):
+    pool: str
+    model: str
+    events: list[KvEvent]
+
+
+class KvLookup(msgspec.Struct, tag="kv_lookup"):
+    model: str
+    block_hashes: list[BlockHash]
+
+
+class KvLookupReply(msgspec.Struct, tag="kv_lookup_reply"):
+    num_matched_blocks: dict[str, int]  # pool -> longest cached prefix, in blocks
+
+
+class KvStatsRequest(msgspec.Struct, tag="kv_stats"):
+    pass
+
+
+class KvStatsReply(msgspec.Struct, tag="kv_stats_reply"):
+    num_blocks_by_pool: dict[str, int]
+    model_by_pool: dict[str, str]
+
+
+class Resync(msgspec.Struct, tag="resync"):
+    pass
+
+
+KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)
+KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
+KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)
+KV_STATS_REPLY_DECODER = msgspec.msgpack.Decoder(KvStatsReply)
