@@ -17,7 +17,6 @@ from shared.lora import LoraInfo
 
 RequestId = NewType("RequestId", str)
 WorkerId = NewType("WorkerId", str)
-BlockHash = bytes
 
 
 class FinishReason(enum.IntEnum):
