@@ -82,7 +82,8 @@ def prompts() -> dict[str, list[int]]:
 
 def test_a_mixed_batch_gives_each_adapter_the_logits_of_its_merged_model(lora_model):
     """One prefill step of five prompts (the base and four adapters, ranks 4-16, rsLoRA, attention or
-    MLP alone): every position's logits within 2e-4 of transformers with PEFT's merged weights."""
+    MLP alone), then each alone: every position's logits within 2e-4 of transformers with PEFT's
+    merged weights."""
     base_dir, adapters = lora_model
     runner = our_runner(base_dir, adapters)
     ids = prompts()
@@ -103,6 +104,15 @@ def test_a_mixed_batch_gives_each_adapter_the_logits_of_its_merged_model(lora_mo
         ours = logits[start : start + len(prompt)]
         start += len(prompt)
         assert (ours - expected).abs().max().item() < 2e-4, name
+    for name, prompt in ids.items():  # each alone, in a step of its own: the same logits
+        new = [NewSeq(request_id=f"alone-{name}", token_ids=prompt, num_prompt_tokens=len(prompt),
+                      num_computed_tokens=0, num_new_tokens=len(prompt), block_ids=list(range(40, 44)),
+                      sampling=SamplingParams(max_tokens=1), reply_to="", lora=None if name == "base" else name)]
+        batch = runner.apply_deltas(Step(step_id=1, new_seqs=new, reset=True))
+        with torch.inference_mode():
+            alone = runner.backend.compute_logits(runner.forward(batch))
+            expected = merged(base_dir, adapters.get(name))(torch.tensor([prompt])).logits[0]
+        assert (alone - expected).abs().max().item() < 2e-4, name
     with torch.inference_mode():  # and the adapters change the logits (the test would pass on no-ops otherwise)
         plain = merged(base_dir, None)(torch.tensor([ids["all-r8"]])).logits[0]
     assert (logits[37:57] - plain).abs().max().item() > 1e-2
