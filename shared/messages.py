@@ -382,6 +382,10 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     is_sleeping: bool = False  # sleep mode: the workers freed their weights and KV pool
     sleep_level: int = 0  # the level asked when it fell asleep (1 or 2); 0 awake
     loras: list[LoraInfo] = []  # the LoRA adapters its workers serve
+    # vLLM's lora_requests_info: adapters one step may mix, and those of running and waiting requests
+    max_loras: int = 0
+    running_loras: list[str] = []
+    waiting_loras: list[str] = []
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's

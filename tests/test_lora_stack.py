@@ -98,6 +98,10 @@ async def test_adapters_and_the_base_in_one_batch_answer_as_their_merged_models(
         answers = await asyncio.gather(*(_complete(client, name) for name in names))
     for name, text in zip(names, answers, strict=True):
         assert text == expected["base" if name == model_name else name], name
+    async with httpx.AsyncClient(base_url=lora_stack.base_url) as http:  # vLLM's LoRA gauge, idle now
+        metrics = (await http.get("/metrics")).text
+    assert f'vllm:lora_requests_info{{max_lora="2",model_name="{model_name}",running_lora_adapters="",' \
+           'waiting_lora_adapters=""}' in metrics
 
 
 async def test_an_adapter_loaded_at_run_time_serves_and_unloads_after_its_running_request(lora_stack, adapters,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from nats.aio.client import Client
 from prometheus_client import (
@@ -171,7 +172,12 @@ def engine_families(stats: dict[str, SchedulerStats]) -> list:
             buckets = [(str(le), n) for le, n in zip(ITERATION_TOKEN_BUCKETS, s.iteration_tokens_buckets, strict=True)]
             iteration.add_metric([model], buckets + [("+Inf", s.iteration_tokens_count)],
                                  sum_value=s.iteration_tokens_sum)
-    return families + [cache, iteration]
+    lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on LoRA requests (the value: when taken).",
+                             labels=["model_name", "max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+    for model, s in stats.items():
+        if s.max_loras:  # vLLM's labels: the adapters' names, comma-separated
+            lora.add_metric([model, str(s.max_loras), ",".join(s.waiting_loras), ",".join(s.running_loras)], time.time())
+    return families + [cache, iteration, lora]
 
 
 def _token_buckets() -> tuple[int, ...]:

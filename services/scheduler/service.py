@@ -373,6 +373,9 @@ class SchedulerService:
             iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
             devices=self.devices, architectures=self.architectures, embedding=self.embedding, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
             sleep_level=self.sleep_level, loras=self.served_loras,
+            max_loras=max((p.hello.max_loras for p in pools), default=0),
+            running_loras=sorted({r.lora for p in pools for r in p.scheduler.running if r.lora}),
+            waiting_loras=sorted({r.lora for p in pools for r in p.scheduler.waiting if r.lora}),
         )
         await msg.respond(encode(stats))
 
