@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai.body import read_json, validate
+from services.api.orders import order_scheduler
 from shared import subjects
 from shared.lora import LORA_STATE_DECODER, LoadLora, LoraOrder, UnloadLora
-from shared.messages import encode
 
 router = APIRouter()
 ORDER_TIMEOUT_S = 120.0  # every worker reads and checks the adapter's files
@@ -45,12 +45,8 @@ async def _order(request: Request, cls, make) -> tuple[ApiContext, str]:
     if body.lora_name in ctx.models:
         raise APIError(400, f"lora_name {body.lora_name!r} is a model's name", param="lora_name")
     order: LoraOrder = make(body)
-    try:
-        msg = await ctx.nc.request(subjects.lora(base.name), encode(order), timeout=ORDER_TIMEOUT_S)
-    except Exception as exc:  # no scheduler, or none answered in time
-        raise APIError(503, f"the scheduler of `{base.name}` did not answer: {type(exc).__name__}",
-                       code="unavailable") from None
-    state = LORA_STATE_DECODER.decode(msg.data)
+    state = LORA_STATE_DECODER.decode(await order_scheduler(ctx, subjects.lora(base.name), order, base.name,
+                                                            ORDER_TIMEOUT_S))
     base.loras = state.adapters  # this gateway knows at once; the others from the scheduler's limits
     if state.error:
         if state.not_found:

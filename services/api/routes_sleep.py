@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
+from services.api.orders import order_scheduler
 from shared import subjects
 from shared.messages import (
     SCHEDULER_STATS_DECODER,
@@ -33,12 +34,8 @@ def _model(request: Request) -> tuple[ApiContext, ServedModel]:
 
 async def _order(request: Request, order: Sleep | WakeUp) -> JSONResponse:
     ctx, model = _model(request)
-    try:
-        msg = await ctx.nc.request(subjects.sleep(model.name), encode(order), timeout=ORDER_TIMEOUT_S)
-    except Exception as exc:  # no scheduler, or none answered in time
-        raise APIError(503, f"the scheduler of `{model.name}` did not answer: {type(exc).__name__}",
-                       code="unavailable") from None
-    state = SLEEP_STATE_DECODER.decode(msg.data)
+    state = SLEEP_STATE_DECODER.decode(await order_scheduler(ctx, subjects.sleep(model.name), order, model.name,
+                                                             ORDER_TIMEOUT_S))
     if state.error:
         raise APIError(500, f"sleep mode: {state.error}", code="sleep_failed")
     return JSONResponse({"is_sleeping": state.is_sleeping})
