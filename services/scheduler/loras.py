@@ -36,6 +36,8 @@ class ModelLoras:
         return [p for p in pools if any(info.name == lora for info in p.hello.loras)]
 
     async def order(self, order: LoraOrder, pools: list[PoolLoop]) -> LoraState:
+        if not pools:
+            return LoraState([], "no worker serves the model: an adapter is loaded on its workers")
         if isinstance(order, UnloadLora):
             if not self.pools_for(order.name, pools):
                 return LoraState(self.served(pools), f"The lora adapter '{order.name}' cannot be found.", not_found=True)
@@ -47,8 +49,9 @@ class ModelLoras:
             return LoraState(self.served(pools), f"The lora adapter '{order.name}' has already been loaded.")
         self.unloading.discard(order.name)  # loaded again before the last one let go: its workers replace it
         errors = await _order_all(order, pools)
-        if errors:  # a worker refused: the others let it go again, so every worker serves the same
-            await _order_all(UnloadLora(order.name), pools)
+        if errors:  # a worker refused a new adapter: the others let it go again, so every worker serves
+            if not loaded:  # the same (one loaded in place before keeps serving, as a refusal leaves it)
+                await _order_all(UnloadLora(order.name), pools)
             return LoraState(self.served(pools), errors[0])
         log.info("lora_loaded", name=order.name, path=order.path, num_workers=len(pools))
         return LoraState(self.served(pools))
