@@ -52,6 +52,7 @@ def test_backends_refuse_what_they_cannot_run(default_model_path):
 def test_decode_graphs_take_decode_steps_up_to_max_seq_len_to_capture():
     from services.worker.backends.cuda.graphs import DecodeGraphs, capture_sizes
     from services.worker.backends.cuda.inputs import build_inputs
+    from services.worker.lora.layers import LoraRows, LoraState
     from services.worker.sequence import SeqState
     from shared.messages import SamplingParams
 
@@ -72,6 +73,11 @@ def test_decode_graphs_take_decode_steps_up_to_max_seq_len_to_capture():
     assert not graphs.can_run(inputs([10, 64]))  # a context of 65: past max_seq_len_to_capture, eager
     assert not graphs.can_run(inputs([1, 2, 3, 4, 5]))  # more rows than the largest graph
     assert not graphs.can_run(inputs([10], num_new=5))  # a prefill chunk
+    graphs.model = torch.nn.Module()  # a model with LoRA slots: a step with adapter rows runs eagerly
+    graphs.model.lora = LoraState()
+    assert graphs.can_run(inputs([10, 63]))
+    graphs.model.lora.rows = LoraRows.of([0, -1], [1, 1], torch.device("cpu"))
+    assert not graphs.can_run(inputs([10, 63]))
 
 
 def test_a_qaic_config_on_another_device_is_refused():

@@ -78,7 +78,7 @@ class DecodeGraphs:
 
     def can_run(self, inputs: CudaInputs) -> bool:
         meta = inputs.meta
-        lora = self.model.lora  # a step with adapter rows runs eagerly: the graphs hold the base model alone
+        lora = getattr(self.model, "lora", None)  # a step with adapter rows runs eagerly: the graphs hold the base alone
         return (bool(self.graphs) and meta.is_decode_only and (lora is None or lora.rows is None) and inputs.input_ids.shape[0] <= self.sizes[-1]
                 and meta.max_decode_len <= self.max_seq_len_to_capture)
 
