@@ -161,6 +161,9 @@ def lora_manager(args: argparse.Namespace, backend, device: str, deployed=None) 
     limits = LoraLimits(args.max_loras, args.max_lora_rank, args.max_cpu_loras)
     if limits.max_loras < 1 or limits.max_lora_rank < 1:
         raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
+    if limits.max_cpu_loras is not None and limits.max_cpu_loras < limits.max_loras:
+        raise ConfigError(f"--max-cpu-loras {limits.max_cpu_loras} must be at least --max-loras {limits.max_loras} "
+                          "(an adapter in a slot is held in host memory too)")
     manager = LoraManager(backend.model, backend.config, limits)
     try:
         for name, path in modules.items():

@@ -4,7 +4,7 @@ untouched), and which slot each token of a step uses."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 from torch import nn
@@ -12,44 +12,51 @@ from torch import nn
 PADDED_MAX_TOKENS = 64  # past this, a step's adapters go one matmul pair each (mostly prefill chunks)
 
 
-@dataclass
 class LoraRows:
-    """One step's tokens by adapter slot: `groups` holds, for each slot the step uses, its tokens as
-    a slice (one sequence's run) or an index tensor; `token_slots` [T] is each token's slot, -1 for
-    the base model (the Triton kernel's input)."""
+    """One step's tokens by adapter slot. `token_slots` [T] is each token's slot, -1 for the base
+    model: what the C and Triton kernels read. The torch reference's groupings are made only when
+    it asks for them (the fast paths never do)."""
 
-    token_slots: torch.Tensor
-    groups: list[tuple[int, slice | torch.Tensor]]
-    # a decode-sized step (<= PADDED_MAX_TOKENS tokens): each slot 0..S-1's tokens as one row of
-    # indices [S, n], padded with T (a zero row), so every adapter's tokens go in one batched matmul
-    padded: torch.Tensor | None = None
+    def __init__(self, slots_per_row: list[int], tokens_per_row: list[int], device: torch.device):
+        self.slots_per_row, self.device = slots_per_row, device
+        self.starts = [0]
+        for n in tokens_per_row:
+            self.starts.append(self.starts[-1] + n)
+        self.token_slots = torch.repeat_interleave(torch.tensor(slots_per_row), torch.tensor(tokens_per_row)).to(device)
 
     @classmethod
     def of(cls, slots_per_row: list[int], tokens_per_row: list[int], device: torch.device) -> LoraRows | None:
         """None when no row uses an adapter (the step runs the base model alone, graphs and all)."""
         if all(s < 0 for s in slots_per_row):
             return None
-        token_slots = torch.repeat_interleave(torch.tensor(slots_per_row), torch.tensor(tokens_per_row))
-        groups: list[tuple[int, slice | torch.Tensor]] = []
-        starts = [0]
-        for n in tokens_per_row:
-            starts.append(starts[-1] + n)
-        for slot in sorted({s for s in slots_per_row if s >= 0}):
-            rows = [i for i, s in enumerate(slots_per_row) if s == slot]
+        return cls(slots_per_row, tokens_per_row, device)
+
+    @functools.cached_property
+    def groups(self) -> list[tuple[int, slice | torch.Tensor]]:
+        """For each slot the step uses, its tokens: a slice (one sequence's run) or an index tensor."""
+        starts, groups = self.starts, []
+        for slot in sorted({s for s in self.slots_per_row if s >= 0}):
+            rows = [i for i, s in enumerate(self.slots_per_row) if s == slot]
             if len(rows) == 1:
                 groups.append((slot, slice(starts[rows[0]], starts[rows[0] + 1])))
             else:
                 index = torch.cat([torch.arange(starts[r], starts[r + 1]) for r in rows])
-                groups.append((slot, index.to(device)))
-        padded = None
-        if starts[-1] <= PADDED_MAX_TOKENS:
-            tokens = [[] for _ in range(max(slots_per_row) + 1)]
-            for row, slot in enumerate(slots_per_row):
-                if slot >= 0:
-                    tokens[slot].extend(range(starts[row], starts[row + 1]))
-            width = max(len(t) for t in tokens)
-            padded = torch.tensor([t + [starts[-1]] * (width - len(t)) for t in tokens]).to(device)
-        return cls(token_slots.to(device), groups, padded)
+                groups.append((slot, index.to(self.device)))
+        return groups
+
+    @functools.cached_property
+    def padded(self) -> torch.Tensor | None:
+        """A decode-sized step (<= PADDED_MAX_TOKENS tokens): each slot 0..S-1's tokens as one row of
+        indices [S, n], padded with T (a zero row), so every adapter's tokens go in one batched matmul."""
+        starts = self.starts
+        if starts[-1] > PADDED_MAX_TOKENS:
+            return None
+        tokens = [[] for _ in range(max(self.slots_per_row) + 1)]
+        for row, slot in enumerate(self.slots_per_row):
+            if slot >= 0:
+                tokens[slot].extend(range(starts[row], starts[row + 1]))
+        width = max(len(t) for t in tokens)
+        return torch.tensor([t + [starts[-1]] * (width - len(t)) for t in tokens]).to(self.device)
 
 
 class LoraState:

@@ -26,7 +26,7 @@ class LoraLimits:
 
     @property
     def num_cpu(self) -> int:
-        return max(self.max_cpu_loras or self.max_loras, self.max_loras)
+        return self.max_cpu_loras or self.max_loras
 
 
 class LoraManager:
