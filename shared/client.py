@@ -18,7 +18,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from shared import subjects
-from shared.liveness import CLIENT_HEARTBEAT_S, SCHEDULER_SILENCE_S, Heartbeats
+from shared.liveness import CLIENT_HEARTBEAT_S, SCHEDULER_SILENCE_S, BusProbe, Heartbeats
 from shared.log import get_logger
 from shared.messages import (
     SCHEDULER_HEARTBEAT_DECODER,
@@ -59,7 +59,7 @@ class BusClient:
         self.abort_key = secrets.token_hex(16)  # never on a subject: only this client can abort its requests
         self.reply_subject = subjects.api_out(self.client_id)
         self.streams: dict[str, RequestStream] = {}
-        self.schedulers = Heartbeats(nc, SCHEDULER_SILENCE_S)
+        self.schedulers = Heartbeats(nc, SCHEDULER_SILENCE_S, probe=BusProbe.of(nc))  # a paused bus is no one's death
         self._subs = []
         self._watch: asyncio.Task | None = None
         self._aborting: set[asyncio.Task] = set()
@@ -68,6 +68,7 @@ class BusClient:
         self._subs = [await self.nc.subscribe(self.reply_subject, cb=self._on_tokens),
                       await self.nc.subscribe(subjects.SCHEDULERS_HEARTBEAT, cb=self._on_scheduler_heartbeat)]
         await self.nc.flush()
+        self.schedulers.probe.start()
         self._watch = asyncio.get_running_loop().create_task(self._heartbeat_and_watch())
 
     async def stop(self) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+import weakref
 from collections.abc import Callable
 
 from nats.aio.client import Client
@@ -12,6 +14,53 @@ SCHEDULER_SILENCE_S = 2.0  # ...and bus clients end its requests' streams after 
 CLIENT_HEARTBEAT_S = 1.0  # each bus client (gateway) says it is alive this often...
 CLIENT_SILENCE_S = 10.0  # ...and schedulers abort its requests after this long without (a busy loop lags)
 WORKER_SILENCE_S = 5.0  # a worker heartbeats every second; this long without, it is gone
+PROBE_EVERY_S = 0.25  # our own round trip through the server (PING/PONG), this often
+
+
+class BusProbe:
+    """Whether the bus answers us: a PING/PONG with our server every PROBE_EVERY_S. A server that is
+    paused or cut off keeps our TCP connection open (we stay "connected"), so only a round trip tells
+    a stalled bus, which silences every peer at once, from one peer's silence."""
+
+    def __init__(self, nc: Client, clock: Callable[[], float] = time.monotonic):
+        self.nc = nc
+        self.clock = clock
+        self.answered_at = clock()
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    def of(cls, nc: Client) -> BusProbe:
+        """The one probe of this connection (every Heartbeats on it shares it)."""
+        if (probe := _PROBES.get(nc)) is None:
+            probe = _PROBES[nc] = cls(nc)
+        return probe
+
+    def start(self) -> BusProbe:
+        """Idempotent; from the event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def quiet_for(self) -> float:
+        """Seconds since the bus last answered our PING."""
+        return self.clock() - self.answered_at
+
+    async def _run(self) -> None:
+        while not self.nc.is_closed:
+            try:
+                await self.nc.flush(timeout=60)  # waits out a stall: answered when the server runs again
+                self.answered_at = self.clock()
+            except Exception:  # disconnected or closed: nc.is_connected says so meanwhile
+                pass
+            await asyncio.sleep(PROBE_EVERY_S)
+
+
+_PROBES: weakref.WeakKeyDictionary[Client, BusProbe] = weakref.WeakKeyDictionary()
 
 
 class Heartbeats:
@@ -19,13 +68,18 @@ class Heartbeats:
     connected. An outage of our own connection (a NATS restart) is not the peers' silence: while it
     lasts no one is declared gone, and after it every peer gets twice the window to be heard again
     (each client reconnects on its own schedule). Nor is a stall of our own event loop: when the
-    looks come further apart than half the window, every peer gets a fresh window too."""
+    looks come further apart than half the window, every peer gets a fresh window too. With a
+    probe, a bus that stops answering our PINGs for half the window (a paused or partitioned server)
+    is our outage as well."""
 
-    def __init__(self, nc: Client, silence_s: float, clock: Callable[[], float] = time.monotonic):
-        """clock: seconds that only go forward (tests pass one they move by hand)."""
+    def __init__(self, nc: Client, silence_s: float, clock: Callable[[], float] = time.monotonic,
+                 probe: BusProbe | None = None):
+        """clock: seconds that only go forward (tests pass one they move by hand).
+        probe: the process's BusProbe, started (None: the connection's state alone tells outages)."""
         self.nc = nc
         self.silence_s = silence_s
         self.clock = clock
+        self.probe = probe
         self.last_seen: dict[str, float] = {}
         self._reconnects = nc.stats["reconnects"]
         self._was_down = False
@@ -54,7 +108,7 @@ class Heartbeats:
 
     def _is_up(self) -> bool:
         """False while we are cut off; after an outage, every peer's window restarts (twice as long)."""
-        if not self.nc.is_connected:
+        if not self.nc.is_connected or (self.probe is not None and self.probe.quiet_for() > self.silence_s / 2):
             self._was_down = True
             return False
         now = self.clock()

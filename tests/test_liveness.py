@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import nats
 import pytest
 
-from shared.liveness import Heartbeats
+from shared.liveness import BusProbe, Heartbeats
 from switchyard.nats_server import NatsServer
 from tests.clock import ManualClock
 
@@ -77,5 +79,43 @@ async def test_a_stall_of_our_own_loop_is_not_the_peers_silence():
     beats.heard("scheduler")  # the queued heartbeat, processed (the fresh window still counts from the stall)
     assert _watch(beats, clock, WINDOW_S * 2) == []
     assert _watch(beats, clock, LOOK_S) == ["scheduler"]  # and then its silence counts again
+    await nc.close()
+    server.stop()
+
+
+async def _answered(probe: BusProbe, clock: ManualClock) -> None:
+    """Until the probe's PING is answered at the clock's present time."""
+    async with asyncio.timeout(10):
+        while probe.answered_at != clock():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_paused_server_is_our_outage_not_the_peers_silence():
+    """SIGSTOP keeps our TCP connection open (we stay "connected"): only the probe's unanswered PING
+    tells that the bus, not the peer, went quiet."""
+    server = NatsServer().start()
+    nc = await nats.connect(server.url)
+    clock = ManualClock()
+    probe = BusProbe(nc, clock).start()
+    beats = Heartbeats(nc, WINDOW_S, clock, probe=probe)
+    beats.heard("scheduler")
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        for _ in range(round(WINDOW_S * 3 / LOOK_S)):
+            clock.advance(LOOK_S)
+            await asyncio.sleep(0)  # the probe's turn: its PING goes unanswered
+            assert nc.is_connected and beats.silent() == []
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    await _answered(probe, clock)
+    assert beats.silent() == [] and beats.in_grace("scheduler")  # the bus is back: a fresh window
+    for _ in range(round(WINDOW_S * 2 / LOOK_S)):
+        clock.advance(LOOK_S)
+        await _answered(probe, clock)
+        assert beats.silent() == []
+    clock.advance(LOOK_S)
+    await _answered(probe, clock)
+    assert beats.silent() == ["scheduler"]  # the bus answers and the peer does not: silent
+    probe.stop()
     await nc.close()
     server.stop()

@@ -20,7 +20,7 @@ from shared import subjects
 from shared.config import EngineConfig, context_length_error
 from shared.endpoints import Endpoints
 from shared.hashing import max_cacheable_blocks
-from shared.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, Heartbeats
+from shared.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, BusProbe, Heartbeats
 from shared.log import get_logger
 from shared.lora import LORA_ORDER_DECODER, LoraInfo
 from shared.messages import (
@@ -76,8 +76,8 @@ class SchedulerService:
         self._routing: dict[str, Request] = {}  # accepted, not yet in a pool (the KV lookup is in flight)
         self._aborted_while_routing: set[str] = set()
         self._refused_workers: set[str] = set()
-        self.workers = Heartbeats(nc, WORKER_SILENCE_S)
-        self.clients = Heartbeats(nc, CLIENT_SILENCE_S)  # those with requests here
+        self.workers = Heartbeats(nc, WORKER_SILENCE_S, probe=BusProbe.of(nc))  # a paused bus: no one's death
+        self.clients = Heartbeats(nc, CLIENT_SILENCE_S, probe=BusProbe.of(nc))  # those with requests here
         self.endpoints = Endpoints(nc, "scheduler", f"{config.model}-{scheduler_id or 'local'}")
         self._watchdog: asyncio.Task | None = None
         self.is_draining = False
@@ -101,6 +101,7 @@ class SchedulerService:
         await add("lora", subjects.lora(self.model), self._on_lora)
         await self.endpoints.start()
         await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
+        self.workers.probe.start()
         self._watchdog = asyncio.create_task(self._watch())
         log.info("scheduler_ready", model=self.model)
 
