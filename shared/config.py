@@ -204,8 +204,10 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout-s", type=float,
                         default=float(os.environ.get("SY_REQUEST_TIMEOUT_S", "600")),
                         help="server-side deadline of a request from its arrival (0: none)")
+    parser.add_argument("--ready-timeout-s", type=float, default=float(os.environ.get("SY_READY_TIMEOUT_S", "10")),
+                        help="/ready: a model whose one-token probe gives no token in this long is not ready")
     parser.add_argument("--api-key", default=os.environ.get("SY_API_KEY"),
-                        help="comma-separated keys; when set, every route but /health needs one")
+                        help="comma-separated keys; when set, every route but /health, /ready and /live needs one")
     parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", 16 * 2**20)))
     parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", "20")))
     parser.add_argument("--tool-call-parser", default=os.environ.get("SY_TOOL_CALL_PARSER", "auto"),

@@ -1,7 +1,8 @@
 """`make run`: nats-server (unless NATS_URL is given), then kvcache, workers, the worker agent
 (which starts the workers of deployed pipelines), scheduler and API.
 
-Waits until the API reports healthy, restarts a service that dies, and on Ctrl-C stops them all.
+Waits until the API is ready (/ready: a token flows), restarts a service that dies or, for the API,
+stops answering /live, and on Ctrl-C stops them all.
 Unknown flags (e.g. --max-num-seqs 32) go to every service.
 """
 
@@ -34,6 +35,8 @@ from shared.model_files import cache_root, resolve_model_path
 from switchyard.nats_server import NatsServer
 
 RESTART_BACKOFF_S = 2.0
+LIVE_EVERY_S = 5.0  # the API's /live is asked this often...
+LIVE_FAILURES = 3  # ...and a gateway that fails it this many times in a row is restarted
 BUS_FILE = "bus.json"  # beside the JetStream store: {"url", "auth_file"} of the running stack's bus
 
 
@@ -67,6 +70,8 @@ class Stack:
     store_lock: object | None = field(default=None, repr=False)  # held while it runs on its store
     services: list[Service] = field(default_factory=list)
     is_stopping: bool = False
+    live_failures: int = 0
+    live_asked_at: float = 0.0
 
     def start(self) -> Stack:
         if self.nats_url is None:  # its JetStream store (the model registry) outlives the stack
@@ -116,22 +121,35 @@ class Stack:
             for svc in self.services:
                 if svc.proc is not None and svc.proc.poll() is not None:
                     raise RuntimeError(f"{svc.name} exited with {svc.proc.returncode} while starting")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            if self._answers("/ready", timeout=15):  # a one-token generation went through every model
+                return
             time.sleep(0.25)
         if self.is_stopping:
             return
-        raise TimeoutError(f"the stack was not healthy after {timeout}s")
+        raise TimeoutError(f"the stack was not ready after {timeout}s")
+
+    def _answers(self, path: str, timeout: float) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
 
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name)
 
     def supervise_once(self) -> None:
-        """Restart any service that died (with a pause, so a crash loop does not spin)."""
+        """Restart any service that died (with a pause, so a crash loop does not spin), and the API
+        when it fails /live LIVE_FAILURES times in a row (its loop is stuck: alive is not enough)."""
+        api = next((s for s in self.services if s.name == "api"), None)
+        if api is not None and api.is_running and time.monotonic() - self.live_asked_at > LIVE_EVERY_S:
+            self.live_asked_at = time.monotonic()
+            self.live_failures = 0 if self._answers("/live", timeout=LIVE_EVERY_S) else self.live_failures + 1
+            if self.live_failures >= LIVE_FAILURES:
+                print(f"[launcher] api failed /live {LIVE_FAILURES} times in a row; restarting it", flush=True)
+                self.live_failures = 0
+                api.proc.kill()
+                api.proc.wait()
         for svc in self.services:
             if self.is_stopping:
                 return

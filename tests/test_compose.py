@@ -26,6 +26,7 @@ def test_compose_runs_every_service_module():
     assert services["agent"]["command"][:3] == ["python", "-m", "services.worker.agent"]
     assert importlib.util.find_spec("services.worker.agent") is not None
     assert "-js" in services["nats"]["command"]
+    assert "/ready" in services["api"]["healthcheck"]["test"][-1]  # readiness that generates
     for name in ("kvcache", "worker", "scheduler", "api"):
         command = services[name]["command"]
         assert command[:3] == ["python", "-m", f"services.{name}"]

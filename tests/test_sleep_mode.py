@@ -69,3 +69,31 @@ async def test_sleep_mode_answers_bad_orders_by_name(stack):
         assert (await http.post("/wake_up", params={"tags": "weights"})).status_code == 400
         assert (await http.post("/sleep", params={"model": "no-such-model"})).status_code == 404
         assert (await http.post("/wake_up")).json() == {"is_sleeping": False}  # awake already: nothing to do
+
+
+async def _ready_status(http: httpx.AsyncClient, status: int) -> httpx.Response:
+    """/ready until it answers `status` (its verdict is cached for a second, and a probe takes up
+    to --ready-timeout-s)."""
+    async with asyncio.timeout(60):
+        while (answer := await http.get("/ready")).status_code != status:
+            await asyncio.sleep(0.2)
+    return answer
+
+
+async def test_ready_generates_so_a_sleeping_model_is_not_ready_while_health_says_ok(stack, model_name):
+    """/health answers 200 while no token flows (the model asleep: its requests wait); /ready runs a
+    one-token generation, so it says 503, and 200 again once the model is awake. /live asks nothing."""
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as http:
+        ready = await http.get("/ready")
+        assert ready.status_code == 200 and ready.json()["models"][model_name]["ready"] is True
+        assert (await http.post("/sleep", params={"level": 1})).json() == {"is_sleeping": True}
+        try:
+            not_ready = (await _ready_status(http, 503)).json()
+            assert not_ready["error"]["code"] == "not_ready" and not_ready["error"]["type"] == "service_unavailable"
+            assert not_ready["models"][model_name]["ready"] is False
+            assert "no token within" in not_ready["models"][model_name]["error"]
+            assert (await http.get("/health")).status_code == 200  # the failure /ready exists for
+            assert (await http.get("/live")).json() == {"status": "alive"}
+        finally:
+            assert (await http.post("/wake_up")).json() == {"is_sleeping": False}
+        assert (await _ready_status(http, 200)).json()["models"][model_name]["ready"] is True

@@ -15,6 +15,7 @@ from services.api.openai.defaults import load_openai_config
 from services.api.pipelines.deployments import DeploymentWatcher
 from services.api.pipelines.inference_log import InferenceLog
 from services.api.processes import Supervisor, reuse_port_socket
+from services.api.readiness import Readiness
 from services.api.server import DrainingServer
 from shared import bus
 from shared import log as sylog
@@ -57,7 +58,8 @@ def main() -> None:
         client = BusClient(nc)
         await client.start()
         server = ServerState(idle_timeout_s=args.idle_timeout_s, request_timeout_s=args.request_timeout_s,
-                             max_body_bytes=args.max_body_bytes, api_keys=api_keys)
+                             max_body_bytes=args.max_body_bytes, api_keys=api_keys,
+                             readiness=Readiness(timeout_s=args.ready_timeout_s))
         pipelines = PipelineState(registry=await Registry(nc).open(), oci_registry=args.oci_registry,
                                   inference_log=InferenceLog(nc, args.inference_log_max_age_s,
                                                              args.inference_log_max_bytes))

@@ -10,6 +10,7 @@ from nats.aio.client import Client
 
 from services.api.metrics import ApiMetrics
 from services.api.openai.defaults import OpenaiDefaults
+from services.api.readiness import Readiness
 from shared.client import BusClient
 from shared.deployment import DeployedModel
 from shared.lora import LoraInfo
@@ -63,6 +64,7 @@ class ServerState:
     api_keys: tuple[str, ...] = ()
     is_draining: bool = False
     num_in_flight: int = 0
+    readiness: Readiness = field(default_factory=Readiness)  # /ready's last verdict (readiness.py)
 
 
 @dataclass

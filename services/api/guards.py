@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.api.context import ApiContext
 from services.api.errors import APIError
 
-OPEN_PATHS = ("/health",)  # answers without a key: load balancers and orchestrators probe it
+OPEN_PATHS = ("/health", "/ready", "/live")  # answers without a key: load balancers and orchestrators probe it
 
 
 def is_valid_key(authorization: str | None, keys: tuple[str, ...]) -> bool:

@@ -1,4 +1,4 @@
-"""The server's own routes: /health, /v1/models, /tokenize, /detokenize, /version, /metrics."""
+"""The server's own routes: /health, /ready, /live, /v1/models, /tokenize, /detokenize, /version, /metrics."""
 
 from __future__ import annotations
 
@@ -40,6 +40,32 @@ async def health(request: Request) -> JSONResponse:
         if stats.is_draining:
             return APIError(503, f"the scheduler for {name!r} is shutting down").response()
     return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    """Readiness that generates: 200 when every model the gateway was started with gave one token
+    (or one embedding) through its scheduler and workers, checked at most once a second
+    (readiness.py); 503 with each model's failure otherwise, or while draining. The probe for a
+    load balancer or a kubelet's readinessProbe: /health answers 200 while no token flows."""
+    ctx: ApiContext = request.app.state.ctx
+    if ctx.server.is_draining:
+        return APIError(503, "the server is shutting down", code="draining").response()
+    verdict = await ctx.server.readiness.check(ctx)
+    models = {name: {"ready": v.ok, "latency_ms": round(v.latency_s * 1000, 1), **({"error": v.error} if v.error else {})}
+              for name, v in verdict.items()}
+    failed = [f"{name}: {v.error}" for name, v in verdict.items() if not v.ok]
+    if failed:
+        error = APIError(503, "not ready: " + "; ".join(failed), code="not_ready")
+        return JSONResponse({**error.body(), "models": models}, status_code=503)
+    return JSONResponse({"status": "ready", "models": models})
+
+
+@router.get("/live")
+async def live() -> JSONResponse:
+    """Liveness: the gateway's event loop answers. It asks nothing of the bus or the engine, so a
+    stalled bus or a busy model never gets a healthy gateway restarted (a kubelet's livenessProbe)."""
+    return JSONResponse({"status": "alive"})
 
 
 @router.get("/v1/models")
