@@ -1,4 +1,5 @@
-"""Connecting to NATS the same way in every service: its own user, TLS when asked, reconnect forever."""
+"""Connecting to NATS the same way in every service: its own user, TLS when asked, any server of a
+cluster, reconnect forever; and how many copies the JetStream stores keep (SY_NATS_REPLICAS)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,25 @@ from shared.model_files import cache_root
 from shared.nats_auth import credentials
 
 log = get_logger("bus")
+
+
+def servers(url: str) -> list[str]:
+    """A --nats-url of one server or of a cluster's, comma-separated (nats://a:4222,nats://b:4222):
+    the client tries them in turn, reconnects to any, and learns the rest from the cluster."""
+    found = [u.strip() for u in url.split(",") if u.strip()]
+    if not found:
+        raise ValueError(f"no NATS server in {url!r}")
+    return found
+
+
+def replicas() -> int:
+    """Copies of each JetStream store (the registry, inference logs, Files/Batch, Responses): 1 on
+    one server, 3 on a three-node cluster (the launcher's --nats-cluster, compose, deploy/k8s set it).
+    Applied when a store is made; a store made before keeps its own."""
+    value = int(os.environ.get("SY_NATS_REPLICAS", "1"))
+    if not 1 <= value <= 5:  # JetStream's own bounds
+        raise ValueError(f"SY_NATS_REPLICAS must be 1 to 5, got {value}")
+    return value
 
 
 async def connect(url: str, name: str) -> Client:
@@ -35,7 +55,7 @@ async def connect(url: str, name: str) -> Client:
             tls.load_cert_chain(cert, os.environ.get("SY_NATS_TLS_KEY"))
         extra["tls"] = tls
     return await nats.connect(
-        url,
+        servers(url),
         name=name,
         **extra,
         max_reconnect_attempts=-1,
@@ -62,4 +82,5 @@ async def connect_running(user: str = "client", bus_file: str | Path | None = No
         raise FileNotFoundError(f"{path} does not exist: is `make run` running (on a bus of its own)?")
     bus = json.loads(path.read_text())
     login = credentials(user, bus["auth_file"])
-    return await nats.connect(bus["url"], name=f"{user}-script", user=login[0], password=login[1])
+    return await nats.connect(servers(bus["url"]), name=f"{user}-script", user=login[0], password=login[1],
+                              max_reconnect_attempts=-1, reconnect_time_wait=0.5)

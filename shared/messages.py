@@ -299,6 +299,10 @@ class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
     worker_id: WorkerId
     model: str
     num_running: int = 0
+    # its connection's reconnect count: after a reconnect (its NATS node died) its answers to Steps
+    # it took before are refused (a reply is allowed once, on the connection the request came on),
+    # so the scheduler sends an unanswered Step again
+    bus_epoch: int = 0
 
 
 class SchedulerHeartbeat(msgspec.Struct, tag="sched_heartbeat"):

@@ -116,10 +116,11 @@ def env_for(user: str, auth_folder: str | Path) -> dict[str, str]:
 
 
 def url_with_login(url: str, user: str, auth_folder: str | Path) -> str:
-    """nats://user:password@host:port, for tools and tests (a service reads its password from the file)."""
+    """nats://user:password@host:port, for tools and tests (a service reads its password from the file);
+    each server's of a cluster's comma-separated list."""
     _, password = credentials(user, str(Path(auth_folder) / USERS_FILE))
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://{user}:{password}@{rest}"
+    return ",".join(f"{scheme}://{user}:{password}@{rest}" for scheme, rest in
+                    (one.strip().split("://", 1) for one in url.split(",")))
 
 
 def user_of(service: str) -> str:

@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.js.api import StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
+from shared.bus import replicas
 from shared.deploy_config import (
     NAME_RE,
     Accel,
@@ -160,14 +161,16 @@ class Registry:
         try:
             self.objects = await self.js.object_store(ARTIFACTS_BUCKET)
         except BucketNotFoundError:
-            self.objects = await self.js.create_object_store(ARTIFACTS_BUCKET, storage=StorageType.FILE)
+            self.objects = await self.js.create_object_store(ARTIFACTS_BUCKET, storage=StorageType.FILE,
+                                                             replicas=replicas())
         return self
 
     async def _bucket(self, name: str, ttl: float | None = None):
         try:
             return await self.js.key_value(name)
         except BucketNotFoundError:
-            return await self.js.create_key_value(bucket=name, history=1, ttl=ttl, storage=StorageType.FILE)
+            return await self.js.create_key_value(bucket=name, history=1, ttl=ttl, storage=StorageType.FILE,
+                                                  replicas=replicas())
 
     # ---- values --------------------------------------------------------------------------------
 

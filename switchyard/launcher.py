@@ -1,5 +1,5 @@
-"""`make run`: nats-server (unless NATS_URL is given), then kvcache, workers, the worker agent
-(which starts the workers of deployed pipelines), scheduler and API.
+"""`make run`: nats-server (unless NATS_URL is given; --nats-cluster 3: a cluster of three), then
+kvcache, workers, the worker agent (which starts the workers of deployed pipelines), scheduler and API.
 
 Waits until the API is ready (/ready: a token flows), restarts a service that dies or, for the API,
 stops answering /live, and on Ctrl-C stops them all.
@@ -32,7 +32,7 @@ from shared.config import (
 )
 from shared.engine_defaults import pick_for_host
 from shared.model_files import cache_root, resolve_model_path
-from switchyard.nats_server import NatsServer
+from switchyard.nats_server import NatsCluster, NatsServer
 
 RESTART_BACKOFF_S = 2.0
 LIVE_EVERY_S = 5.0  # the API's /live is asked this often...
@@ -64,7 +64,9 @@ class Stack:
     num_workers: int = 1
     service_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
-    nats: NatsServer | None = None
+    nats: NatsServer | NatsCluster | None = None
+    nats_cluster: int = 1  # nats-servers it starts when it has no NATS_URL (more than one: a cluster)
+    nats_replicas: int = 1  # SY_NATS_REPLICAS for every service: copies of each JetStream store
     auth_dir: str | None = None  # the locked bus's users (shared/nats_auth.py); None: an open bus
     bus_file: Path | None = None  # written while the stack runs on a bus of its own
     store_lock: object | None = field(default=None, repr=False)  # held while it runs on its store
@@ -78,7 +80,12 @@ class Stack:
             store = Path(os.environ.get("SY_NATS_STORE_DIR", cache_root() / "nats"))
             store.mkdir(parents=True, exist_ok=True)
             self.store_lock = lock_store(store)
-            self.nats = NatsServer(store_dir=str(store), auth=True).start()
+            if self.nats_cluster > 1:  # each node its own store; the stores kept on 3 of them (or all)
+                self.nats = NatsCluster(self.nats_cluster, store_dir=str(store / "cluster"), auth=True,
+                                        log_dir=str(self.log_dir) if self.log_dir else None).start()
+                self.nats_replicas = min(3, self.nats_cluster)
+            else:
+                self.nats = NatsServer(store_dir=str(store), auth=True).start()
             self.nats_url, self.auth_dir = self.nats.url, self.nats.auth_dir
             self.bus_file = store.parent / BUS_FILE  # where a script finds this bus (shared/bus.py)
             self.bus_file.write_text(json.dumps({"url": self.nats_url, "auth_file": str(
@@ -104,6 +111,8 @@ class Stack:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if self.auth_dir is not None:
             env |= nats_auth.env_for(nats_auth.user_of(service), self.auth_dir)
+        if self.nats_replicas > 1:
+            env["SY_NATS_REPLICAS"] = str(self.nats_replicas)
         return env
 
     @property
@@ -256,11 +265,17 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Run the whole Switchyard stack")
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SY_WORKERS", "1")))
+    parser.add_argument("--nats-cluster", type=int, default=int(os.environ.get("SY_NATS_CLUSTER", "1")),
+                        help="nats-servers to start (without NATS_URL): 3 makes a routed cluster with JetStream "
+                             "clustered and every store kept at replication 3 (default 1: one server)")
     args, service_args = parser.parse_known_args(argv)
+    if args.nats_cluster < 1:
+        parser.error(f"--nats-cluster must be at least 1, got {args.nats_cluster}")
     check_service_args(service_args)
     users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/nats_auth.py's users
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
-                  service_args=service_args, auth_dir=os.path.dirname(users) if users else None)
+                  service_args=service_args, auth_dir=os.path.dirname(users) if users else None,
+                  nats_cluster=args.nats_cluster, nats_replicas=int(os.environ.get("SY_NATS_REPLICAS", "1")))
     received: list[int] = []
 
     def on_signal(signum, _frame):
@@ -269,7 +284,9 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    print(f"[launcher] starting: nats {'at ' + stack.nats_url if stack.nats_url else '(own)'}, "
+    own = "(own)" if args.nats_cluster == 1 else f"(own cluster of {args.nats_cluster}, stores at replication "\
+        f"{min(3, args.nats_cluster)})"
+    print(f"[launcher] starting: nats {'at ' + stack.nats_url if stack.nats_url else own}, "
           f"{args.workers} worker(s), API on {stack.base_url}", flush=True)
     for line in engine_defaults_lines(service_args):
         print(f"[launcher] engine: {line}", flush=True)

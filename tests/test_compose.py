@@ -15,8 +15,8 @@ from shared.deploy_config import QaicConfig, convert
 def test_compose_runs_every_service_module():
     compose = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"nats-auth", "nats", "kvcache", "worker", "worker-gpu", "worker-qaic", "agent",
-                             "scheduler", "api"}
+    assert set(services) == {"nats-auth", "nats-1", "nats-2", "nats-3", "kvcache", "worker", "worker-gpu",
+                             "worker-qaic", "agent", "scheduler", "api"}
     qaic = services["worker-qaic"]  # only under `--profile qaic`: the same model on the QAIC emulator
     assert qaic["profiles"] == ["qaic"] and qaic["command"][-2:] == ["--device", "qaic"]
     convert(json.loads(qaic["environment"]["SY_QAIC_CONFIG"]), QaicConfig, "SY_QAIC_CONFIG").validate()
@@ -25,13 +25,20 @@ def test_compose_runs_every_service_module():
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     assert services["agent"]["command"][:3] == ["python", "-m", "services.worker.agent"]
     assert importlib.util.find_spec("services.worker.agent") is not None
-    assert "-js" in services["nats"]["command"]
+    nodes = [f"nats-{i}" for i in (1, 2, 3)]
+    for node in nodes:  # a cluster of three, each routed to the other two, each its own store
+        command = services[node]["command"]
+        assert "-js" in command and command[command.index("--server_name") + 1] == node
+        routes = command[command.index("--routes") + 1].split(",")
+        assert sorted(routes) == [f"nats://{other}:6222" for other in nodes if other != node]
+        assert services[node]["volumes"][0] == f"nats-data-{node[-1]}:/data"
     assert "/ready" in services["api"]["healthcheck"]["test"][-1]  # readiness that generates
     for name in ("kvcache", "worker", "scheduler", "api"):
         command = services[name]["command"]
         assert command[:3] == ["python", "-m", f"services.{name}"]
         assert importlib.util.find_spec(f"services.{name}.__main__") is not None
-        assert services[name]["environment"]["NATS_URL"] == "nats://nats:4222"
+        assert services[name]["environment"]["NATS_URL"].split(",") == [f"nats://{n}:4222" for n in nodes]
+        assert services[name]["environment"]["SY_NATS_REPLICAS"] == "3"
         assert services[name]["environment"]["SY_NATS_USER"] == nats_auth.user_of(name)  # its own login
         assert services[name]["environment"]["SY_NATS_AUTH_FILE"] == "/auth/nats-users.json"
 
@@ -39,10 +46,11 @@ def test_compose_runs_every_service_module():
 def test_compose_binds_to_localhost_drains_and_builds_small():
     root = Path(__file__).parent.parent
     services = yaml.safe_load((root / "compose.yaml").read_text())["services"]
-    for name in ("api", "nats"):  # published ports: 127.0.0.1 unless SY_BIND says otherwise
+    for name in ("api", "nats-1"):  # published ports: 127.0.0.1 unless SY_BIND says otherwise
         assert all(port.startswith("${SY_BIND:-127.0.0.1}:") for port in services[name]["ports"]), name
-    assert services["nats"]["command"][:2] == ["-c", "/auth/nats-auth.conf"]
-    assert services["nats"]["depends_on"]["nats-auth"]["condition"] == "service_completed_successfully"
+    for node in ("nats-1", "nats-2", "nats-3"):
+        assert services[node]["command"][:2] == ["-c", "/auth/nats-auth.conf"]
+        assert services[node]["depends_on"]["nats-auth"]["condition"] == "service_completed_successfully"
     assert services["nats-auth"]["command"] == ["python", "-m", "shared.nats_auth", "/auth"]
     grace = {name: int(services[name]["stop_grace_period"].rstrip("s")) for name in ("worker", "agent", "api")}
     assert grace["worker"] >= 45 and grace["agent"] >= 45 and grace["api"] >= 35  # past drain_grace_s (30 s)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import nats.errors
+import nats.js.errors
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -32,6 +34,11 @@ from services.api.routes_sleep import router as sleep_router
 from shared.log import get_logger
 
 log = get_logger("api")
+
+
+# a store's request (JetStream: Files, Batch, Responses, the registry) unanswered: the bus, not a bug
+BUS_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
+                   nats.js.errors.ServiceUnavailableError, nats.js.errors.NoStreamResponseError)
 
 
 def create_app(make_context: Callable[[], Awaitable[ApiContext]],
@@ -80,6 +87,10 @@ def create_app(make_context: Callable[[], Awaitable[ApiContext]],
 
     @app.exception_handler(Exception)
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, BUS_UNAVAILABLE):  # a NATS node lost: JetStream elects new leaders in seconds
+            log.warning("bus_unavailable", path=request.url.path, error=type(exc).__name__)
+            return counted(APIError(503, "the bus did not answer in time (a NATS node may have just been lost); "
+                                         "retry shortly", code="bus_unavailable", headers={"Retry-After": "1"}))
         log.exception("unhandled_error", path=request.url.path)
         return counted(APIError(500, f"internal error: {type(exc).__name__}"))
 

@@ -10,6 +10,8 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
+from shared.bus import replicas
+
 READ_TIMEOUT_S = 10.0
 
 
@@ -21,7 +23,7 @@ class RecordStream:
         self.js = js
         self.config = StreamConfig(name=name, subjects=subjects, max_age=max_age_s, max_bytes=max_bytes,
                                    max_msgs_per_subject=max_msgs_per_subject, discard=DiscardPolicy.OLD,
-                                   storage=StorageType.FILE)
+                                   storage=StorageType.FILE, num_replicas=replicas())
         self._ready = False
 
     async def ensure(self) -> None:

@@ -73,6 +73,7 @@ class PoolLoop:
         self.hello = hello
         self.worker_id = hello.worker_id
         self.step_timeout_s = config.step_timeout_s
+        self.worker_bus_epoch = 0  # the worker's reconnects, as its heartbeat says (_request)
         self.max_migrations = config.max_migrations
         self.scheduler = _scheduler_for(hello, config, can_run_more)
         self.on_gone = on_gone
@@ -211,14 +212,16 @@ class PoolLoop:
     async def _request(self, payload: bytes):
         """The Step's round trip. A bus outage while it is out can lose the Step or the reply: once
         the bus is back it is sent again (the worker answers a repeated step_id from its memory of
-        the last reply, without running it twice), with a fresh deadline. No responders right after
-        an outage (the worker has not resubscribed yet) is retried while the worker is in its grace."""
+        the last reply, without running it twice), with a fresh deadline. That is our outage, or the
+        worker's (its heartbeat's bus_epoch moves: a cluster node it was on died, and its answer on
+        the new connection is refused). No responders right after an outage (the worker has not
+        resubscribed yet) is retried while the worker is in its grace."""
         subject, loop = subjects.worker_step(self.worker_id), asyncio.get_running_loop()
         deadline = loop.time() + self.step_timeout_s
         while True:
-            reconnects = self.nc.stats["reconnects"]
+            outages = self._outages()
             reply = asyncio.ensure_future(self.nc.request(subject, payload, timeout=max(deadline - loop.time(), 0.01)))
-            while not reply.done() and self.nc.stats["reconnects"] == reconnects:
+            while not reply.done() and self._outages() == outages:
                 await asyncio.wait([reply], timeout=OUTAGE_POLL_S)
             if not reply.done():  # the bus came back while we waited: the Step or its reply may be lost
                 reply.cancel()
@@ -232,6 +235,10 @@ class PoolLoop:
                 await asyncio.sleep(OUTAGE_POLL_S)
             except (TimeoutError, NatsTimeoutError):
                 raise WorkerGone(f"worker {self.worker_id} missed its step deadline ({self.step_timeout_s}s)") from None
+
+    def _outages(self) -> tuple[int, int]:
+        """Our connection's reconnects and the worker's, as its heartbeat last said."""
+        return self.nc.stats["reconnects"], self.worker_bus_epoch
 
     def _count_iterations(self, num_new_tokens: dict[str, int], result: StepResult) -> None:
         """Tokens per model iteration: the Step's first, then (multi-step) one per row still running."""

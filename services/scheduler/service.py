@@ -278,6 +278,8 @@ class SchedulerService:
         pool = self.pools.get(announce.worker_id)
         if pool is not None and pool.is_alive:
             self.workers.heard(announce.worker_id)
+            if isinstance(announce, WorkerHeartbeat):
+                pool.worker_bus_epoch = announce.bus_epoch
             if isinstance(announce, WorkerHello) and (announce.device, announce.loras) != (pool.hello.device,
                                                                                              pool.hello.loras):
                 pool.hello.device, pool.hello.loras = announce.device, announce.loras  # compiled now; adapters

@@ -97,7 +97,7 @@ class WorkerService:
             if time.monotonic() >= next_trim:  # off the loop: the trim takes a few ms and frees the GIL
                 next_trim = time.monotonic() + memory.TRIM_INTERVAL_S
                 await asyncio.get_running_loop().run_in_executor(None, memory.trim)
-            beat.num_running = len(self.runner.seqs)
+            beat.num_running, beat.bus_epoch = len(self.runner.seqs), self.nc.stats["reconnects"]
             try:
                 await self.nc.publish(subjects.WORKERS_HEARTBEAT, encode(beat))
                 await self._maybe_announce_device()

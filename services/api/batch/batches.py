@@ -9,6 +9,8 @@ from nats.aio.client import Client
 from nats.js.api import StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
+from shared.bus import replicas
+
 BUCKET = "SY_BATCHES"
 KEEP_S = 30 * 24 * 3600  # a batch record is dropped this long after its last change (its files stay)
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
@@ -71,7 +73,7 @@ class BatchStore:
                 self._kv = await self.js.key_value(BUCKET)
             except BucketNotFoundError:
                 self._kv = await self.js.create_key_value(bucket=BUCKET, history=1, ttl=KEEP_S,
-                                                          storage=StorageType.FILE)
+                                                          storage=StorageType.FILE, replicas=replicas())
         return self._kv
 
     async def create(self, record: BatchRecord) -> None:

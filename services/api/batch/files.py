@@ -11,6 +11,8 @@ from nats.aio.client import Client
 from nats.js.api import ObjectMeta, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
+from shared.bus import replicas
+
 BUCKET = "SY_FILES"
 MAX_FILE_BYTES = 200 * 2**20  # OpenAI's cap on a batch input file
 MAX_BUCKET_BYTES = 8 * 2**30  # every file together; an upload past it is refused with 507
@@ -50,7 +52,7 @@ class FileStore:
                 self._store = await self.js.object_store(BUCKET)
             except BucketNotFoundError:
                 self._store = await self.js.create_object_store(BUCKET, max_bytes=MAX_BUCKET_BYTES,
-                                                                storage=StorageType.FILE)
+                                                                storage=StorageType.FILE, replicas=replicas())
         return self._store
 
     async def put(self, data: bytes, filename: str, purpose: str) -> FileObject:
