@@ -3,7 +3,8 @@
 One subscription per client, at start, to its own reply subject; entries are routed to waiting
 streams by request id, so no token is missed and no per-request subscription is needed. The client
 heartbeats (a scheduler aborts the requests of a client gone quiet) and listens to the schedulers'
-heartbeats (a request whose scheduler goes quiet ends with an error, not a silent stream).
+heartbeats (a request whose scheduler goes quiet ends with an error, not a silent stream; under a
+leader lease it is submitted again, with the tokens read so far, to the standby that takes over).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import secrets
 import time
 import uuid
 
+import msgspec
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -25,6 +27,7 @@ from shared.messages import (
     SUBMIT_REPLY_DECODER,
     TOKEN_BATCH_DECODER,
     Abort,
+    Accepted,
     ClientHeartbeat,
     FinishReason,
     RejectCode,
@@ -39,6 +42,8 @@ from shared.stream import RequestStream
 
 log = get_logger("bus")
 WATCH_INTERVAL_S = 0.25
+RESUME_WITHIN_S = 10.0  # a leased scheduler's requests wait this long for its standby to take them
+RESUME_TRY_S = 0.25
 
 
 class EngineUnavailable(Exception):
@@ -60,6 +65,8 @@ class BusClient:
         self.reply_subject = subjects.api_out(self.client_id)
         self.streams: dict[str, RequestStream] = {}
         self.schedulers = Heartbeats(nc, SCHEDULER_SILENCE_S, probe=BusProbe.of(nc))  # a paused bus is no one's death
+        self.leased: set[str] = set()  # schedulers that lead by a lease: a standby resumes their requests
+        self.num_resumed = 0  # requests handed to a new leader after theirs was lost
         self._subs = []
         self._watch: asyncio.Task | None = None
         self._aborting: set[asyncio.Task] = set()
@@ -78,7 +85,10 @@ class BusClient:
             await sub.unsubscribe()
 
     async def _on_scheduler_heartbeat(self, msg) -> None:
-        self.schedulers.heard(SCHEDULER_HEARTBEAT_DECODER.decode(msg.data).scheduler_id)
+        beat = SCHEDULER_HEARTBEAT_DECODER.decode(msg.data)
+        self.schedulers.heard(beat.scheduler_id)
+        if beat.lease:
+            self.leased.add(beat.scheduler_id)
 
     async def _heartbeat_and_watch(self) -> None:
         beat, next_beat = encode(ClientHeartbeat(client_id=self.client_id)), 0.0
@@ -96,7 +106,11 @@ class BusClient:
                     log.warning("heartbeat_failed", error=str(exc))
             for scheduler_id in self.schedulers.silent():
                 self.schedulers.forget(scheduler_id)
-                self._end_streams_of(scheduler_id)
+                if scheduler_id in self.leased:
+                    self.leased.discard(scheduler_id)
+                    self._resume_streams_of(scheduler_id)
+                else:
+                    self._end_streams_of(scheduler_id)
             await asyncio.sleep(WATCH_INTERVAL_S)
 
     async def resend(self, offsets: dict[str, int]) -> None:
@@ -112,11 +126,46 @@ class BusClient:
         """The scheduler holding these requests is gone: each stream ends with an error entry."""
         orphans = [s for s in self.streams.values() if s.scheduler_id == scheduler_id]
         for stream in orphans:
-            stream.queue.put_nowait(TokenEntry(
-                request_id=stream.request_id, offset=stream.num_tokens, token_ids=[], produced_at=time.time(),
-                finish_reason=FinishReason.ERROR,
-                error=f"the scheduler holding this request stopped ({SCHEDULER_SILENCE_S:g}s without a heartbeat)"))
+            _fail(stream, f"the scheduler holding this request stopped ({SCHEDULER_SILENCE_S:g}s without a heartbeat)")
         log.warning("scheduler_gone", scheduler_id=scheduler_id, num_streams=len(orphans))
+
+    def _resume_streams_of(self, scheduler_id: str) -> None:
+        """A leader is gone: its requests go to whichever scheduler takes the lease over."""
+        orphans = [s for s in self.streams.values() if s.scheduler_id == scheduler_id and not s.is_finished]
+        log.warning("leader_gone", scheduler_id=scheduler_id, num_streams=len(orphans))
+        for stream in orphans:
+            task = asyncio.get_running_loop().create_task(self._resume(stream))
+            self._aborting.add(task)
+            task.add_done_callback(self._aborting.discard)
+
+    async def _resume(self, stream: RequestStream) -> None:
+        """Submit it again with the tokens read so far, until a scheduler takes it (RESUME_WITHIN_S).
+        IN_FLIGHT means the one we thought lost holds it still (its heartbeats were late)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESUME_WITHIN_S
+        while stream.request_id in self.streams and loop.time() < deadline:
+            submit = msgspec.structs.replace(stream.submit, resume_token_ids=list(stream.token_ids))
+            try:
+                msg = await self.nc.request(subjects.submit(stream.model), encode(submit), timeout=RESUME_TRY_S * 4)
+            except (NoRespondersError, TimeoutError, NatsTimeoutError):
+                await asyncio.sleep(RESUME_TRY_S)  # no leader yet: the standby is taking the lease
+                continue
+            except Exception as exc:  # the bus away: the next try will tell
+                log.warning("resume_failed", request_id=stream.request_id, error=str(exc))
+                await asyncio.sleep(RESUME_TRY_S)
+                continue
+            reply = SUBMIT_REPLY_DECODER.decode(msg.data)
+            if isinstance(reply, Rejected) and reply.code != RejectCode.IN_FLIGHT:
+                _fail(stream, f"the request could not be resumed after its scheduler was lost: {reply.reason}")
+            elif isinstance(reply, Accepted):
+                stream.scheduler_id = reply.scheduler_id
+                self.schedulers.heard(reply.scheduler_id)
+                self.num_resumed += 1
+                log.info("request_resumed", request_id=stream.request_id, scheduler_id=reply.scheduler_id,
+                         num_tokens=len(submit.resume_token_ids))
+            return
+        if stream.request_id in self.streams:
+            _fail(stream, f"the scheduler holding this request stopped and none took it over in {RESUME_WITHIN_S:g}s")
 
     async def _on_tokens(self, msg) -> None:
         batch = TOKEN_BATCH_DECODER.decode(msg.data)
@@ -136,7 +185,7 @@ class BusClient:
         request_id = request_id or uuid.uuid4().hex
         stream = RequestStream(self, model, request_id)
         self.streams[request_id] = stream  # registered before Submit: the first token may beat the reply
-        submit = Submit(request_id=request_id, model=model, prompt_token_ids=list(prompt_token_ids),
+        stream.submit = submit = Submit(request_id=request_id, model=model, prompt_token_ids=list(prompt_token_ids),
                         sampling=sampling, reply_to=self.reply_subject, arrival_time=time.time(),
                         cache_salt=cache_salt, deadline=deadline, client_id=self.client_id,
                         abort_key=self.abort_key, priority=priority, lora=lora)
@@ -178,3 +227,9 @@ class BusClient:
 
     def forget(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
+
+
+def _fail(stream: RequestStream, error: str) -> None:
+    """End a stream with an error entry (at the offset it has read to)."""
+    stream.queue.put_nowait(TokenEntry(request_id=stream.request_id, offset=stream.num_tokens, token_ids=[],
+                                       produced_at=time.time(), finish_reason=FinishReason.ERROR, error=error))

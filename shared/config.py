@@ -273,6 +273,13 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
                         help="remove a replica (down to replicas_min) when the engine has been idle this long")
 
 
+def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--leader-lease", default=os.environ.get("SY_LEADER_LEASE") or None,
+                        help="leadership among scheduler processes by a JetStream KV lease of this name: one "
+                             "leads, the others wait as standbys and take over its requests when it is gone "
+                             "(docs/architecture.md); default: none, this scheduler serves at once")
+
+
 def add_nats_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
 

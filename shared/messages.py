@@ -36,6 +36,7 @@ class RejectCode(enum.IntEnum):
     QUEUE_FULL = 1  # -> HTTP 429
     UNAVAILABLE = 2  # no worker for the model -> HTTP 503
     NOT_FOUND = 3  # a LoRA adapter no worker of the model serves -> HTTP 404
+    IN_FLIGHT = 4  # its request_id is held here already -> HTTP 400 (a resumed request: still ours)
 
 
 class BackendName(enum.IntEnum):
@@ -142,6 +143,9 @@ class Submit(msgspec.Struct, tag="submit"):
     # vLLM's priority: lower is served first (the Batch API's lines run at BATCH_PRIORITY); ties by arrival
     priority: int = 0
     lora: str | None = None  # the LoRA adapter to run on (its name); None: the base model
+    # the output it already streamed, under a scheduler that was lost (BusClient resumes it with a
+    # standby that took the lease): recomputed with the prompt, its stream going on at their offset
+    resume_token_ids: list[int] = []
 
 
 class Accepted(msgspec.Struct, tag="accepted"):
@@ -248,6 +252,9 @@ class Step(msgspec.Struct, tag="step", array_like=True):
     # allocated for all of them); a row leaves once it finishes. StepResult then lists each row's
     # tokens in order
     num_steps: int = 1
+    # the sending scheduler's lease token (services/scheduler/lease.py; 0: no lease): a worker
+    # refuses a Step with a token below one it has seen, from a leader that was deposed
+    fence: int = 0
 
 
 class Sampled(msgspec.Struct, array_like=True):
@@ -264,6 +271,7 @@ class StepResult(msgspec.Struct, tag="step_result", array_like=True):
     sampled: list[Sampled] = []
     error: str | None = None
     forward_seconds: float = 0.0
+    fenced: bool = False  # refused: a scheduler with a newer lease token leads
 
 
 # ---- worker discovery ----------------------------------------------------------------------
@@ -310,6 +318,9 @@ class SchedulerHeartbeat(msgspec.Struct, tag="sched_heartbeat"):
 
     scheduler_id: str
     models: list[str] = []
+    # the lease it leads by ("": none). Bus clients resume a leased scheduler's requests with the
+    # standby that takes the lease over, instead of ending them
+    lease: str = ""
 
 
 class ClientHeartbeat(msgspec.Struct, tag="client_heartbeat"):

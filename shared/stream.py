@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from shared.messages import TokenEntry
+from shared.messages import Submit, TokenEntry
 
 
 class StreamOwner(Protocol):
@@ -57,6 +57,8 @@ class RequestStream:
         self.worker_id = ""  # the worker that produced the latest tokens
         self.received_at = 0.0  # wall clock on the scheduler when it took the Submit (Accepted.received_at)
         self.scheduler_id = ""  # the scheduler holding it (Accepted.scheduler_id)
+        self.submit: Submit | None = None  # what was submitted: sent again to resume it under a new leader
+        self.token_ids: list[int] = []  # every token read so far (a resumed request starts after them)
         self._ahead: list[TokenEntry] = []  # arrived past a gap
         self._asked_at = -1  # the offset a Resend was last asked from
 
@@ -76,6 +78,7 @@ class RequestStream:
                     if entry.offset < self.num_tokens:
                         entry = _trimmed(entry, self.num_tokens)
                 self.num_tokens += len(entry.token_ids)
+                self.token_ids += entry.token_ids
                 self.is_finished = entry.finish_reason is not None
                 yield entry
         finally:

@@ -27,6 +27,7 @@ from shared.config import (
     add_agent_args,
     add_api_args,
     add_engine_args,
+    add_scheduler_args,
     add_worker_args,
     engine_config_from_args,
 )
@@ -62,6 +63,7 @@ class Stack:
     nats_url: str | None = None
     api_port: int = 8000
     num_workers: int = 1
+    num_schedulers: int = 1  # more than one: they share a leader lease, the others standbys
     service_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
     nats: NatsServer | NatsCluster | None = None
@@ -97,7 +99,10 @@ class Stack:
             self.services.append(Service(f"worker-{i}", py + ["services.worker", *common, "--worker-id", f"worker-{i}"]))
         agent_log_dir = ["--agent-log-dir", str(self.log_dir / "agent-workers")] if self.log_dir else []
         self.services.append(Service("agent", py + ["services.worker.agent", *common, *agent_log_dir]))
-        self.services.append(Service("scheduler", py + ["services.scheduler", *common]))
+        lease = ["--leader-lease", "scheduler"] if self.num_schedulers > 1 else []
+        for i in range(self.num_schedulers):
+            name = "scheduler" if i == 0 else f"scheduler-{i}"
+            self.services.append(Service(name, py + ["services.scheduler", *common, *lease]))
         self.services.append(Service("api", py + ["services.api", *common, "--port", str(self.api_port)]))
         for svc in self.services:
             if self.log_dir:
@@ -224,6 +229,7 @@ def check_service_args(service_args: list[str]) -> None:
     add_worker_args(parser)
     add_api_args(parser)
     add_agent_args(parser)
+    add_scheduler_args(parser)
     parser.parse_args(service_args)  # exits with a usage message on an unknown flag
 
 
@@ -265,17 +271,20 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Run the whole Switchyard stack")
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SY_WORKERS", "1")))
+    parser.add_argument("--schedulers", type=int, default=int(os.environ.get("SY_SCHEDULERS", "1")),
+                        help="scheduler processes: past one, they lead by turns (--leader-lease), the others "
+                             "standbys that take over the queue when the leader is gone (default 1)")
     parser.add_argument("--nats-cluster", type=int, default=int(os.environ.get("SY_NATS_CLUSTER", "1")),
                         help="nats-servers to start (without NATS_URL): 3 makes a routed cluster with JetStream "
                              "clustered and every store kept at replication 3 (default 1: one server)")
     args, service_args = parser.parse_known_args(argv)
-    if args.nats_cluster < 1:
-        parser.error(f"--nats-cluster must be at least 1, got {args.nats_cluster}")
+    if args.nats_cluster < 1 or args.schedulers < 1:
+        parser.error("--nats-cluster and --schedulers must be at least 1")
     check_service_args(service_args)
     users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/nats_auth.py's users
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
                   service_args=service_args, auth_dir=os.path.dirname(users) if users else None,
-                  nats_cluster=args.nats_cluster, nats_replicas=int(os.environ.get("SY_NATS_REPLICAS", "1")))
+                  nats_cluster=args.nats_cluster, num_schedulers=args.schedulers, nats_replicas=int(os.environ.get("SY_NATS_REPLICAS", "1")))
     received: list[int] = []
 
     def on_signal(signum, _frame):

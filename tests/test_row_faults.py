@@ -32,6 +32,8 @@ def _submit(**fields) -> Submit:
     (dict(sampling=dict(allowed_token_ids=[2**40])), "allowed_token_ids: token id 1099511627776"),
     (dict(sampling=dict(stop_token_ids=[-3])), "stop_token_ids: token id -3"),
     (dict(sampling=dict(max_tokens=0)), "max_tokens must be at least 1"),
+    (dict(resume_token_ids=[5, 2**40]), "resume_token_ids: token id 1099511627776"),
+    (dict(resume_token_ids=[5] * 16, sampling=dict(max_tokens=16)), "16 tokens leave none of max_tokens"),
     (dict(sampling=dict(max_tokens=4, min_tokens=5)), "min_tokens must be in [0, max_tokens]"),
     (dict(sampling=dict(temperature=float("inf"))), "temperature must be >= 0"),
     (dict(sampling=dict(top_p=0.0)), "top_p must be in (0, 1]"),

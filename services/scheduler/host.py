@@ -6,6 +6,7 @@ engine settings derived from the model's configs (`shared/deployment.py`); an un
 and stops it; a redeploy (new generation) replaces it. Each engine reserves its deployment's
 `cpus`/`memory` from the host's budget (`--engine-cpus`, `--engine-memory`); one that does not fit
 is not started, and the host's record in `sy-agents` says why (pipelines/status shows it).
+With --leader-lease, the host first waits as a standby until it holds the lease (lease.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 
 from nats.aio.client import Client
 
+from services.scheduler.lease import Lease
 from services.scheduler.service import SchedulerService
 from shared import subjects
 from shared.agents import fits, free_resources
@@ -30,9 +32,12 @@ UNDEPLOY_GRACE_S = 5.0  # in-flight requests of an undeployed pipeline get this 
 
 
 class SchedulerHost:
-    def __init__(self, nc: Client, config: EngineConfig | None, budget: AgentRecord):
+    def __init__(self, nc: Client, config: EngineConfig | None, budget: AgentRecord, lease: Lease | None = None):
+        """lease: leadership among several scheduler processes (None: this one serves at once)."""
         self.nc = nc
         self.scheduler_id = uuid.uuid4().hex[:12]
+        self.lease = lease
+        self.fence = 0
         self.static = SchedulerService(nc, config, self.scheduler_id) if config is not None else None
         self.deployed: dict[str, tuple[int, SchedulerService, tuple[float, int]]] = {}  # pipeline -> (gen, ...)
         self.budget = budget  # accel ENGINE_HOST; its `refused` names the pipelines that did not fit
@@ -45,7 +50,10 @@ class SchedulerHost:
         return ([self.static] if self.static else []) + [s for _, s, _ in self.deployed.values()]
 
     async def start(self) -> None:
+        if self.lease is not None:  # a standby until the leader is gone
+            self.fence = await self.lease.acquire()
         if self.static is not None:
+            self.static.fence = self.fence
             await self.static.start()
         self.registry = await Registry(self.nc).open()
         self._tasks = [asyncio.create_task(self.registry.follow_pipelines(self._apply_locked)),
@@ -59,6 +67,8 @@ class SchedulerHost:
             task.cancel()
         for service in self.services:
             await service.stop()
+        if self.lease is not None:
+            await self.lease.release()  # a standby takes over at once, not after the lease's TTL
 
     async def _apply_locked(self, name: str, pipeline: Pipeline | None) -> None:
         async with self._lock:
@@ -76,7 +86,8 @@ class SchedulerHost:
     async def _heartbeat(self) -> None:
         """Bus clients end the streams of a scheduler they stop hearing from (SCHEDULER_SILENCE_S)."""
         while True:
-            beat = SchedulerHeartbeat(scheduler_id=self.scheduler_id, models=[s.model for s in self.services])
+            beat = SchedulerHeartbeat(scheduler_id=self.scheduler_id, models=[s.model for s in self.services],
+                                      lease=self.lease.key if self.lease is not None else "")
             try:
                 await self.nc.publish(subjects.SCHEDULERS_HEARTBEAT, encode(beat))
             except Exception as exc:  # the bus is down: the next beat will tell
@@ -109,6 +120,7 @@ class SchedulerHost:
         if self.budget.refused.pop(name, None) is not None:
             await registry.put_agent(self.budget)
         service = SchedulerService(self.nc, config, self.scheduler_id)
+        service.fence = self.fence
         await service.start()
         self.deployed[name] = (pipeline.generation, service, deployed.engine_resources())
         log.info("deployment_started", model=config.model, generation=pipeline.generation)

@@ -15,6 +15,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.lease import deposed
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
@@ -67,13 +68,15 @@ def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more) -> Sc
 class PoolLoop:
     def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
                  on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]],
-                 can_run_more: Callable[[], bool], workers: Heartbeats):
-        """workers: where this pool's worker is heard from (its heartbeats and its step replies)."""
+                 can_run_more: Callable[[], bool], workers: Heartbeats, fence: int = 0):
+        """workers: where this pool's worker is heard from (its heartbeats and its step replies).
+        fence: our lease's token (lease.py), on every Step; 0 without a lease."""
         self.nc = nc
         self.hello = hello
         self.worker_id = hello.worker_id
         self.step_timeout_s = config.step_timeout_s
         self.worker_bus_epoch = 0  # the worker's reconnects, as its heartbeat says (_request)
+        self.fence = fence
         self.max_migrations = config.max_migrations
         self.scheduler = _scheduler_for(hello, config, can_run_more)
         self.on_gone = on_gone
@@ -199,11 +202,14 @@ class PoolLoop:
 
     async def _step(self, step: Step) -> StepResult:
         step.reset = not self._has_stepped  # the worker may hold state from a scheduler before us
+        step.fence = self.fence
         self._has_stepped = True
         started = time.perf_counter()
         msg = await self._request(encode(step))
         self.workers.heard(self.worker_id)
         result = STEP_RESULT_DECODER.decode(msg.data)
+        if result.fenced:
+            deposed(f"worker {self.worker_id} refused our Step: {result.error}")
         self.steps_run += 1
         self.step_seconds += time.perf_counter() - started
         self.forward_seconds += result.forward_seconds

@@ -54,7 +54,7 @@ class Request:
                    sampling=sampling, reply_to=submit.reply_to,
                    cache_salt=submit.cache_salt, deadline=submit.deadline,
                    client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority,
-                   lora=submit.lora)
+                   lora=submit.lora, output_token_ids=list(submit.resume_token_ids))
 
     def migrate(self) -> None:
         """Its worker died: start over elsewhere from prompt + the outputs so far (recomputed, as

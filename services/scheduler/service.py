@@ -69,6 +69,7 @@ class SchedulerService:
         """scheduler_id: the process's (SchedulerHost's), whose heartbeats tell bus clients it is alive."""
         self.nc = nc
         self.scheduler_id = scheduler_id
+        self.fence = 0  # the host's lease token once it leads (lease.py); 0: no lease
         self.config = config
         self.model = config.model
         self.pools: dict[str, PoolLoop] = {}
@@ -156,8 +157,10 @@ class SchedulerService:
         if (invalid := submit_error(submit, self.vocab_size)) is not None:
             return reject(RejectCode.INVALID, invalid)
         if submit.request_id in self._routing or any(submit.request_id in p.scheduler.requests for p in pools):
-            return reject(RejectCode.INVALID, f"request_id {submit.request_id!r} is already in flight")
+            return reject(RejectCode.IN_FLIGHT, f"request_id {submit.request_id!r} is already in flight")
         num_prompt, max_tokens = len(submit.prompt_token_ids), submit.sampling.max_tokens
+        if submit.resume_token_ids:
+            log.info("request_resumed", request_id=submit.request_id, num_output_tokens=len(submit.resume_token_ids))
         too_long = context_length_error(self.max_model_len, num_prompt, max_tokens)
         if too_long:
             return reject(RejectCode.INVALID, too_long)
@@ -291,7 +294,7 @@ class SchedulerService:
 
     def _add_pool(self, hello: WorkerHello) -> None:
         pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more,
-                        workers=self.workers)
+                        workers=self.workers, fence=self.fence)
         self.pools[hello.worker_id] = pool
         pool.start()
         if self.is_sleeping:  # it joins a sleeping model: it sleeps too, and wakes with the others

@@ -19,6 +19,10 @@ def submit_error(submit: Submit, vocab_size: int) -> str | None:
         return "the prompt is empty"
     if (bad := _bad_token_id(submit.prompt_token_ids, vocab_size)) is not None:
         return f"prompt_token_ids: {bad}"
+    if (bad := _bad_token_id(submit.resume_token_ids, vocab_size)) is not None:
+        return f"resume_token_ids: {bad}"
+    if submit.resume_token_ids and len(submit.resume_token_ids) >= submit.sampling.max_tokens:
+        return f"resume_token_ids: {len(submit.resume_token_ids)} tokens leave none of max_tokens to go"
     if not submit.reply_to or any(c in submit.reply_to for c in " \t\r\n*>"):
         return f"reply_to must be one concrete NATS subject, got {submit.reply_to!r}"
     if not -(2**31) <= submit.priority < 2**31:

@@ -56,6 +56,7 @@ class WorkerService:
         self.executor = executor  # where the forward runs: the main thread (see main_thread.py)
         self.sent = SentTokens(runner.seqs)
         self._last_reply: tuple[int, bytes] | None = None  # (step_id, the encoded StepResult)
+        self._fence = 0  # the highest scheduler lease token seen on a Step (a lower one: a deposed leader)
 
     async def start(self) -> None:
         await self.endpoints.add("step", subjects.worker_step(self.hello.worker_id), self._on_step)
@@ -150,6 +151,12 @@ class WorkerService:
     async def _on_step(self, msg: Msg) -> None:
         step = STEP_DECODER.decode(msg.data)
         self.last_step_at = time.monotonic()
+        if step.fence < self._fence:
+            log.warning("step_fenced", step_id=step.step_id, fence=step.fence, newest=self._fence)
+            await msg.respond(encode(StepResult(step_id=step.step_id, fenced=True, error=(
+                f"a scheduler with lease token {self._fence} leads; this Step carries {step.fence}"))))
+            return
+        self._fence = step.fence
         if step.reset:
             self._last_reply = None
         elif self._last_reply is not None and self._last_reply[0] == step.step_id:

@@ -16,7 +16,7 @@ from shared.messages import FinishReason, Logprobs, RejectCode, SamplingParams
 
 log = get_logger("api")
 _REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCode.UNAVAILABLE: 503,
-                  RejectCode.NOT_FOUND: 404}
+                  RejectCode.NOT_FOUND: 404, RejectCode.IN_FLIGHT: 400}
 _REJECT_CODE = {RejectCode.NOT_FOUND: "model_not_found"}  # OpenAI's; the others: the RejectCode's name
 RETRY_AFTER_S = "1"  # what a 429 asks the client to wait
 

@@ -1,0 +1,101 @@
+"""Leadership among scheduler processes: a JetStream KV lease whose revision is the fencing token.
+
+The first to create the key leads; it renews the key (a compare-and-set on its last revision) every
+third of the lease, and the bucket's TTL drops a key nobody renews, so a standby takes the lease
+LEASE_S after its leader died. A leader that fails a renewal, or whose Step a worker refuses as
+fenced (a newer leader's token seen), exits at once without a word to anyone (`deposed`): its
+requests belong to the new leader now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import NoReturn
+
+from nats.aio.client import Client
+from nats.js.api import StorageType
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
+
+from shared.bus import replicas
+from shared.log import get_logger
+
+log = get_logger("scheduler")
+LEASES_BUCKET = "sy-leases"
+LEASE_S = 3.0  # a leader silent this long loses the lease (the bucket's TTL)
+RENEW_S = LEASE_S / 3
+TRY_S = 0.25  # a standby asks this often
+DEPOSED_EXIT = 3  # the exit status of a leader that lost its lease (its supervisor starts it again, as a standby)
+
+
+def deposed(reason: str) -> NoReturn:
+    """Another scheduler leads: stop now, publishing nothing (no error entries, no drain)."""
+    log.error("scheduler_deposed", reason=reason)
+    os._exit(DEPOSED_EXIT)
+
+
+class Lease:
+    def __init__(self, nc: Client, name: str, holder: str | None = None):
+        self.nc = nc
+        self.key = f"scheduler.{name}"
+        self.holder = holder or f"{socket.gethostname()}-{os.getpid()}"
+        self.token = 0  # the revision we created the key at: grows with every new leader
+        self._revision = 0
+        self._kv = None
+        self._renewing: asyncio.Task | None = None
+
+    async def _bucket(self):
+        if self._kv is None:
+            js = self.nc.jetstream()
+            try:
+                self._kv = await js.key_value(LEASES_BUCKET)
+            except BucketNotFoundError:
+                self._kv = await js.create_key_value(bucket=LEASES_BUCKET, history=1, ttl=LEASE_S,
+                                                     storage=StorageType.FILE, replicas=replicas())
+        return self._kv
+
+    async def acquire(self) -> int:
+        """Wait until we lead (as a standby meanwhile); returns the fencing token."""
+        announced = False
+        while True:
+            try:
+                kv = await self._bucket()
+                self._revision = self.token = await kv.create(self.key, self.holder.encode())
+                break
+            except KeyWrongLastSequenceError:
+                if not announced:
+                    log.info("scheduler_standby", lease=self.key, holder=self.holder)
+                    announced = True
+            except Exception as exc:  # the bus or JetStream not there yet: a standby waits either way
+                log.warning("lease_unavailable", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(TRY_S)
+        log.info("lease_acquired", lease=self.key, holder=self.holder, token=self.token)
+        self._renewing = asyncio.get_running_loop().create_task(self._renew())
+        return self.token
+
+    async def _renew(self) -> None:
+        """Keep the key ours; a renewal that fails for as long as the lease lasts deposes us."""
+        loop = asyncio.get_running_loop()
+        renewed_at = loop.time()
+        while True:
+            await asyncio.sleep(RENEW_S)
+            try:
+                self._revision = await self._kv.update(self.key, self.holder.encode(), last=self._revision)
+                renewed_at = loop.time()
+            except KeyWrongLastSequenceError:
+                deposed(f"the lease {self.key} was taken by another scheduler")
+            except Exception as exc:  # the bus away: retry while the lease may still be ours
+                log.warning("lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+                if loop.time() - renewed_at > LEASE_S:
+                    deposed(f"the lease {self.key} could not be renewed for {LEASE_S:g}s")
+
+    async def release(self) -> None:
+        """Leaving: the key deleted (if still ours), so a standby need not wait out the TTL."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
+            try:
+                await self._kv.delete(self.key, last=self._revision)
+            except Exception as exc:  # taken already, or the bus away: the TTL ends it
+                log.warning("lease_release_failed", error=f"{type(exc).__name__}: {exc}")
