@@ -42,7 +42,7 @@ from shared.stream import RequestStream
 
 log = get_logger("bus")
 WATCH_INTERVAL_S = 0.25
-RESUME_WITHIN_S = 10.0  # a leased scheduler's requests wait this long for its standby to take them
+RESUME_WITHIN_S = 30.0  # a leased scheduler's requests wait this long for a standby to take them (lease.LEASE_S: 10 s)
 RESUME_TRY_S = 0.25
 
 

@@ -23,8 +23,11 @@ from shared.log import get_logger
 
 log = get_logger("scheduler")
 LEASES_BUCKET = "sy-leases"
-LEASE_S = 3.0  # a leader silent this long loses the lease (the bucket's TTL)
-RENEW_S = LEASE_S / 3
+# a leader silent this long loses the lease (the bucket's TTL): longer than JetStream takes to
+# elect the bucket a new leader when a NATS node dies (a few seconds), or a node's loss would
+# depose a healthy leader; Kubernetes' leader election picks the same order (15 s)
+LEASE_S = 10.0
+RENEW_S = 2.0
 TRY_S = 0.25  # a standby asks this often
 DEPOSED_EXIT = 3  # the exit status of a leader that lost its lease (its supervisor starts it again, as a standby)
 

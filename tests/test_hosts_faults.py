@@ -1,0 +1,246 @@
+"""The stack across hosts (network namespaces on a private bridge), each fault mid-stream at c=16:
+a NATS node killed, a worker host cut off for 10 s, the scheduler's host killed, a gateway's host
+killed. Every accepted request completes with a lone run's greedy tokens, or ends with an error
+event within 10 s; none hangs; what JetStream holds survives (bench/hosts_faults.py repeats them).
+
+  host a: nats-0, api, kvcache   host b: nats-1, api   host c: nats-2
+  host d, e: scheduler (one leads by lease, one stands by)   host f, g: a worker each
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+from shared import nats_auth
+from shared.bus import servers
+from switchyard.nats_server import NatsCluster
+from tests.bus_helpers import scheduler_stats
+from tests.hosts import Hosts, can_make_hosts
+
+pytestmark = pytest.mark.stack
+CONCURRENCY = 16
+MAX_TOKENS = 48
+PROMPTS = [f"Tell me {i + 2} things about ships and harbours." for i in range(CONCURRENCY)]
+ERROR_WITHIN_S = 10.0
+CUT_S = 10.0
+API_PORT = 8000
+ARGS = ["--kv-cache-memory-gib", "0.4", "--threads", "1", "--no-deterministic"]
+
+
+class Cluster:
+    """The hosts, the bus on three of them, and each service on its own."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.hosts = Hosts(list("abcdefg")).make()
+        nodes = [self.hosts[h] for h in "abc"]
+        self.nats = NatsCluster(3, auth=True, hosts=[h.address for h in nodes], wrappers=[h.wrapper for h in nodes],
+                                log_dir=str(log_dir))
+        self.services: dict[str, tuple[str, list[str]]] = {}  # name -> (host, argv)
+        self.procs: dict[str, object] = {}
+
+    def start(self) -> Cluster:
+        self.nats.start(timeout=60)
+        for node, host in zip(self.nats.nodes, "abc", strict=True):
+            self.hosts[host].adopt(node.proc)
+        py = [sys.executable, "-m"]
+        common = ["--nats-url", self.nats.url, *ARGS]
+        self.services = {
+            "kvcache": ("a", py + ["services.kvcache", "--nats-url", self.nats.url]),
+            "worker-f": ("f", py + ["services.worker", *common, "--worker-id", "worker-f"]),
+            "worker-g": ("g", py + ["services.worker", *common, "--worker-id", "worker-g"]),
+            "scheduler-d": ("d", py + ["services.scheduler", *common, "--leader-lease", "scheduler"]),
+            "scheduler-e": ("e", py + ["services.scheduler", *common, "--leader-lease", "scheduler"]),
+            "api-a": ("a", py + ["services.api", *common, "--host", "0.0.0.0", "--port", str(API_PORT)]),
+            "api-b": ("b", py + ["services.api", *common, "--host", "0.0.0.0", "--port", str(API_PORT)]),
+        }
+        for name in self.services:
+            self.run(name)
+        for api in ("api-a", "api-b"):
+            self.wait_ready(api)
+        return self
+
+    def run(self, name: str) -> None:
+        host, argv = self.services[name]
+        env = dict(os.environ) | nats_auth.env_for(nats_auth.user_of(name.rsplit("-", 1)[0]), self.nats.auth_dir)
+        env |= {"SY_NATS_REPLICAS": "3", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        self.procs[name] = self.hosts[host].run(argv, env, self.log_dir / f"{name}.log")
+
+    def base_url(self, api: str) -> str:
+        return f"http://{self.hosts[self.services[api][0]].address}:{API_PORT}"
+
+    def wait_ready(self, api: str, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.procs[api].poll() is None, f"{api} exited"
+            try:
+                with urllib.request.urlopen(self.base_url(api) + "/ready", timeout=15) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{api} was not ready after {timeout}s")
+
+    @property
+    def admin_url(self) -> list[str]:
+        return servers(nats_auth.url_with_login(self.nats.url, "admin", self.nats.auth_dir))
+
+    def stop(self) -> None:
+        self.hosts.remove()
+        self.nats.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if (why := can_make_hosts()) is not None:
+        pytest.skip(why)
+    log_dir = tmp_path_factory.mktemp("hosts")
+    c = Cluster(log_dir)
+    try:
+        c.start()
+    except Exception:
+        c.stop()
+        for log in sorted(log_dir.glob("*.log")):
+            print(f"---- {log.name}\n{log.read_text()[-3000:]}")
+        raise
+    yield c
+    c.stop()
+
+
+def _client(base_url: str):
+    openai = pytest.importorskip("openai")
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+async def _stream(client, model: str, prompt: str, started: asyncio.Event) -> tuple[str, str, float]:
+    """The text, the finish reason ("error" for an error event or a broken connection), when it ended."""
+    openai = pytest.importorskip("openai")
+    text, finish = [], None
+    try:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            started.set()
+            text.append(chunk.choices[0].text or "")
+            finish = chunk.choices[0].finish_reason or finish
+    except (openai.APIError, httpx.HTTPError):  # an error event, or the gateway's host gone under the stream
+        started.set()
+        finish = "error"
+    return "".join(text), finish, time.monotonic()
+
+
+@pytest.fixture(scope="module")
+def alone(cluster, model_name) -> list[str]:
+    async def lone_runs():
+        client = _client(cluster.base_url("api-a"))
+        return [(await _stream(client, model_name, p, asyncio.Event()))[0] for p in PROMPTS]
+
+    return asyncio.run(lone_runs())
+
+
+async def _under_fault(cluster, model_name, fault) -> tuple[list[tuple[str, str, float]], float]:
+    """16 streams, half through each gateway; `fault()` once all are mid-stream; their ends."""
+    clients = [_client(cluster.base_url("api-a")), _client(cluster.base_url("api-b"))]
+    started = [asyncio.Event() for _ in PROMPTS]
+    streams = [asyncio.create_task(_stream(clients[i % 2], model_name, p, e))
+               for i, (p, e) in enumerate(zip(PROMPTS, started, strict=True))]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+    at = time.monotonic()
+    await fault()
+    return await asyncio.wait_for(asyncio.gather(*streams), 240), at
+
+
+def _check(done, alone, at: float, spared=range(CONCURRENCY)) -> int:
+    """Each completed with a lone run's tokens or ended with an error soon; those in `spared` completed."""
+    for i, ((text, finish, ended), lone) in enumerate(zip(done, alone, strict=True)):
+        assert finish in ("length", "error"), i
+        if finish == "length":
+            assert text == lone, i
+        else:
+            assert i not in spared and ended - at < ERROR_WITHIN_S, i
+    return sum(finish == "length" for _, finish, _ in done)
+
+
+async def _workers(cluster, model: str, count: int) -> None:
+    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
+    try:
+        async with asyncio.timeout(120):
+            while (await scheduler_stats(nc, model)).num_workers != count:
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
+async def test_a_nats_node_killed(cluster, alone, model_name):
+    openai = pytest.importorskip("openai")
+    files = openai.OpenAI(base_url=cluster.base_url("api-b") + "/v1", api_key="unused", max_retries=8, timeout=60)
+    kept = files.files.create(file=("kept.jsonl", io.BytesIO(b'{"kept": 1}\n')), purpose="batch")
+    node = cluster.nats.nodes[0]
+
+    async def kill_node():
+        node.proc.kill()
+
+    done, at = await _under_fault(cluster, model_name, kill_node)
+    node.proc.wait()
+    node.start()
+    cluster.hosts["a"].adopt(node.proc)
+    assert _check(done, alone, at) == CONCURRENCY
+    assert files.files.content(kept.id).read() == b'{"kept": 1}\n'  # JetStream kept it on the others
+
+
+async def test_a_worker_host_cut_off_for_10s(cluster, alone, model_name):
+    host = cluster.hosts["f"]
+
+    async def cut():
+        host.cut()
+        await asyncio.sleep(CUT_S)  # the partition's length
+        host.heal()
+
+    done, at = await _under_fault(cluster, model_name, cut)
+    assert _check(done, alone, at) == CONCURRENCY  # its requests moved to the other worker
+    await _workers(cluster, model_name, 2)  # and it is back
+
+
+async def test_the_scheduler_host_killed(cluster, alone, model_name):
+    holder_pid = int((await _lease_holder(cluster)).rsplit(b"-", 1)[1])
+    leader = next(name for name in ("scheduler-d", "scheduler-e") if cluster.procs[name].pid == holder_pid)
+    host = cluster.hosts[cluster.services[leader][0]]
+
+    async def kill_host():
+        host.kill()
+
+    done, at = await _under_fault(cluster, model_name, kill_host)
+    assert _check(done, alone, at) == CONCURRENCY  # the standby took the lease and the streams
+    cluster.run(leader)  # back, as the standby now
+
+
+async def test_a_gateway_host_killed_spares_the_other_gateways_clients(cluster, alone, model_name):
+    host = cluster.hosts["b"]  # api-b and a NATS node
+
+    async def kill_host():
+        host.kill()
+
+    done, at = await _under_fault(cluster, model_name, kill_host)
+    completed = _check(done, alone, at, spared=range(0, CONCURRENCY, 2))  # api-a's clients: every one
+    assert completed >= CONCURRENCY // 2
+
+
+async def _lease_holder(cluster) -> bytes:
+    from services.scheduler.lease import LEASES_BUCKET
+
+    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
+    try:
+        return (await (await nc.jetstream().key_value(LEASES_BUCKET)).get("scheduler.scheduler")).value
+    finally:
+        await nc.close()
