@@ -10,6 +10,8 @@ import nats
 import pytest
 
 from services.scheduler.lease import LEASES_BUCKET
+from shared import subjects
+from shared.messages import STEP_RESULT_DECODER, Step, encode
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 
@@ -83,3 +85,20 @@ async def test_the_standby_takes_over_a_killed_leaders_streams(standby_stack, mo
     gap = max((b - a for a, b in zip([killed_at, *after], after, strict=False)), default=0.0)
     print(f"takeover: the longest pause in the tokens after the kill was {gap:.2f}s")
     assert (standby_stack.log_dir / "api.log").read_text().count('"event": "request_resumed"') == CONCURRENCY
+
+
+async def test_a_worker_refuses_a_step_from_a_deposed_leader(standby_stack, model_name):
+    """The worker has seen the leader's token (1 or more): a Step with a lower one (0) is refused
+    as fenced, as a deposed leader's would be, and the worker goes on serving the leader."""
+    nc = await nats.connect(standby_stack.admin_url)
+    try:
+        stale = Step(step_id=10**9, fence=0)
+        result = STEP_RESULT_DECODER.decode((await nc.request(subjects.worker_step("worker-0"), encode(stale),
+                                                                timeout=10)).data)
+    finally:
+        await nc.close()
+    assert result.fenced and "leads" in result.error
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(base_url=standby_stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    answer = await client.completions.create(model=model_name, prompt="Hi", max_tokens=4, temperature=0)
+    assert answer.choices[0].finish_reason in ("length", "stop")

@@ -1,0 +1,151 @@
+"""`python -m bench.hosts_faults`: the multi-host faults of tests/test_hosts_faults.py, repeated.
+
+    python -m bench.hosts_faults [--rounds 3 --streams 16 --max-tokens 48]
+
+Seven network-namespace hosts (tests/host_stack.py; needs root). Each round, with `--streams`
+streams in flight (half through each gateway): a NATS node killed (-9, then restarted), a worker
+host cut off for 10 s, the leader scheduler's host killed (it comes back as the standby). Then,
+once, a gateway's host killed. For each fault: streams completed with a lone run's tokens, with
+other tokens (lost or doubled tokens), ended with an error, hung; the requests the gateways
+re-submitted to a new leader; the longest pause in the tokens after the fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import nats
+import openai
+
+from services.scheduler.lease import LEASES_BUCKET
+from tests.bus_helpers import scheduler_stats
+from tests.host_stack import Cluster
+from tests.hosts import can_make_hosts
+
+MODEL = "SmolLM2-135M-Instruct"
+CUT_S = 10.0
+
+
+async def _stream(client, prompt: str, max_tokens: int, started: asyncio.Event, times: list[float]):
+    text, finish = [], None
+    try:
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            started.set()
+            times.append(time.monotonic())
+            text.append(chunk.choices[0].text or "")
+            finish = chunk.choices[0].finish_reason or finish
+    except (openai.APIError, httpx.HTTPError):
+        started.set()
+        finish = "error"
+    return "".join(text), finish
+
+
+def _resumed(cluster: Cluster) -> int:
+    return sum(len(re.findall('"event": "request_resumed"', p.read_text()))
+               for p in cluster.log_dir.glob("api-*.log"))
+
+
+async def _workers(cluster: Cluster, count: int) -> None:
+    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
+    try:
+        async with asyncio.timeout(120):
+            while (await scheduler_stats(nc, MODEL)).num_workers != count:
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
+async def _leader(cluster: Cluster) -> str:
+    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
+    try:
+        holder = (await (await nc.jetstream().key_value(LEASES_BUCKET)).get("scheduler.scheduler")).value
+    finally:
+        await nc.close()
+    pid = int(holder.rsplit(b"-", 1)[1])
+    return next(n for n in ("scheduler-d", "scheduler-e") if cluster.procs[n].pid == pid)
+
+
+async def _round(cluster: Cluster, name: str, fault, prompts: list[str], alone: list[str], max_tokens: int) -> dict:
+    clients = [openai.AsyncOpenAI(base_url=cluster.base_url(api) + "/v1", api_key="-", max_retries=0, timeout=120)
+               for api in ("api-a", "api-b")]
+    started, times = [asyncio.Event() for _ in prompts], []
+    resumed_before = _resumed(cluster)
+    tasks = [asyncio.create_task(_stream(clients[i % 2], p, max_tokens, e, times))
+             for i, (p, e) in enumerate(zip(prompts, started, strict=True))]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+    at = time.monotonic()
+    await fault()
+    done, hung = await asyncio.wait(tasks, timeout=240)
+    for task in hung:
+        task.cancel()
+    results = [t.result() if t in done else ("", "hung") for t in tasks]
+    after = sorted(t for t in times if t > at)
+    pause = max((b - a for a, b in zip([at, *after], after, strict=False)), default=0.0)
+    return {"fault": name, "whole": sum(f == "length" and t == lone for (t, f), lone in zip(results, alone, strict=True)),
+            "other tokens": sum(f == "length" and t != lone for (t, f), lone in zip(results, alone, strict=True)),
+            "error": sum(f == "error" for _, f in results), "hung": len(hung),
+            "re-submitted": _resumed(cluster) - resumed_before, "longest pause s": round(pause, 2)}
+
+
+async def main(args) -> None:
+    if (why := can_make_hosts()) is not None:
+        raise SystemExit(f"bench.hosts_faults needs network namespaces: {why}")
+    cluster = Cluster(Path(tempfile.mkdtemp(prefix="sy-hosts-")))
+    await asyncio.to_thread(cluster.start)  # it waits for JetStream with a loop of its own
+    try:
+        prompts = [f"Tell me {i + 2} things about ships and harbours." for i in range(args.streams)]
+        lone_client = openai.AsyncOpenAI(base_url=cluster.base_url("api-a") + "/v1", api_key="-", max_retries=0)
+        alone = [(await _stream(lone_client, p, args.max_tokens, asyncio.Event(), []))[0] for p in prompts]
+
+        async def kill_nats():
+            node = cluster.nats.nodes[0]
+            node.proc.kill()
+            node.proc.wait()
+            node.start()
+            cluster.hosts["a"].adopt(node.proc)
+
+        async def cut_worker():
+            cluster.hosts["f"].cut()
+            await asyncio.sleep(CUT_S)
+            cluster.hosts["f"].heal()
+
+        async def kill_leader():
+            leader = await _leader(cluster)
+            cluster.hosts[cluster.services[leader][0]].kill()
+            cluster.run(leader)  # back at once, as the standby
+
+        async def kill_gateway():
+            cluster.hosts["b"].kill()
+
+        rows = []
+        for _ in range(args.rounds):
+            for name, fault in (("NATS node -9", kill_nats), ("worker host cut 10 s", cut_worker),
+                                ("leader's host -9", kill_leader)):
+                rows.append(await _round(cluster, name, fault, prompts, alone, args.max_tokens))
+                await _workers(cluster, 2)
+        rows.append(await _round(cluster, "gateway host -9", kill_gateway, prompts, alone, args.max_tokens))
+    finally:
+        cluster.stop()
+    print(f"# {platform.processor() or platform.machine()}, {args.streams} streams of {args.max_tokens} tokens")
+    columns = list(rows[0])
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    asyncio.run(main(parser.parse_args()))

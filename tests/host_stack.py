@@ -1,0 +1,85 @@
+"""The stack laid out across test hosts (tests/hosts.py), for the fault tests and bench/hosts_faults.py.
+
+  host a: nats-0, api, kvcache   host b: nats-1, api   host c: nats-2
+  host d, e: scheduler (one leads by lease, one stands by)   host f, g: a worker each
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from shared import nats_auth
+from shared.bus import servers
+from switchyard.nats_server import NatsCluster
+from tests.hosts import Hosts
+
+API_PORT = 8000
+ARGS = ["--kv-cache-memory-gib", "0.4", "--threads", "1", "--no-deterministic"]  # the defaults, small
+
+
+class Cluster:
+    """The hosts, the bus on three of them, and each service on its own."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.hosts = Hosts(list("abcdefg")).make()
+        nodes = [self.hosts[h] for h in "abc"]
+        self.nats = NatsCluster(3, auth=True, hosts=[h.address for h in nodes], wrappers=[h.wrapper for h in nodes],
+                                log_dir=str(log_dir))
+        self.services: dict[str, tuple[str, list[str]]] = {}  # name -> (host, argv)
+        self.procs: dict[str, object] = {}
+
+    def start(self) -> Cluster:
+        self.nats.start(timeout=60)
+        for node, host in zip(self.nats.nodes, "abc", strict=True):
+            self.hosts[host].adopt(node.proc)
+        py = [sys.executable, "-m"]
+        common = ["--nats-url", self.nats.url, *ARGS]
+        self.services = {
+            "kvcache": ("a", py + ["services.kvcache", "--nats-url", self.nats.url]),
+            "worker-f": ("f", py + ["services.worker", *common, "--worker-id", "worker-f"]),
+            "worker-g": ("g", py + ["services.worker", *common, "--worker-id", "worker-g"]),
+            "scheduler-d": ("d", py + ["services.scheduler", *common, "--leader-lease", "scheduler"]),
+            "scheduler-e": ("e", py + ["services.scheduler", *common, "--leader-lease", "scheduler"]),
+            "api-a": ("a", py + ["services.api", *common, "--host", "0.0.0.0", "--port", str(API_PORT)]),
+            "api-b": ("b", py + ["services.api", *common, "--host", "0.0.0.0", "--port", str(API_PORT)]),
+        }
+        for name in self.services:
+            self.run(name)
+        for api in ("api-a", "api-b"):
+            self.wait_ready(api)
+        return self
+
+    def run(self, name: str) -> None:
+        host, argv = self.services[name]
+        env = dict(os.environ) | nats_auth.env_for(nats_auth.user_of(name.rsplit("-", 1)[0]), self.nats.auth_dir)
+        env |= {"SY_NATS_REPLICAS": "3", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        self.procs[name] = self.hosts[host].run(argv, env, self.log_dir / f"{name}.log")
+
+    def base_url(self, api: str) -> str:
+        return f"http://{self.hosts[self.services[api][0]].address}:{API_PORT}"
+
+    def wait_ready(self, api: str, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.procs[api].poll() is None, f"{api} exited"
+            try:
+                with urllib.request.urlopen(self.base_url(api) + "/ready", timeout=15) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{api} was not ready after {timeout}s")
+
+    @property
+    def admin_url(self) -> list[str]:
+        return servers(nats_auth.url_with_login(self.nats.url, "admin", self.nats.auth_dir))
+
+    def stop(self) -> None:
+        self.hosts.remove()
+        self.nats.stop()
