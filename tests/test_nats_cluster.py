@@ -24,13 +24,14 @@ ERROR_WITHIN_S = 10.0  # a request the fault ends must end with an error event t
 
 @pytest.fixture(scope="module")
 def cluster_stack(tmp_path_factory):
+    """As `make run ARGS="--nats-cluster 3"` starts it: the launcher's own cluster, on a store of its own."""
     log_dir = tmp_path_factory.mktemp("nats-cluster")
-    cluster = NatsCluster(3, auth=True, log_dir=str(log_dir)).start()
-    stack = Stack(nats_url=cluster.url, auth_dir=cluster.auth_dir, api_port=free_port(), num_workers=1,
-                  log_dir=log_dir, nats_replicas=3,
-                  service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", "--no-deterministic"])
-    stack.nats = cluster  # stopped with the stack
-    stack.start()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SY_NATS_STORE_DIR", str(log_dir / "store"))
+        stack = Stack(api_port=free_port(), num_workers=1, log_dir=log_dir, nats_cluster=3,
+                      service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", "--no-deterministic"])
+        stack.start()
+    assert isinstance(stack.nats, NatsCluster) and stack.nats_replicas == 3
     try:
         stack.wait_ready(timeout=240)
     except Exception:
