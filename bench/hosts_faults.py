@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
 import re
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import nats
 import openai
 
-from services.scheduler.lease import LEASES_BUCKET
-from tests.bus_helpers import scheduler_stats
+from bench.cpu_flags import cpu_name
 from tests.host_stack import Cluster
 from tests.hosts import can_make_hosts
 
@@ -52,26 +49,6 @@ async def _stream(client, prompt: str, max_tokens: int, started: asyncio.Event, 
 def _resumed(cluster: Cluster) -> int:
     return sum(len(re.findall('"event": "request_resumed"', p.read_text()))
                for p in cluster.log_dir.glob("api-*.log"))
-
-
-async def _workers(cluster: Cluster, count: int) -> None:
-    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
-    try:
-        async with asyncio.timeout(120):
-            while (await scheduler_stats(nc, MODEL)).num_workers != count:
-                await asyncio.sleep(0.2)
-    finally:
-        await nc.close()
-
-
-async def _leader(cluster: Cluster) -> str:
-    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
-    try:
-        holder = (await (await nc.jetstream().key_value(LEASES_BUCKET)).get("scheduler.scheduler")).value
-    finally:
-        await nc.close()
-    pid = int(holder.rsplit(b"-", 1)[1])
-    return next(n for n in ("scheduler-d", "scheduler-e") if cluster.procs[n].pid == pid)
 
 
 async def _round(cluster: Cluster, name: str, fault, prompts: list[str], alone: list[str], max_tokens: int) -> dict:
@@ -119,7 +96,7 @@ async def main(args) -> None:
             cluster.hosts["f"].heal()
 
         async def kill_leader():
-            leader = await _leader(cluster)
+            leader = await cluster.leader()
             cluster.hosts[cluster.services[leader][0]].kill()
             cluster.run(leader)  # back at once, as the standby
 
@@ -131,11 +108,11 @@ async def main(args) -> None:
             for name, fault in (("NATS node -9", kill_nats), ("worker host cut 10 s", cut_worker),
                                 ("leader's host -9", kill_leader)):
                 rows.append(await _round(cluster, name, fault, prompts, alone, args.max_tokens))
-                await _workers(cluster, 2)
+                await cluster.until_workers(MODEL, 2)
         rows.append(await _round(cluster, "gateway host -9", kill_gateway, prompts, alone, args.max_tokens))
     finally:
         cluster.stop()
-    print(f"# {platform.processor() or platform.machine()}, {args.streams} streams of {args.max_tokens} tokens")
+    print(f"# {cpu_name()}, {args.streams} streams of {args.max_tokens} tokens")
     columns = list(rows[0])
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,14 +70,23 @@ def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list
                   service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", *extra_args])
     stack.nats = nats  # stopped with the stack
     stack.start()
+    return ready_or_stopped(stack, log_dir)
+
+
+def ready_or_stopped(stack, log_dir: Path, timeout: float = 240):
+    """The stack once it is ready; if it never is, stopped, with each service's log's end printed."""
     try:
-        stack.wait_ready(timeout=240)
+        stack.wait_ready(timeout=timeout)
     except Exception:
         stack.stop()
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"---- {log.name}\n{log.read_text()[-3000:]}")
+        show_logs(log_dir)
         raise
     return stack
+
+
+def show_logs(log_dir: Path) -> None:
+    for log in sorted(log_dir.glob("*.log")):
+        print(f"---- {log.name}\n{log.read_text()[-3000:]}")
 
 
 def _written(tmp_path_factory, name: str, config: dict) -> str:

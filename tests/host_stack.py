@@ -6,15 +6,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import nats
+
+from services.scheduler.lease import LEASES_BUCKET
 from shared import nats_auth
 from shared.bus import servers
 from switchyard.nats_server import NatsCluster
+from tests.bus_helpers import scheduler_stats
 from tests.hosts import Hosts
 
 API_PORT = 8000
@@ -75,6 +80,26 @@ class Cluster:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"{api} was not ready after {timeout}s")
+
+    async def until_workers(self, model: str, count: int, timeout: float = 120.0) -> None:
+        """Until the model's scheduler counts `count` workers (one cut off rejoins on its own)."""
+        nc = await nats.connect(self.admin_url, max_reconnect_attempts=-1)
+        try:
+            async with asyncio.timeout(timeout):
+                while (await scheduler_stats(nc, model)).num_workers != count:
+                    await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
+
+    async def leader(self) -> str:
+        """The scheduler whose process holds the lease now (its holder is host-pid)."""
+        nc = await nats.connect(self.admin_url, max_reconnect_attempts=-1)
+        try:
+            holder = (await (await nc.jetstream().key_value(LEASES_BUCKET)).get("scheduler.scheduler")).value
+        finally:
+            await nc.close()
+        pid = int(holder.rsplit(b"-", 1)[1])
+        return next(name for name in ("scheduler-d", "scheduler-e") if self.procs[name].pid == pid)
 
     @property
     def admin_url(self) -> list[str]:

@@ -11,10 +11,9 @@ import io
 import time
 
 import httpx
-import nats
 import pytest
 
-from tests.bus_helpers import scheduler_stats
+from tests.conftest import show_logs
 from tests.host_stack import Cluster
 from tests.hosts import can_make_hosts
 
@@ -36,8 +35,7 @@ def cluster(tmp_path_factory):
         c.start()
     except Exception:
         c.stop()
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"---- {log.name}\n{log.read_text()[-3000:]}")
+        show_logs(log_dir)
         raise
     yield c
     c.stop()
@@ -97,16 +95,6 @@ def _check(done, alone, at: float, spared=range(CONCURRENCY)) -> int:
     return sum(finish == "length" for _, finish, _ in done)
 
 
-async def _workers(cluster, model: str, count: int) -> None:
-    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
-    try:
-        async with asyncio.timeout(120):
-            while (await scheduler_stats(nc, model)).num_workers != count:
-                await asyncio.sleep(0.2)
-    finally:
-        await nc.close()
-
-
 async def test_a_nats_node_killed(cluster, alone, model_name):
     openai = pytest.importorskip("openai")
     files = openai.OpenAI(base_url=cluster.base_url("api-b") + "/v1", api_key="unused", max_retries=8, timeout=60)
@@ -134,12 +122,11 @@ async def test_a_worker_host_cut_off_for_10s(cluster, alone, model_name):
 
     done, at = await _under_fault(cluster, model_name, cut)
     assert _check(done, alone, at) == CONCURRENCY  # its requests moved to the other worker
-    await _workers(cluster, model_name, 2)  # and it is back
+    await cluster.until_workers(model_name, 2)  # and it is back
 
 
 async def test_the_scheduler_host_killed(cluster, alone, model_name):
-    holder_pid = int((await _lease_holder(cluster)).rsplit(b"-", 1)[1])
-    leader = next(name for name in ("scheduler-d", "scheduler-e") if cluster.procs[name].pid == holder_pid)
+    leader = await cluster.leader()
     host = cluster.hosts[cluster.services[leader][0]]
 
     async def kill_host():
@@ -159,13 +146,3 @@ async def test_a_gateway_host_killed_spares_the_other_gateways_clients(cluster, 
     done, at = await _under_fault(cluster, model_name, kill_host)
     completed = _check(done, alone, at, spared=range(0, CONCURRENCY, 2))  # api-a's clients: every one
     assert completed >= CONCURRENCY // 2
-
-
-async def _lease_holder(cluster) -> bytes:
-    from services.scheduler.lease import LEASES_BUCKET
-
-    nc = await nats.connect(cluster.admin_url, max_reconnect_attempts=-1)
-    try:
-        return (await (await nc.jetstream().key_value(LEASES_BUCKET)).get("scheduler.scheduler")).value
-    finally:
-        await nc.close()

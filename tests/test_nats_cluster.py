@@ -14,6 +14,7 @@ from shared.bus import servers
 from shared.registry import AGENTS_BUCKET, ARTIFACTS_BUCKET, REGISTRY_BUCKET
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsCluster, free_port
+from tests.conftest import ready_or_stopped
 
 pytestmark = pytest.mark.stack
 CONCURRENCY = 16
@@ -32,14 +33,7 @@ def cluster_stack(tmp_path_factory):
                       service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", "--no-deterministic"])
         stack.start()
     assert isinstance(stack.nats, NatsCluster) and stack.nats_replicas == 3
-    try:
-        stack.wait_ready(timeout=240)
-    except Exception:
-        stack.stop()
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"---- {log.name}\n{log.read_text()[-3000:]}")
-        raise
-    yield stack
+    yield ready_or_stopped(stack, log_dir)
     stack.stop()
 
 

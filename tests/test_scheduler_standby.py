@@ -14,6 +14,7 @@ from shared import subjects
 from shared.messages import STEP_RESULT_DECODER, Step, encode
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
+from tests.conftest import ready_or_stopped
 
 pytestmark = pytest.mark.stack
 CONCURRENCY = 16
@@ -30,14 +31,7 @@ def standby_stack(tmp_path_factory):
                                                  "--no-deterministic"])
     stack.nats = bus
     stack.start()
-    try:
-        stack.wait_ready(timeout=240)
-    except Exception:
-        stack.stop()
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"---- {log.name}\n{log.read_text()[-3000:]}")
-        raise
-    yield stack
+    yield ready_or_stopped(stack, log_dir)
     stack.stop()
 
 
