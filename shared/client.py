@@ -66,7 +66,6 @@ class BusClient:
         self.streams: dict[str, RequestStream] = {}
         self.schedulers = Heartbeats(nc, SCHEDULER_SILENCE_S, probe=BusProbe.of(nc))  # a paused bus is no one's death
         self.leased: set[str] = set()  # schedulers that lead by a lease: a standby resumes their requests
-        self.num_resumed = 0  # requests handed to a new leader after theirs was lost
         self._subs = []
         self._watch: asyncio.Task | None = None
         self._aborting: set[asyncio.Task] = set()
@@ -160,7 +159,6 @@ class BusClient:
             elif isinstance(reply, Accepted):
                 stream.scheduler_id = reply.scheduler_id
                 self.schedulers.heard(reply.scheduler_id)
-                self.num_resumed += 1
                 log.info("request_resumed", request_id=stream.request_id, scheduler_id=reply.scheduler_id,
                          num_tokens=len(submit.resume_token_ids))
             return
