@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import openai
 
 from bench.cpu_flags import cpu_name
-from tests.host_stack import Cluster
+from tests.host_stack import Cluster, stream_completion
 from tests.hosts import can_make_hosts
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -31,19 +30,8 @@ CUT_S = 10.0
 
 
 async def _stream(client, prompt: str, max_tokens: int, started: asyncio.Event, times: list[float]):
-    text, finish = [], None
-    try:
-        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                                 stream=True, extra_body={"ignore_eos": True})
-        async for chunk in stream:
-            started.set()
-            times.append(time.monotonic())
-            text.append(chunk.choices[0].text or "")
-            finish = chunk.choices[0].finish_reason or finish
-    except (openai.APIError, httpx.HTTPError):
-        started.set()
-        finish = "error"
-    return "".join(text), finish
+    text, finish, _ = await stream_completion(client, MODEL, prompt, max_tokens, started, times)
+    return text, finish
 
 
 def _resumed(cluster: Cluster) -> int:

@@ -10,11 +10,10 @@ import asyncio
 import io
 import time
 
-import httpx
 import pytest
 
 from tests.conftest import show_logs
-from tests.host_stack import Cluster
+from tests.host_stack import Cluster, stream_completion
 from tests.hosts import can_make_hosts
 
 pytestmark = pytest.mark.stack
@@ -47,20 +46,7 @@ def _client(base_url: str):
 
 
 async def _stream(client, model: str, prompt: str, started: asyncio.Event) -> tuple[str, str, float]:
-    """The text, the finish reason ("error" for an error event or a broken connection), when it ended."""
-    openai = pytest.importorskip("openai")
-    text, finish = [], None
-    try:
-        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                                 stream=True, extra_body={"ignore_eos": True})
-        async for chunk in stream:
-            started.set()
-            text.append(chunk.choices[0].text or "")
-            finish = chunk.choices[0].finish_reason or finish
-    except (openai.APIError, httpx.HTTPError):  # an error event, or the gateway's host gone under the stream
-        started.set()
-        finish = "error"
-    return "".join(text), finish, time.monotonic()
+    return await stream_completion(client, model, prompt, MAX_TOKENS, started)
 
 
 @pytest.fixture(scope="module")
