@@ -65,8 +65,8 @@ async def main(args) -> None:
     if (why := can_make_hosts()) is not None:
         raise SystemExit(f"bench.hosts_faults needs network namespaces: {why}")
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="sy-hosts-")))
-    await asyncio.to_thread(cluster.start)  # it waits for JetStream with a loop of its own
     try:
+        await asyncio.to_thread(cluster.start)  # it waits for JetStream with a loop of its own
         prompts = [f"Tell me {i + 2} things about ships and harbours." for i in range(args.streams)]
         lone_client = openai.AsyncOpenAI(base_url=cluster.base_url("api-a") + "/v1", api_key="-", max_retries=0)
         alone = [(await _stream(lone_client, p, args.max_tokens, asyncio.Event(), []))[0] for p in prompts]
