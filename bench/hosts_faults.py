@@ -22,8 +22,9 @@ from pathlib import Path
 import openai
 
 from bench.cpu_flags import cpu_name
-from tests.host_stack import Cluster, stream_completion
+from tests.host_stack import Cluster
 from tests.hosts import can_make_hosts
+from tests.streaming import stream_completion
 
 MODEL = "SmolLM2-135M-Instruct"
 CUT_S = 10.0

@@ -22,31 +22,6 @@ from switchyard.nats_server import NatsCluster
 from tests.bus_helpers import scheduler_stats
 from tests.hosts import Hosts
 
-
-async def stream_completion(client, model: str, prompt: str, max_tokens: int, started: asyncio.Event,
-                            times: list[float] | None = None) -> tuple[str, str, float]:
-    """One greedy streamed completion through the openai client: its text, its finish reason
-    ("error" for an error event or a connection lost with its gateway's host) and when it ended.
-    `started` is set at its first chunk; `times` gets each chunk's arrival."""
-    import httpx
-    import openai
-
-    text, finish = [], None
-    try:
-        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                                 stream=True, extra_body={"ignore_eos": True})
-        async for chunk in stream:
-            started.set()
-            if times is not None:
-                times.append(time.monotonic())
-            text.append(chunk.choices[0].text or "")
-            finish = chunk.choices[0].finish_reason or finish
-    except (openai.APIError, httpx.HTTPError):
-        started.set()
-        finish = "error"
-    return "".join(text), finish, time.monotonic()
-
-
 API_PORT = 8000
 ARGS = ["--kv-cache-memory-gib", "0.4", "--threads", "1", "--no-deterministic"]  # the defaults, small
 

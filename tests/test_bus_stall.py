@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.conftest import _start_stack
+from tests.streaming import stream_completion
 
 pytestmark = pytest.mark.stack
 STALL_S = 10.0  # longer than every silence window (2 s scheduler, 5 s worker, 10 s client)
@@ -26,15 +27,9 @@ def stall_stack(tmp_path_factory):
     s.stop()
 
 
-async def _stream(client, model: str, prompt: str, started: asyncio.Event) -> tuple[str, str | None]:
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                             stream=True, extra_body={"ignore_eos": True})
-    text, finish = [], None
-    async for chunk in stream:
-        started.set()
-        text.append(chunk.choices[0].text or "")
-        finish = chunk.choices[0].finish_reason or finish
-    return "".join(text), finish
+async def _stream(client, model: str, prompt: str, started: asyncio.Event) -> tuple[str, str]:
+    text, finish, _ = await stream_completion(client, model, prompt, MAX_TOKENS, started)
+    return text, finish
 
 
 async def test_streams_ride_out_a_paused_bus_and_end_with_their_tokens(stall_stack, model_name):

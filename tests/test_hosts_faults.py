@@ -13,8 +13,9 @@ import time
 import pytest
 
 from tests.conftest import show_logs
-from tests.host_stack import Cluster, stream_completion
+from tests.host_stack import Cluster
 from tests.hosts import can_make_hosts
+from tests.streaming import stream_completion
 
 pytestmark = pytest.mark.stack
 CONCURRENCY = 16

@@ -15,6 +15,7 @@ from shared.registry import AGENTS_BUCKET, ARTIFACTS_BUCKET, REGISTRY_BUCKET
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsCluster, free_port
 from tests.conftest import ready_or_stopped
+from tests.streaming import stream_completion
 
 pytestmark = pytest.mark.stack
 CONCURRENCY = 16
@@ -41,21 +42,8 @@ async def _admin(stack) -> nats.aio.client.Client:
     return await nats.connect(servers(stack.admin_url), max_reconnect_attempts=-1, reconnect_time_wait=0.1)
 
 
-async def _stream(client, model: str, prompt: str, started: asyncio.Event) -> tuple[str, str | None, float]:
-    """The text, the finish reason ("error" for an error event) and when it ended."""
-    openai = pytest.importorskip("openai")
-    text = []
-    try:
-        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                                 stream=True, extra_body={"ignore_eos": True})
-        finish = None
-        async for chunk in stream:
-            started.set()
-            text.append(chunk.choices[0].text or "")
-            finish = chunk.choices[0].finish_reason or finish
-    except openai.APIError:
-        finish = "error"
-    return "".join(text), finish, time.monotonic()
+async def _stream(client, model: str, prompt: str, started: asyncio.Event) -> tuple[str, str, float]:
+    return await stream_completion(client, model, prompt, MAX_TOKENS, started)
 
 
 def _clients(stack):

@@ -15,6 +15,7 @@ from shared.messages import STEP_RESULT_DECODER, Step, encode
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 from tests.conftest import ready_or_stopped
+from tests.streaming import stream_completion
 
 pytestmark = pytest.mark.stack
 CONCURRENCY = 16
@@ -47,15 +48,8 @@ async def _leader(stack) -> str:
 
 
 async def _stream(client, model: str, prompt: str, started: asyncio.Event, times: list[float]) -> tuple[str, str]:
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                             stream=True, extra_body={"ignore_eos": True})
-    text, finish = [], None
-    async for chunk in stream:
-        started.set()
-        times.append(time.monotonic())
-        text.append(chunk.choices[0].text or "")
-        finish = chunk.choices[0].finish_reason or finish
-    return "".join(text), finish
+    text, finish, _ = await stream_completion(client, model, prompt, MAX_TOKENS, started, times)
+    return text, finish
 
 
 async def test_the_standby_takes_over_a_killed_leaders_streams(standby_stack, model_name):
