@@ -45,6 +45,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     quantization: str = "auto"  # the GGUF's own, or "none" / "int8" / "int4" (weight-only) / "w8a8" (torch_cpu/quantization.py)
     step_timeout_s: float = 60.0
     max_migrations: int = 2  # a request on a worker that dies is recomputed on another this many times at most
+    worker_grace_s: float = 60.0  # a request whose worker is gone waits this long for one of the model's to take it
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
     # the worker's backend (flags in add_worker_args; a deployment's FrameworkConfig carries its own)
     gpu_memory_utilization: float = 0.9  # cuda: the share of the GPU's memory the worker takes
@@ -57,6 +58,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"long_prefill_token_threshold must be at least 0, got {self.long_prefill_token_threshold}")
         if self.max_migrations < 0:
             raise ConfigError(f"max_migrations must be at least 0, got {self.max_migrations}")
+        if self.worker_grace_s < 0:
+            raise ConfigError(f"worker_grace_s must be at least 0, got {self.worker_grace_s}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.block_size:
@@ -141,6 +144,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
     parser.add_argument("--max-migrations", type=int, default=_env("max_migrations", d.max_migrations),
                         help="times a request on a worker that dies is recomputed on another (0: it fails instead)")
+    parser.add_argument("--worker-grace-s", type=float, default=_env("worker_grace_s", d.worker_grace_s),
+                        help="how long the requests of a worker that is gone wait for another of the model's workers "
+                             "(or the same one back) when none can take them at once; then they end with a "
+                             "retryable error (default 60)")
     parser.add_argument("--drain-grace-s", type=float, default=_env("drain_grace_s", d.drain_grace_s))
 
 

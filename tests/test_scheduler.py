@@ -114,7 +114,7 @@ def test_prefix_cache_stats_count_each_request_once():
 
 
 def test_scheduler_refuses_a_worker_whose_kv_geometry_differs_from_the_models_other_workers():
-    from services.scheduler.service import worker_mismatch
+    from services.scheduler.pools import worker_mismatch
     from shared.messages import BackendName, WorkerHello, WorkerKind
 
     def hello(worker_id="w", **fields):

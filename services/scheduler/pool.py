@@ -132,6 +132,21 @@ class PoolLoop:
             self._task.cancel()
 
     async def _run(self) -> None:
+        """The loop, supervised: should it fail (a bug, a bus error), its worker's requests are not
+        left on a loop that no longer steps: they move as after the worker's death, and the worker,
+        alive, is taken back as a new pool at its next heartbeat (an unknown worker is asked to say
+        hello)."""
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback; the requests go on elsewhere
+            log.exception("pool_loop_failed", worker_id=self.worker_id)
+            if self.is_alive:
+                await self._fail_over(f"the scheduler's loop for worker {self.worker_id} failed: "
+                                      f"{type(exc).__name__}: {exc}")
+
+    async def _loop(self) -> None:
         await self.publish_snapshot()
         while self.is_alive:
             if self._park_asked:
@@ -227,10 +242,14 @@ class PoolLoop:
         while True:
             outages = self._outages()
             reply = asyncio.ensure_future(self.nc.request(subject, payload, timeout=max(deadline - loop.time(), 0.01)))
-            while not reply.done() and self._outages() == outages:
-                await asyncio.wait([reply], timeout=OUTAGE_POLL_S)
-            if not reply.done():  # the bus came back while we waited: the Step or its reply may be lost
-                reply.cancel()
+            try:
+                while not reply.done() and self._outages() == outages:
+                    await asyncio.wait([reply], timeout=OUTAGE_POLL_S)
+            finally:  # cancelled (the worker declared gone meanwhile): the request goes with us
+                lost = not reply.done()
+                if lost:
+                    reply.cancel()
+            if lost:  # the bus came back while we waited: the Step or its reply may be lost
                 deadline = loop.time() + self.step_timeout_s
                 continue
             try:
@@ -272,12 +291,13 @@ class PoolLoop:
         self.is_alive = False
         requeue = []
         for request in self.scheduler.take_all():
-            if (request.output_token_ids or request.is_on_worker) and request.num_migrations >= self.max_migrations:
+            # only a request the worker was computing may have brought it down: one that waited moves freely
+            if request.is_on_worker and request.num_migrations >= self.max_migrations:
                 await publish_error(self.nc, request, f"{reason}; the request already moved to another worker "
                                                       f"as often as --max-migrations ({self.max_migrations}) allows")
                 continue
-            if request.output_token_ids or request.is_on_worker:
-                request.migrate()
+            if request.is_on_worker or request.output_token_ids:
+                request.migrate(counted=request.is_on_worker)
                 log.info("request_migrating", request_id=request.request_id, worker_id=self.worker_id,
                          num_output_tokens=len(request.output_token_ids))
             requeue.append(request)

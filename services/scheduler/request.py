@@ -56,13 +56,14 @@ class Request:
                    client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority,
                    lora=submit.lora, output_token_ids=list(submit.resume_token_ids))
 
-    def migrate(self) -> None:
+    def migrate(self, counted: bool = True) -> None:
         """Its worker died: start over elsewhere from prompt + the outputs so far (recomputed, as
-        after a preemption), the stream continuing at the next offset."""
+        after a preemption), the stream continuing at the next offset. counted: it was on the worker
+        (--max-migrations bounds how often a request may be where a worker dies)."""
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.is_on_worker = False
-        self.num_migrations += 1
+        self.num_migrations += counted
 
     def is_past_deadline(self, now: float) -> bool:
         return 0.0 < self.deadline < now

@@ -11,10 +11,12 @@ from nats.aio.msg import Msg
 
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
+from services.scheduler.pools import WorkerPools
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.router import Router
 from services.scheduler.sleep_mode import put_to_sleep, wake_up
+from services.scheduler.stats import scheduler_stats
 from services.scheduler.validate import submit_error
 from shared import subjects
 from shared.config import EngineConfig, context_length_error
@@ -31,12 +33,10 @@ from shared.messages import (
     WORKER_ANNOUNCE_DECODER,
     Accepted,
     Discover,
-    EmbeddingSpec,
     FinishReason,
     ModelLimits,
     RejectCode,
     Rejected,
-    SchedulerStats,
     Sleep,
     SleepState,
     Submit,
@@ -50,20 +50,6 @@ log = get_logger("scheduler")
 WATCH_INTERVAL_S = 0.25  # how often silent workers and clients, and passed deadlines, are looked for
 
 
-def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
-    """Each worker owns its KV geometry and max_model_len, and the scheduler takes them as they are
-    announced; but a model's workers of one kind share prefix hashes (or static shapes) and one
-    context limit, so a worker that disagrees with those of its kind already serving the model is
-    refused. A paged worker gets a block manager, a slots worker a slot allocator; a model may have
-    both (the router sends what fits the static shapes to the slots)."""
-    for peer in [p for p in peers if p.kind == hello.kind]:
-        for name in ("block_size", "kv_cache_dtype", "max_model_len"):
-            if getattr(hello, name) != getattr(peer, name):
-                return (f"{name} {getattr(hello, name)!r} != {getattr(peer, name)!r} of worker {peer.worker_id}, "
-                        f"which already serves {hello.model!r}")
-    return None
-
-
 class SchedulerService:
     def __init__(self, nc: Client, config: EngineConfig, scheduler_id: str = ""):
         """scheduler_id: the process's (SchedulerHost's), whose heartbeats tell bus clients it is alive."""
@@ -72,7 +58,8 @@ class SchedulerService:
         self.fence = 0  # the host's lease token once it leads (lease.py); 0: no lease
         self.config = config
         self.model = config.model
-        self.pools: dict[str, PoolLoop] = {}
+        self.loras = ModelLoras()
+        self.pools = WorkerPools(self.loras, config.worker_grace_s)
         self.router = Router(nc, config.model)
         self._routing: dict[str, Request] = {}  # accepted, not yet in a pool (the KV lookup is in flight)
         self._aborted_while_routing: set[str] = set()
@@ -87,7 +74,6 @@ class SchedulerService:
         self._sleep_lock = asyncio.Lock()
         self.num_deadline_exceeded = 0
         self.num_migrations = 0  # requests moved off a dead worker
-        self.loras = ModelLoras()
 
     async def start(self) -> None:
         add = self.endpoints.add
@@ -110,7 +96,7 @@ class SchedulerService:
         if self._watchdog:
             self._watchdog.cancel()
         await self.endpoints.stop()
-        for pool in self.pools.values():
+        for pool in self.pools:
             await pool.stop()
 
     async def drain(self, grace_s: float) -> None:
@@ -120,13 +106,13 @@ class SchedulerService:
         deadline = time.monotonic() + grace_s
         while self.num_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for pool in self.pools.values():
-            for request in pool.scheduler.take_all():
-                await publish_error(self.nc, request, "the server shut down before the request finished")
+        left = [r for pool in self.pools for r in pool.scheduler.take_all()] + self.pools.take_expired(float("inf"))
+        for request in left:
+            await publish_error(self.nc, request, "the server shut down before the request finished")
 
     @property
     def num_requests(self) -> int:
-        return len(self._routing) + sum(p.load for p in self.pools.values() if p.is_alive)
+        return len(self._routing) + self.pools.load
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -147,7 +133,7 @@ class SchedulerService:
             log.info("request_rejected", request_id=submit.request_id, reason=reason)
             return Rejected(request_id=submit.request_id, code=code, reason=reason)
 
-        pools = [p for p in self.pools.values() if p.is_alive]
+        pools = self.pools.alive
         if submit.model != self.model:
             return reject(RejectCode.INVALID, f"this scheduler serves {self.model!r}, not {submit.model!r}")
         if self.is_draining:
@@ -156,7 +142,7 @@ class SchedulerService:
             return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
         if (invalid := submit_error(submit, self.vocab_size)) is not None:
             return reject(RejectCode.INVALID, invalid)
-        if submit.request_id in self._routing or any(submit.request_id in p.scheduler.requests for p in pools):
+        if submit.request_id in self._routing or self.pools.find(submit.request_id) is not None:
             return reject(RejectCode.IN_FLIGHT, f"request_id {submit.request_id!r} is already in flight")
         num_prompt, max_tokens = len(submit.prompt_token_ids), submit.sampling.max_tokens
         if submit.resume_token_ids:
@@ -192,36 +178,23 @@ class SchedulerService:
         if request.request_id in self._aborted_while_routing:
             self._aborted_while_routing.discard(request.request_id)
             return
+        if not pool.is_alive:  # its worker was declared gone while the lookup was out
+            self.pools.place([request])
+            return
         log.info("request_routed", request_id=request.request_id, worker_id=pool.worker_id)
         pool.add(request)
 
     @property
     def max_model_len(self) -> int:
-        """The longest any of its workers takes (worker_mismatch keeps workers of one kind agreeing
-        on it; slots workers may take less, and get only the requests that fit them)."""
-        return max(p.hello.max_model_len for p in self.pools.values())
+        return self.pools.max_model_len
 
     @property
     def vocab_size(self) -> int:
-        """The narrowest vocabulary of the model's workers (0 while none has said)."""
-        return min((p.hello.vocab_size for p in self.pools.values() if p.hello.vocab_size), default=0)
-
-    @property
-    def devices(self) -> list[str]:
-        return sorted({p.hello.device for p in self.pools.values() if p.is_alive})
-
-    @property
-    def architectures(self) -> list[str]:
-        return sorted({p.hello.architecture for p in self.pools.values() if p.is_alive and p.hello.architecture})
-
-    @property
-    def embedding(self) -> EmbeddingSpec | None:
-        """The workers' (one model, one shape: the first alive worker's word)."""
-        return next((p.hello.embedding for p in self.pools.values() if p.is_alive and p.hello.embedding), None)
+        return self.pools.vocab_size
 
     @property
     def num_running(self) -> int:
-        return sum(len(p.scheduler.running) for p in self.pools.values() if p.is_alive)
+        return self.pools.num_running
 
     def can_run_more(self) -> bool:
         """max_concurrent_batch_size caps the requests running at once for the model, over all pools."""
@@ -241,31 +214,33 @@ class SchedulerService:
                 await publish_error(self.nc, request, None, FinishReason.ABORT)
 
     def _find(self, request_id: str) -> Request | None:
-        return self._routing.get(request_id) or next(
-            (r for p in self.pools.values() if (r := p.scheduler.requests.get(request_id)) is not None), None)
+        return self._routing.get(request_id) or self.pools.find(request_id)
 
     def _abort(self, request_id: str) -> Request | None:
         if (request := self._routing.get(request_id)) is not None:
             self._aborted_while_routing.add(request_id)
             return request
-        for pool in self.pools.values():
-            if (request := pool.abort(request_id)) is not None:
-                log.info("request_aborted", request_id=request_id, worker_id=pool.worker_id)
-                return request
-        return None
+        request, worker_id = self.pools.abort(request_id)
+        if request is not None:
+            log.info("request_aborted", request_id=request_id, worker_id=worker_id)
+        return request
 
     async def _on_client_heartbeat(self, msg: Msg) -> None:
         client_id = CLIENT_HEARTBEAT_DECODER.decode(msg.data).client_id
         if client_id in self.clients:
             self.clients.heard(client_id)
 
-    def _abort_client(self, client_id: str) -> None:
-        """A client that stopped heartbeating (a dead gateway) wants none of its requests any more."""
+    async def _abort_client(self, client_id: str) -> None:
+        """A client that stopped heartbeating (a dead gateway) wants none of its requests any more. Each
+        still gets its final entry: a client that was only slow learns its streams ended, never waits."""
         self.clients.forget(client_id)
-        pending = [r for p in self.pools.values() for r in p.scheduler.requests.values() if r.client_id == client_id]
+        pending = [r for r in self.in_flight if r.client_id == client_id]
         for request in pending:
             self._abort(request.request_id)
         log.warning("client_gone", client_id=client_id, num_aborted=len(pending))
+        for request in pending:
+            await publish_error(self.nc, request, f"the scheduler heard no heartbeat from this client for "
+                                                  f"{CLIENT_SILENCE_S:g}s and ended its requests")
 
     # ---- workers -------------------------------------------------------------------------------
 
@@ -273,8 +248,7 @@ class SchedulerService:
         announce = WORKER_ANNOUNCE_DECODER.decode(msg.data)
         if announce.model != self.model or announce.worker_id in self._refused_workers:
             return
-        peers = [p.hello for p in self.pools.values() if p.is_alive and p.worker_id != announce.worker_id]
-        if isinstance(announce, WorkerHello) and (mismatch := worker_mismatch(peers, announce)):
+        if isinstance(announce, WorkerHello) and (mismatch := self.pools.mismatch(announce)):
             self._refused_workers.add(announce.worker_id)
             log.error("worker_refused", worker_id=announce.worker_id, reason=mismatch)
             return
@@ -295,111 +269,87 @@ class SchedulerService:
     def _add_pool(self, hello: WorkerHello) -> None:
         pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more,
                         workers=self.workers, fence=self.fence)
-        self.pools[hello.worker_id] = pool
+        self.pools.add(pool)
         pool.start()
         if self.is_sleeping:  # it joins a sleeping model: it sleeps too, and wakes with the others
             asyncio.get_running_loop().create_task(put_to_sleep([pool], Sleep(), self.config.step_timeout_s))
         log.info("worker_joined", worker_id=hello.worker_id, backend=hello.backend.label, device=hello.device,
                  num_blocks=hello.num_blocks)
+        for request, taker in self.pools.place_held():  # they waited for a worker: this one, or one less loaded
+            log.info("request_migrated", request_id=request.request_id, worker_id=taker.worker_id, held=True)
         asyncio.get_running_loop().create_task(self.publish_limits())
 
     async def publish_limits(self) -> None:
         """The model's max_model_len as its workers announced it (the API reads it from here)."""
-        alive = any(p.is_alive for p in self.pools.values())
-        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.devices,
-                             architectures=self.architectures, embedding=self.embedding, loras=self.served_loras)
+        alive = bool(self.pools.alive)
+        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.pools.devices,
+                             architectures=self.pools.architectures, embedding=self.pools.embedding,
+                             loras=self.served_loras)
         await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
-        self.pools.pop(pool.worker_id, None)
+        """Its requests go to the least loaded worker that can take them, or wait for one (the
+        model's every worker paused, or restarting) for --worker-grace-s."""
+        self.pools.remove(pool)
         self.workers.forget(pool.worker_id)
         await self.publish_limits()
-        alive = [p for p in self.pools.values() if p.is_alive]
-        for request in requeue:
-            fitting = [p for p in self.loras.pools_for(request.lora, alive)
-                       if p.can_take(request.num_prompt_tokens + request.sampling.max_tokens)]
-            if fitting:
-                pool = min(fitting, key=lambda p: p.load)
-                pool.add(request)
-                if request.num_migrations:
-                    self.num_migrations += 1
-                    log.info("request_migrated", request_id=request.request_id, worker_id=pool.worker_id)
+        for request, taker in self.pools.place(requeue):
+            if request.num_migrations:
+                self.num_migrations += 1
+            if taker is not None:
+                log.info("request_migrated", request_id=request.request_id, worker_id=taker.worker_id)
             else:
-                await publish_error(self.nc, request, f"no worker left for model {self.model!r}")
+                log.warning("request_held", request_id=request.request_id, grace_s=self.config.worker_grace_s,
+                            reason=f"no worker of {self.model!r} can take it now")
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             wall = time.time()
             for client_id in self.clients.silent():
-                self._abort_client(client_id)
+                await self._abort_client(client_id)
             silent = set(self.workers.silent())
-            for pool in list(self.pools.values()):
+            for pool in self.pools:
                 if pool.is_alive and pool.worker_id in silent:
                     await pool.fail_over(f"worker {pool.worker_id} stopped sending heartbeats")
-                    continue
-                for request in [r for r in pool.scheduler.requests.values() if r.is_past_deadline(wall)]:
-                    pool.abort(request.request_id)
-                    self.num_deadline_exceeded += 1
-                    log.info("request_deadline_exceeded", request_id=request.request_id)
-                    await publish_error(self.nc, request, "the request ran past its deadline and was stopped",
-                                        FinishReason.TIMEOUT)
-            if self.loras.unloading and await self.loras.release_idle(self.alive_pools, self.in_flight):
+            for request in [r for r in self.pools.requests() if r.is_past_deadline(wall)]:
+                self._abort(request.request_id)
+                self.num_deadline_exceeded += 1
+                log.info("request_deadline_exceeded", request_id=request.request_id)
+                await publish_error(self.nc, request, "the request ran past its deadline and was stopped",
+                                    FinishReason.TIMEOUT)
+            for request in self.pools.take_expired(time.monotonic()):
+                log.warning("request_failed", request_id=request.request_id, error="no worker came back")
+                await publish_error(self.nc, request, f"no worker of {self.model!r} could take the request for "
+                                                      f"{self.config.worker_grace_s:g}s (--worker-grace-s); retry it")
+            if self.loras.unloading and await self.loras.release_idle(self.pools.alive, self.in_flight):
                 await self.publish_limits()
 
     # ---- stats and resync ----------------------------------------------------------------------
 
     async def _on_resync(self, msg: Msg) -> None:
-        for pool in self.pools.values():
+        for pool in self.pools:
             await pool.publish_snapshot()
         if msg.reply:
             await msg.respond(b"")
 
     async def _on_stats(self, msg: Msg) -> None:
-        pools = [p for p in self.pools.values() if p.is_alive]
-        kvs = [p.scheduler.kv for p in pools]
-        stats = SchedulerStats(
-            model=self.model, num_workers=len(pools),
-            num_running=sum(len(p.scheduler.running) for p in pools),
-            num_waiting=sum(len(p.scheduler.waiting) for p in pools),
-            kv_cache_usage=sum(kv.usage for kv in kvs) / len(kvs) if kvs else 0.0,
-            num_preemptions=sum(p.scheduler.num_preemptions for p in pools),
-            prefix_cache_queries=sum(kv.num_queried_tokens for kv in kvs),
-            prefix_cache_hits=sum(kv.num_hit_tokens for kv in kvs),
-            max_model_len=self.max_model_len if pools else 0,
-            steps_run=sum(p.steps_run for p in self.pools.values()),
-            step_seconds=sum(p.step_seconds for p in self.pools.values()),
-            forward_seconds=sum(p.forward_seconds for p in self.pools.values()),
-            is_draining=self.is_draining, num_deadline_exceeded=self.num_deadline_exceeded,
-            block_size=pools[0].hello.block_size if pools else 0,
-            kv_cache_dtype=pools[0].hello.kv_cache_dtype if pools else "",
-            num_blocks=sum(p.hello.num_blocks for p in pools), enable_prefix_caching=self.config.enable_prefix_caching,
-            iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in self.pools.values()), strict=True)],
-            iteration_tokens_sum=sum(p.iteration_tokens_sum for p in self.pools.values()),
-            iteration_tokens_count=sum(p.iteration_tokens_count for p in self.pools.values()),
-            devices=self.devices, architectures=self.architectures, embedding=self.embedding, num_migrations=self.num_migrations, is_sleeping=self.is_sleeping,
-            sleep_level=self.sleep_level, loras=self.served_loras,
-            max_loras=max((p.hello.max_loras for p in pools), default=0),
-            running_loras=sorted({r.lora for p in pools for r in p.scheduler.running if r.lora}),
-            waiting_loras=sorted({r.lora for p in pools for r in p.scheduler.waiting if r.lora}),
-        )
-        await msg.respond(encode(stats))
-
-    @property
-    def alive_pools(self) -> list[PoolLoop]:
-        return [p for p in self.pools.values() if p.is_alive]
+        await msg.respond(encode(scheduler_stats(
+            self.model, self.pools, self.config, is_draining=self.is_draining,
+            num_deadline_exceeded=self.num_deadline_exceeded, num_migrations=self.num_migrations,
+            is_sleeping=self.is_sleeping, sleep_level=self.sleep_level, loras=self.served_loras)))
 
     @property
     def in_flight(self) -> list[Request]:
-        return [*self._routing.values(), *(r for p in self.pools.values() for r in p.scheduler.requests.values())]
+        return [*self._routing.values(), *self.pools.requests()]
 
     @property
     def served_loras(self) -> list[LoraInfo]:
-        return self.loras.served(self.alive_pools)
+        return self.loras.served(self.pools.alive)
 
     async def _on_lora(self, msg: Msg) -> None:
         """Load or unload a LoRA adapter on every worker of the model (loras.py)."""
-        state = await self.loras.order(LORA_ORDER_DECODER.decode(msg.data), self.alive_pools)
+        state = await self.loras.order(LORA_ORDER_DECODER.decode(msg.data), self.pools.alive)
         await self.publish_limits()
         await msg.respond(encode(state))
 
@@ -407,7 +357,7 @@ class SchedulerService:
         """Sleep or WakeUp for every pool of the model (sleep_mode.py); one order at a time."""
         order = SLEEP_ORDER_DECODER.decode(msg.data)
         async with self._sleep_lock:
-            pools = [p for p in self.pools.values() if p.is_alive]
+            pools = self.pools.alive
             error = None
             if isinstance(order, Sleep) and not self.is_sleeping:
                 self.is_sleeping, self.sleep_level = True, order.level

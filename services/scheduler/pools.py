@@ -1,0 +1,147 @@
+"""A model's worker pools: which are alive, where a request is, and where the requests of a worker
+that is gone go (to another worker, or held until one comes back, for --worker-grace-s)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from services.scheduler.loras import ModelLoras
+from services.scheduler.pool import PoolLoop
+from services.scheduler.request import Request
+from shared.messages import EmbeddingSpec, WorkerHello
+
+
+def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
+    """Each worker owns its KV geometry and max_model_len, and the scheduler takes them as they are
+    announced; but a model's workers of one kind share prefix hashes (or static shapes) and one
+    context limit, so a worker that disagrees with those of its kind already serving the model is
+    refused. A paged worker gets a block manager, a slots worker a slot allocator; a model may have
+    both (the router sends what fits the static shapes to the slots)."""
+    for peer in [p for p in peers if p.kind == hello.kind]:
+        for name in ("block_size", "kv_cache_dtype", "max_model_len"):
+            if getattr(hello, name) != getattr(peer, name):
+                return (f"{name} {getattr(hello, name)!r} != {getattr(peer, name)!r} of worker {peer.worker_id}, "
+                        f"which already serves {hello.model!r}")
+    return None
+
+
+class WorkerPools:
+    def __init__(self, loras: ModelLoras, grace_s: float):
+        """grace_s: how long a request whose worker is gone waits for one that can take it."""
+        self.loras = loras
+        self.grace_s = grace_s
+        self._pools: dict[str, PoolLoop] = {}
+        self.held: dict[str, tuple[Request, float]] = {}  # request id -> (request, monotonic deadline)
+
+    # ---- membership -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[PoolLoop]:
+        return iter(list(self._pools.values()))
+
+    def get(self, worker_id: str) -> PoolLoop | None:
+        return self._pools.get(worker_id)
+
+    def add(self, pool: PoolLoop) -> None:
+        self._pools[pool.worker_id] = pool
+
+    def remove(self, pool: PoolLoop) -> None:
+        if self._pools.get(pool.worker_id) is pool:
+            del self._pools[pool.worker_id]
+
+    @property
+    def alive(self) -> list[PoolLoop]:
+        return [p for p in self._pools.values() if p.is_alive]
+
+    def mismatch(self, hello: WorkerHello) -> str | None:
+        return worker_mismatch([p.hello for p in self.alive if p.worker_id != hello.worker_id], hello)
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def find(self, request_id: str) -> Request | None:
+        held = self.held.get(request_id)
+        return held[0] if held else next(
+            (r for p in self._pools.values() if (r := p.scheduler.requests.get(request_id)) is not None), None)
+
+    def requests(self) -> list[Request]:
+        return [*(r for r, _ in self.held.values()),
+                *(r for p in self._pools.values() for r in p.scheduler.requests.values())]
+
+    def abort(self, request_id: str) -> tuple[Request | None, str]:
+        """The request taken out of wherever it is: (it, the worker it was on, or "" if held)."""
+        if (held := self.held.pop(request_id, None)) is not None:
+            return held[0], ""
+        for pool in self._pools.values():
+            if (request := pool.abort(request_id)) is not None:
+                return request, pool.worker_id
+        return None, ""
+
+    def fitting(self, request: Request) -> list[PoolLoop]:
+        """The alive pools that can run it: its adapter served, its context and KV within reach."""
+        total = request.num_prompt_tokens + request.sampling.max_tokens
+        return [p for p in self.loras.pools_for(request.lora, self.alive) if p.can_take(total)]
+
+    def place(self, requests: list[Request]) -> list[tuple[Request, PoolLoop | None]]:
+        """Each request on the least loaded pool that can take it, or held for grace_s (None)."""
+        placed = []
+        for request in requests:
+            fitting = self.fitting(request)
+            if fitting:
+                pool = min(fitting, key=lambda p: p.load)
+                pool.add(request)
+            else:
+                pool = None
+                self.held[request.request_id] = (request, time.monotonic() + self.grace_s)
+            placed.append((request, pool))
+        return placed
+
+    def place_held(self) -> list[tuple[Request, PoolLoop]]:
+        """A worker came back: the held requests it can take go to it (or to the least loaded)."""
+        waiting = [r for r, _ in self.held.values() if self.fitting(r)]
+        for request in waiting:
+            del self.held[request.request_id]
+        return [(r, p) for r, p in self.place(waiting) if p is not None]
+
+    def take_expired(self, now: float) -> list[Request]:
+        expired = [r for r, deadline in self.held.values() if deadline < now]
+        for request in expired:
+            del self.held[request.request_id]
+        return expired
+
+    # ---- what the pools say together --------------------------------------------------------------
+
+    @property
+    def load(self) -> int:
+        return len(self.held) + sum(p.load for p in self.alive)
+
+    @property
+    def num_running(self) -> int:
+        return sum(len(p.scheduler.running) for p in self.alive)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.held) + sum(len(p.scheduler.waiting) for p in self.alive)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest any of its workers takes (worker_mismatch keeps workers of one kind agreeing
+        on it; slots workers may take less, and get only the requests that fit them)."""
+        return max((p.hello.max_model_len for p in self._pools.values()), default=0)
+
+    @property
+    def vocab_size(self) -> int:
+        """The narrowest vocabulary of the model's workers (0 while none has said)."""
+        return min((p.hello.vocab_size for p in self._pools.values() if p.hello.vocab_size), default=0)
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({p.hello.device for p in self.alive})
+
+    @property
+    def architectures(self) -> list[str]:
+        return sorted({p.hello.architecture for p in self.alive if p.hello.architecture})
+
+    @property
+    def embedding(self) -> EmbeddingSpec | None:
+        """The workers' (one model, one shape: the first alive worker's word)."""
+        return next((p.hello.embedding for p in self.alive if p.hello.embedding), None)

@@ -1,0 +1,38 @@
+"""A model's SchedulerStats, summed over its pools (the API's /metrics and /health read them)."""
+
+from __future__ import annotations
+
+from services.scheduler.pools import WorkerPools
+from shared.config import EngineConfig
+from shared.lora import LoraInfo
+from shared.messages import SchedulerStats
+
+
+def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_draining: bool,
+                    num_deadline_exceeded: int, num_migrations: int, is_sleeping: bool, sleep_level: int,
+                    loras: list[LoraInfo]) -> SchedulerStats:
+    alive, every = pools.alive, list(pools)
+    kvs = [p.scheduler.kv for p in alive]
+    return SchedulerStats(
+        model=model, num_workers=len(alive), num_running=pools.num_running, num_waiting=pools.num_waiting,
+        kv_cache_usage=sum(kv.usage for kv in kvs) / len(kvs) if kvs else 0.0,
+        num_preemptions=sum(p.scheduler.num_preemptions for p in alive),
+        prefix_cache_queries=sum(kv.num_queried_tokens for kv in kvs),
+        prefix_cache_hits=sum(kv.num_hit_tokens for kv in kvs),
+        max_model_len=pools.max_model_len if alive else 0,
+        steps_run=sum(p.steps_run for p in every),
+        step_seconds=sum(p.step_seconds for p in every),
+        forward_seconds=sum(p.forward_seconds for p in every),
+        is_draining=is_draining, num_deadline_exceeded=num_deadline_exceeded,
+        block_size=alive[0].hello.block_size if alive else 0,
+        kv_cache_dtype=alive[0].hello.kv_cache_dtype if alive else "",
+        num_blocks=sum(p.hello.num_blocks for p in alive), enable_prefix_caching=config.enable_prefix_caching,
+        iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in every), strict=True)],
+        iteration_tokens_sum=sum(p.iteration_tokens_sum for p in every),
+        iteration_tokens_count=sum(p.iteration_tokens_count for p in every),
+        devices=pools.devices, architectures=pools.architectures, embedding=pools.embedding,
+        num_migrations=num_migrations, is_sleeping=is_sleeping, sleep_level=sleep_level, loras=loras,
+        max_loras=max((p.hello.max_loras for p in alive), default=0),
+        running_loras=sorted({r.lora for p in alive for r in p.scheduler.running if r.lora}),
+        waiting_loras=sorted({r.lora for p in alive for r in p.scheduler.waiting if r.lora}),
+    )
