@@ -124,8 +124,9 @@ def url_with_login(url: str, user: str, auth_folder: str | Path) -> str:
 
 
 def user_of(service: str) -> str:
-    """The NATS user a launched service connects as ("worker-0" is a worker, "scheduler-1" a scheduler)."""
-    return next((user for user in ("worker", "scheduler") if service.startswith(user)), service)
+    """The NATS user a launched service connects as ("worker-0" is a worker, "scheduler-1" a scheduler,
+    "api-1" a gateway)."""
+    return next((user for user in ("worker", "scheduler", "api") if service.startswith(user)), service)
 
 
 if __name__ == "__main__":  # compose's init step: python -m shared.nats_auth /auth (kept if already there)

@@ -64,6 +64,7 @@ class Stack:
     api_port: int = 8000
     num_workers: int = 1
     num_schedulers: int = 1  # more than one: they share a leader lease, the others standbys
+    num_gateways: int = 1  # API processes of their own, each with its bus client, on api_port, api_port + 1, ...
     service_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
     nats: NatsServer | NatsCluster | None = None
@@ -74,7 +75,7 @@ class Stack:
     store_lock: object | None = field(default=None, repr=False)  # held while it runs on its store
     services: list[Service] = field(default_factory=list)
     is_stopping: bool = False
-    live_failures: int = 0
+    live_failures: dict[str, int] = field(default_factory=dict)  # per gateway, failed /live in a row
     live_asked_at: float = 0.0
 
     def start(self) -> Stack:
@@ -103,7 +104,8 @@ class Stack:
         for i in range(self.num_schedulers):
             name = "scheduler" if i == 0 else f"scheduler-{i}"
             self.services.append(Service(name, py + ["services.scheduler", *common, *lease]))
-        self.services.append(Service("api", py + ["services.api", *common, "--port", str(self.api_port)]))
+        for i in range(self.num_gateways):
+            self.services.append(Service(gateway_name(i), py + ["services.api", *common, "--port", str(self.api_port + i)]))
         for svc in self.services:
             if self.log_dir:
                 svc.log_file = self.log_dir / f"{svc.name}.log"
@@ -127,7 +129,10 @@ class Stack:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+        return self.gateway_url(0)
+
+    def gateway_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.api_port + i}"
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -135,16 +140,16 @@ class Stack:
             for svc in self.services:
                 if svc.proc is not None and svc.proc.poll() is not None:
                     raise RuntimeError(f"{svc.name} exited with {svc.proc.returncode} while starting")
-            if self._answers("/ready", timeout=15):  # a one-token generation went through every model
-                return
+            if all(self._answers("/ready", timeout=15, url=self.gateway_url(i)) for i in range(self.num_gateways)):
+                return  # a one-token generation went through every model, from every gateway
             time.sleep(0.25)
         if self.is_stopping:
             return
         raise TimeoutError(f"the stack was not ready after {timeout}s")
 
-    def _answers(self, path: str, timeout: float) -> bool:
+    def _answers(self, path: str, timeout: float, url: str | None = None) -> bool:
         try:
-            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+            with urllib.request.urlopen((url or self.base_url) + path, timeout=timeout) as resp:
                 return resp.status == 200
         except OSError:
             return False
@@ -153,17 +158,18 @@ class Stack:
         return next(s for s in self.services if s.name == name)
 
     def supervise_once(self) -> None:
-        """Restart any service that died (with a pause, so a crash loop does not spin), and the API
-        when it fails /live LIVE_FAILURES times in a row (its loop is stuck: alive is not enough)."""
-        api = next((s for s in self.services if s.name == "api"), None)
-        if api is not None and api.is_running and time.monotonic() - self.live_asked_at > LIVE_EVERY_S:
+        """Restart any service that died (with a pause, so a crash loop does not spin), a gateway
+        that fails /live LIVE_FAILURES times in a row (its loop is stuck: alive is not enough), and
+        a node of its own NATS cluster that died (it rejoins on its store, as a StatefulSet's pod does)."""
+        if time.monotonic() - self.live_asked_at > LIVE_EVERY_S:
             self.live_asked_at = time.monotonic()
-            self.live_failures = 0 if self._answers("/live", timeout=LIVE_EVERY_S) else self.live_failures + 1
-            if self.live_failures >= LIVE_FAILURES:
-                print(f"[launcher] api failed /live {LIVE_FAILURES} times in a row; restarting it", flush=True)
-                self.live_failures = 0
-                api.proc.kill()
-                api.proc.wait()
+            for i in range(self.num_gateways):
+                self._check_live(self.service(gateway_name(i)), self.gateway_url(i))
+        for node in self.nats.nodes if isinstance(self.nats, NatsCluster) else []:
+            if not self.is_stopping and node.proc is not None and node.proc.poll() is not None:
+                print(f"[launcher] nats node {node.cluster.name} exited with {node.proc.returncode}; restarting",
+                      flush=True)
+                node.start()
         for svc in self.services:
             if self.is_stopping:
                 return
@@ -172,6 +178,17 @@ class Stack:
                 time.sleep(RESTART_BACKOFF_S)
                 svc.num_restarts += 1
                 svc.start(self._env(svc.name))
+
+    def _check_live(self, api: Service, url: str) -> None:
+        if not api.is_running:
+            return
+        failures = 0 if self._answers("/live", timeout=LIVE_EVERY_S, url=url) else self.live_failures.get(api.name, 0) + 1
+        self.live_failures[api.name] = failures
+        if failures >= LIVE_FAILURES:
+            print(f"[launcher] {api.name} failed /live {LIVE_FAILURES} times in a row; restarting it", flush=True)
+            self.live_failures[api.name] = 0
+            api.proc.kill()
+            api.proc.wait()
 
     def stop(self, grace_s: float = 45.0, signal_children: bool = True) -> None:
         """SIGTERM every service (each drains its in-flight work), then wait; kill what outlives grace_s.
@@ -198,6 +215,11 @@ class Stack:
             self.bus_file.unlink(missing_ok=True)
         if self.store_lock is not None:
             self.store_lock.close()
+
+
+def gateway_name(i: int) -> str:
+    """The launcher's gateways: `api`, then `api-1`, `api-2`, ... (each its own process and port)."""
+    return "api" if i == 0 else f"api-{i}"
 
 
 class StoreInUse(RuntimeError):
@@ -274,17 +296,21 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     parser.add_argument("--schedulers", type=int, default=int(os.environ.get("SY_SCHEDULERS", "1")),
                         help="scheduler processes: past one, they lead by turns (--leader-lease), the others "
                              "standbys that take over the queue when the leader is gone (default 1)")
+    parser.add_argument("--gateways", type=int, default=int(os.environ.get("SY_GATEWAYS", "1")),
+                        help="API gateway processes, each with its own bus client, on --port, --port + 1, ... "
+                             "(default 1; --api-processes shares one port among a gateway's processes instead)")
     parser.add_argument("--nats-cluster", type=int, default=int(os.environ.get("SY_NATS_CLUSTER", "1")),
                         help="nats-servers to start (without NATS_URL): 3 makes a routed cluster with JetStream "
                              "clustered and every store kept at replication 3 (default 1: one server)")
     args, service_args = parser.parse_known_args(argv)
-    if args.nats_cluster < 1 or args.schedulers < 1:
-        parser.error("--nats-cluster and --schedulers must be at least 1")
+    if args.nats_cluster < 1 or args.schedulers < 1 or args.gateways < 1:
+        parser.error("--nats-cluster, --schedulers and --gateways must be at least 1")
     check_service_args(service_args)
     users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/nats_auth.py's users
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
                   service_args=service_args, auth_dir=os.path.dirname(users) if users else None,
-                  nats_cluster=args.nats_cluster, num_schedulers=args.schedulers, nats_replicas=int(os.environ.get("SY_NATS_REPLICAS", "1")))
+                  nats_cluster=args.nats_cluster, num_schedulers=args.schedulers, num_gateways=args.gateways,
+                  nats_replicas=int(os.environ.get("SY_NATS_REPLICAS", "1")))
     received: list[int] = []
 
     def on_signal(signum, _frame):
@@ -296,7 +322,8 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     own = "(own)" if args.nats_cluster == 1 else f"(own cluster of {args.nats_cluster}, stores at replication "\
         f"{min(3, args.nats_cluster)})"
     print(f"[launcher] starting: nats {'at ' + stack.nats_url if stack.nats_url else own}, "
-          f"{args.workers} worker(s), API on {stack.base_url}", flush=True)
+          f"{args.workers} worker(s), API on {', '.join(stack.gateway_url(i) for i in range(args.gateways))}",
+          flush=True)
     for line in engine_defaults_lines(service_args):
         print(f"[launcher] engine: {line}", flush=True)
     try:

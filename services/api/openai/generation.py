@@ -18,14 +18,15 @@ log = get_logger("api")
 _REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCode.UNAVAILABLE: 503,
                   RejectCode.NOT_FOUND: 404, RejectCode.IN_FLIGHT: 400}
 _REJECT_CODE = {RejectCode.NOT_FOUND: "model_not_found"}  # OpenAI's; the others: the RejectCode's name
-RETRY_AFTER_S = "1"  # what a 429 asks the client to wait
+RETRY_AFTER_S = "1"  # what a 429 or 503 asks the client to wait
 
 
 def submit_error(exc: EngineUnavailable | SubmitRejected) -> APIError:
     """A Submit the engine did not take, as the status that says why (a full queue: retry later)."""
     if isinstance(exc, EngineUnavailable):
-        return APIError(503, str(exc), code="engine_unavailable")
-    headers = {"Retry-After": RETRY_AFTER_S} if exc.code == RejectCode.QUEUE_FULL else None
+        return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": RETRY_AFTER_S})
+    retry = exc.code in (RejectCode.QUEUE_FULL, RejectCode.UNAVAILABLE)
+    headers = {"Retry-After": RETRY_AFTER_S} if retry else None
     return APIError(_REJECT_STATUS[exc.code], exc.reason, code=_REJECT_CODE.get(exc.code, exc.code.name.lower()),
                     headers=headers)
 
