@@ -193,9 +193,10 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                         help="batch-invariant float32: a request's tokens do not depend on what else is in its "
                              "batch (dense weights, no compile); slower")
     add_lora_args(parser)
-    parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "10")),
-                        help="scheduling niceness of the worker (default 10): the gateway, scheduler and "
-                             "bus preempt the model's threads when they share cores (0: no preference)")
+    parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "0")),
+                        help="scheduling niceness of the worker (default 0). 10 lets the gateway, scheduler and bus "
+                             "preempt the model's threads on shared cores, but any busy neighbour then starves the "
+                             "model (9-10x slower beside two busy processes on 2 cores; docs/benchmarks.md)")
 
 
 def add_api_args(parser: argparse.ArgumentParser) -> None:
