@@ -69,6 +69,7 @@ class BusClient:
         self._subs = []
         self._watch: asyncio.Task | None = None
         self._aborting: set[asyncio.Task] = set()
+        self._leader_lost_at: float | None = None  # loop time a leased scheduler fell silent (a takeover)
 
     async def start(self) -> None:
         self._subs = [await self.nc.subscribe(self.reply_subject, cb=self._on_tokens),
@@ -107,10 +108,16 @@ class BusClient:
                 self.schedulers.forget(scheduler_id)
                 if scheduler_id in self.leased:
                     self.leased.discard(scheduler_id)
+                    self._leader_lost_at = loop.time()
                     self._resume_streams_of(scheduler_id)
                 else:
                     self._end_streams_of(scheduler_id)
             await asyncio.sleep(WATCH_INTERVAL_S)
+
+    def _is_taking_over(self) -> bool:
+        """A leader was lost and no leased scheduler has been heard since, for RESUME_WITHIN_S at most."""
+        return (self._leader_lost_at is not None and not self.leased
+                and asyncio.get_running_loop().time() - self._leader_lost_at < RESUME_WITHIN_S)
 
     async def resend(self, offsets: dict[str, int]) -> None:
         """Ask the workers again for these requests' tokens from the given offsets on."""
@@ -187,20 +194,27 @@ class BusClient:
                         sampling=sampling, reply_to=self.reply_subject, arrival_time=time.time(),
                         cache_salt=cache_salt, deadline=deadline, client_id=self.client_id,
                         abort_key=self.abort_key, priority=priority, lora=lora)
-        answer = asyncio.ensure_future(self.nc.request(subjects.submit(model), encode(submit), timeout=timeout))
-        try:  # shielded: a caller that gives up meanwhile must not leave an accepted request running
-            msg = await asyncio.shield(answer)
-        except asyncio.CancelledError:
-            self.forget(request_id)
-            answer.add_done_callback(lambda done: self._abort_if_accepted(model, request_id, done))
-            raise
-        except NoRespondersError:
-            self.forget(request_id)
-            raise EngineUnavailable(f"no scheduler is serving model {model!r}") from None
-        except (TimeoutError, NatsTimeoutError):
-            self.forget(request_id)
-            raise EngineUnavailable(f"the scheduler for {model!r} did not answer within {timeout}s") from None
+        retried = False
+        while True:
+            answer = asyncio.ensure_future(self.nc.request(subjects.submit(model), encode(submit), timeout=timeout))
+            try:  # shielded: a caller that gives up meanwhile must not leave an accepted request running
+                msg = await asyncio.shield(answer)
+                break
+            except asyncio.CancelledError:
+                self.forget(request_id)
+                answer.add_done_callback(lambda done: self._abort_if_accepted(model, request_id, done))
+                raise
+            except (NoRespondersError, TimeoutError, NatsTimeoutError) as exc:
+                if self._is_taking_over():  # a standby takes the lease: the request waits for it
+                    retried = True
+                    await asyncio.sleep(RESUME_TRY_S)
+                    continue
+                self.forget(request_id)
+                raise EngineUnavailable(f"no scheduler is serving model {model!r}" if isinstance(
+                    exc, NoRespondersError) else f"the scheduler for {model!r} did not answer within {timeout}s") from None
         reply = SUBMIT_REPLY_DECODER.decode(msg.data)
+        if isinstance(reply, Rejected) and reply.code == RejectCode.IN_FLIGHT and retried:
+            return stream  # an earlier try was taken after all (its answer was lost in the takeover)
         if isinstance(reply, Rejected):
             self.forget(request_id)
             raise SubmitRejected(reply.code, reply.reason)

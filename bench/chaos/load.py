@@ -18,6 +18,7 @@ SHARED_PREFIX = ("You are a careful assistant for a railway company. Answer in p
                  "countries and its yards sort several thousand cars a day. ")
 REFUSED_CODES = {"engine_unavailable", "unavailable", "queue_full", "bus_unavailable"}  # never accepted: retry
 HUNG_AFTER_S = 240.0  # a request with no end by then is hung
+LOGPROB_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Outcome:
     detail: str = ""
     chunk_times: list[float] = field(default_factory=list)
     accepted: bool = False  # a token (or an answer) came: the engine took it
+    logprob_gap: float = 0.0  # the largest logprob difference from the lone run
 
 
 @dataclass
@@ -91,7 +93,15 @@ class Answer:
     logprobs: list[list[float]]
 
     def same(self, other: Answer) -> bool:
-        return (self.texts, self.finish, self.logprobs) == (other.texts, other.finish, other.logprobs)
+        """The same tokens, and their logprobs within LOGPROB_TOLERANCE (a request recomputed after
+        a move computes its context as a prompt, whose attention sums in another order)."""
+        return (self.texts, self.finish) == (other.texts, other.finish) and self.logprob_gap(other) <= LOGPROB_TOLERANCE
+
+    def logprob_gap(self, other: Answer) -> float:
+        if [len(x) for x in self.logprobs] != [len(x) for x in other.logprobs]:
+            return float("inf")
+        return max((abs(a - b) for xs, ys in zip(self.logprobs, other.logprobs, strict=True)
+                    for a, b in zip(xs, ys, strict=True)), default=0.0)
 
 
 async def send(http: httpx.AsyncClient, spec: Spec, outcome: Outcome) -> Answer:
@@ -200,6 +210,8 @@ class Load:
                 outcome.status = "ended" if all(f in ("stop", "length") for f in answer.finish) else "differed"
             elif answer.same(self.oracle[spec.name]):
                 outcome.status = "whole"
+                outcome.logprob_gap = answer.logprob_gap(self.oracle[spec.name])
             else:
                 outcome.status = "differed"
-                outcome.detail = f"{answer.texts} {answer.finish} vs {self.oracle[spec.name].texts}"
+                outcome.detail = (f"{answer.texts} {answer.finish} vs {self.oracle[spec.name].texts} (logprobs "
+                                  f"differ by {answer.logprob_gap(self.oracle[spec.name]):.2g})")

@@ -80,7 +80,8 @@ def table(result: ChaosResult, v: Verdict) -> str:
     lines = ["| fault | times | longest pause in a stream after it (s) |", "|---|---|---|"]
     lines += [f"| {kind} | {n} | {v.pauses.get(kind, 0.0):.1f} |" for kind, n in sorted(kinds.items())]
     lines += ["", f"requests {v.requests}: " + ", ".join(f"{k} {n}" for k, n in sorted(v.by_status.items())),
-              f"lost {len(v.lost)}, hung {v.hung}, differed {len(v.differed)}, leaks {len(v.leaks)}"]
+              f"lost {len(v.lost)}, hung {v.hung}, differed {len(v.differed)}, leaks {len(v.leaks)}",
+              f"largest logprob difference from a lone run: {max((o.logprob_gap for o in result.outcomes), default=0):.2g}"]
     lines += [f"  lost: {x}" for x in v.lost[:10]] + [f"  differed: {x}" for x in v.differed[:10]]
     lines += [f"  leak: {x}" for x in v.leaks]
     return "\n".join(lines)
