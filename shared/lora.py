@@ -9,11 +9,14 @@ import msgspec
 
 
 class LoraInfo(msgspec.Struct, array_like=True):
-    """An adapter a worker serves: its name (a request's `model`), where it was read from, its rank."""
+    """An adapter a worker serves: its name (a request's `model`), where it was read from, its rank,
+    and a digest of its files (loaded again in place with other weights, it is another adapter to
+    the prefix cache)."""
 
     name: str
     path: str
     rank: int
+    digest: str = ""
 
 
 class LoadLora(msgspec.Struct, tag="load_lora"):

@@ -129,6 +129,31 @@ async def test_an_adapter_loaded_at_run_time_serves_and_unloads_after_its_runnin
         assert "late" not in {m.id for m in (await client.models.list()).data}
 
 
+async def test_an_adapter_loaded_again_in_place_is_never_served_from_its_old_weights_cached_blocks(
+        lora_stack, adapters):
+    """`load_inplace` gives a name other weights: the prefix cache must not hand its requests the KV
+    computed with the old ones (the adapter's digest is in block 0's hash). A 40-token prompt spans
+    two full blocks, so its second request would hit them."""
+    prompt = "In a railway yard, cars are sorted onto tracks by destination. " * 4
+
+    async def complete(client, model: str) -> str:
+        answer = await client.completions.create(model=model, prompt=prompt, max_tokens=NUM_TOKENS, temperature=0,
+                                                 extra_body={"ignore_eos": True})
+        assert answer.usage.prompt_tokens >= 40
+        return answer.choices[0].text
+
+    async with httpx.AsyncClient(base_url=lora_stack.base_url, timeout=120) as http, _client(lora_stack) as client:
+        as_sql = await http.post("/v1/load_lora_adapter", json={"lora_name": "swap", "lora_path": adapters["sql"]})
+        assert as_sql.status_code == 200
+        first = await complete(client, "swap")
+        assert first == await complete(client, "sql")  # the same weights under two names
+        as_chat = await http.post("/v1/load_lora_adapter", json={"lora_name": "swap", "lora_path": adapters["chat-qv"],
+                                                                 "load_inplace": True})
+        assert as_chat.status_code == 200
+        assert await complete(client, "swap") == await complete(client, "chat-qv") != first
+        await http.post("/v1/unload_lora_adapter", json={"lora_name": "swap"})
+
+
 async def test_bad_adapters_and_names_are_refused_with_their_status(lora_stack, adapters, tmp_path):
     async with httpx.AsyncClient(base_url=lora_stack.base_url, timeout=120) as http, _client(lora_stack) as client:
         with pytest.raises(openai.NotFoundError) as missing:

@@ -35,6 +35,10 @@ class ModelLoras:
             return []
         return [p for p in pools if any(info.name == lora for info in p.hello.loras)]
 
+    def digest(self, lora: str, pools: list[PoolLoop]) -> str:
+        """The adapter's digest as the first worker serving it announced it ("" if none says)."""
+        return next((info.digest for p in pools for info in p.hello.loras if info.name == lora), "")
+
     async def order(self, order: LoraOrder, pools: list[PoolLoop]) -> LoraState:
         if not pools:
             return LoraState([], "no worker serves the model: an adapter is loaded on its workers")

@@ -42,6 +42,7 @@ class Request:
     abort_key: str = ""  # what an Abort must carry to end it
     priority: int = 0  # lower is served first
     lora: str | None = None  # the LoRA adapter it runs on (its name, also in its block 0's hash)
+    lora_digest: str = ""  # what that adapter computes (its files' digest, as its workers announced it)
 
     @classmethod
     def from_submit(cls, submit: Submit) -> Request:
@@ -64,6 +65,12 @@ class Request:
         self.num_computed_tokens = 0
         self.is_on_worker = False
         self.num_migrations += counted
+
+    @property
+    def lora_identity(self) -> str | None:
+        """The adapter as the prefix cache knows it: name and digest, so that blocks computed with an
+        adapter's old weights are never reused after it is loaded again in place with new ones."""
+        return f"{self.lora}@{self.lora_digest}" if self.lora and self.lora_digest else self.lora
 
     def is_past_deadline(self, now: float) -> bool:
         return 0.0 < self.deadline < now

@@ -161,6 +161,8 @@ class SchedulerService:
         if not pools:
             return reject(RejectCode.INVALID, f"{total} tokens can never fit in the KV cache")
         request = Request.from_submit(submit)
+        if request.lora is not None:
+            request.lora_digest = self.loras.digest(request.lora, pools)
         if request.client_id:
             self.clients.heard(request.client_id)
         self._routing[request.request_id] = request

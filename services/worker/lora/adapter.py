@@ -3,6 +3,7 @@ the base model it is to run on; anything it cannot apply exactly is refused by n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from services.worker.model_config import ModelConfig
 
@@ -34,6 +35,7 @@ class LoraAdapter:
     path: str
     rank: int
     scaling: float  # lora_alpha / r (rsLoRA: / sqrt(r)), folded into B when the adapter takes a slot
+    digest: str  # of its files: what it computes, which the prefix cache's hashes carry (a reload changes it)
     # (layer, PEFT module name) -> (A [r, in], B [out, r]) in float32
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
@@ -72,7 +74,9 @@ def load_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int) -> LoraA
         raise LoraError(f"LoRA adapter {name!r}: {cfg.architecture}'s MLP is routed experts, which take no LoRA here")
     alpha = float(raw.get("lora_alpha", rank))
     scaling = alpha / math.sqrt(rank) if raw.get("use_rslora") else alpha / rank
-    return LoraAdapter(name, str(folder), rank, scaling, _weights(name, load_file(weights_file), cfg, rank))
+    data = weights_file.read_bytes()
+    digest = hashlib.sha256(config_file.read_bytes() + b"\0" + data).hexdigest()[:16]
+    return LoraAdapter(name, str(folder), rank, scaling, digest, _weights(name, load(data), cfg, rank))
 
 
 def _targets(raw: dict) -> set[str]:

@@ -49,7 +49,7 @@ class LoraManager:
         adapter = load_adapter(name, path, self.cfg, self.limits.max_lora_rank)
         if name in self.slots:  # loaded again in place: its slot takes the new weights
             self._fill(self.slots[name], adapter)
-        self.served[name] = LoraInfo(name, path, adapter.rank)
+        self.served[name] = LoraInfo(name, path, adapter.rank, adapter.digest)
         self._keep(adapter)
         log.info("lora_loaded", name=name, path=path, rank=adapter.rank, mbytes=round(adapter.num_bytes / 2**20, 2))
         return adapter
