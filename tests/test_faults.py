@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import httpx
+import msgspec
 import nats
 import pytest
 
@@ -125,3 +126,58 @@ async def test_requests_on_live_workers_survive_a_nats_restart(fault_stack, clie
     assert not errors, errors
     assert all(reason == "length" and usage == max_tokens for _, reason, usage in results), results
     await asyncio.to_thread(fault_stack.wait_ready, 120)
+
+
+async def test_a_worker_whose_step_fails_on_the_bus_strands_no_request(fault_stack, model_name):
+    """A peer that says hello as a worker of the model and answers each Step with micro's error
+    headers (as a handler that raised does): the scheduler's loop for it must not die with the
+    request on it (before: the request waited forever). Its requests move to the real worker and
+    end with their lone run's tokens; the failed pool is dropped."""
+    from shared import subjects
+    from shared.endpoints import ERROR_CODE_HEADER, ERROR_HEADER
+    from shared.messages import WORKER_ANNOUNCE_DECODER, Discover, WorkerHeartbeat, WorkerHello, encode
+
+    nc = await nats.connect(fault_stack.admin_url)
+    hellos = await nc.subscribe(subjects.WORKERS_HELLO)
+    await nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=model_name)))
+    real = next(h for h in [WORKER_ANNOUNCE_DECODER.decode((await hellos.next_msg(10)).data)]
+                if isinstance(h, WorkerHello))
+    await hellos.unsubscribe()
+    steps = []
+
+    async def fail(msg):
+        steps.append(msg)
+        await nc.publish(msg.reply, b"", headers={ERROR_HEADER: "KeyError: 'x'", ERROR_CODE_HEADER: "500"})
+
+    await nc.subscribe(subjects.worker_step("rogue"), cb=fail)
+    rogue = msgspec.structs.replace(real, worker_id="rogue")
+    await nc.publish(subjects.WORKERS_HELLO, encode(rogue))
+
+    async def beat():
+        while True:
+            await nc.publish(subjects.WORKERS_HEARTBEAT, encode(WorkerHeartbeat(worker_id="rogue", model=model_name)))
+            await asyncio.sleep(1)
+
+    beating = asyncio.create_task(beat())
+    deadline = time.monotonic() + 30
+    while (await scheduler_stats(nc, model_name)).num_workers < 2:
+        assert time.monotonic() < deadline, "the rogue worker was never taken"
+        await asyncio.sleep(0.1)
+    bus = BusClient(nc)
+    await bus.start()
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = [[1000 + i for i in range(20)], [2000 + i for i in range(20)]]
+    try:
+        streams = [await bus.submit(model_name, p, params) for p in prompts]
+        got = [[t for e in [x async for x in s.entries(timeout=60)] for t in e.token_ids] for s in streams]
+        alone = []
+        for p in prompts:
+            again = await bus.submit(model_name, p, params)
+            alone.append([t for e in [x async for x in again.entries(timeout=60)] for t in e.token_ids])
+    finally:
+        beating.cancel()
+        await bus.stop()
+    assert steps, "no Step reached the rogue worker"
+    assert got == alone and all(len(g) == 24 for g in got)
+    assert '"event": "pool_loop_failed"' in (fault_stack.log_dir / "scheduler.log").read_text()
+    await nc.close()

@@ -49,28 +49,35 @@ def make_adapters(folder: Path, model_path: str) -> dict[str, str]:
     return paths
 
 
-def run_chaos(log_dir: Path, minutes: float, seed: int = 0, fixed: bool = False, concurrency: int = 10,
-              kv_cache_gib: float = 0.25) -> ChaosResult:
+def start_stack(log_dir: Path, kv_cache_gib: float = 0.25) -> ChaosStack:
+    """The platform's layout on `make run`'s defaults, with two adapters from start, a KV pool small
+    enough for a burst of long prompts to preempt, and a context that fits it."""
     from shared.model_files import default_model_path
 
     adapters = make_adapters(log_dir / "adapters", default_model_path())
-    rng = random.Random(seed)
-    schedule = FIXED if fixed else random_schedule(minutes, rng)
-    stack = ChaosStack(log_dir, ["--kv-cache-memory-gib", str(kv_cache_gib), "--max-model-len", "2048", "--max-loras", "2", "--lora-modules",
-                                 *(f"{name}={path}" for name, path in adapters.items())]).start()
+    stack = ChaosStack(log_dir, ["--kv-cache-memory-gib", str(kv_cache_gib), "--max-model-len", "2048",
+                                 "--max-loras", "2", "--lora-modules",
+                                 *(f"{name}={path}" for name, path in adapters.items())])
+    return stack.start()
+
+
+def run_chaos(log_dir: Path, minutes: float, seed: int = 0, fixed: bool = False, concurrency: int = 10) -> ChaosResult:
+    """A stack of its own, the run, and the stack stopped: what `python -m bench.chaos` does."""
+    stack = start_stack(log_dir)
     try:
-        result = asyncio.run(_run(stack, schedule, minutes, rng, concurrency, list(adapters)))
+        result = asyncio.run(run_load(stack, minutes, seed, fixed, concurrency))
     finally:
         stack.stop()
     result.leftover_pids = [pid for pid in stack.descendants() if _alive(pid)]
-    result.squeeze_answers = stack.squeeze_answers
-    result.schedule = schedule
     return result
 
 
-async def _run(stack: ChaosStack, schedule, minutes: float, rng: random.Random, concurrency: int,
-               adapters: list[str]) -> ChaosResult:
-    all_specs = specs(adapters)
+async def run_load(stack: ChaosStack, minutes: float, seed: int = 0, fixed: bool = False,
+                   concurrency: int = 10) -> ChaosResult:
+    """The lone runs, then the load with the faults for `minutes`, then the checks after."""
+    rng = random.Random(seed)
+    schedule = FIXED if fixed else random_schedule(minutes, rng)
+    all_specs = specs(list(ADAPTERS))
     oracle = await lone_runs(stack.stack.base_url, all_specs)
     before = stack.census()
     load = Load([stack.stack.gateway_url(i) for i in range(2)], all_specs, oracle, rng.randrange(2**31), concurrency)
@@ -83,7 +90,7 @@ async def _run(stack: ChaosStack, schedule, minutes: float, rng: random.Random, 
     await stack.wait_workers(stack.num_workers)  # the last fault's workers back before the checks
     stats = await _settled(stack)
     return ChaosResult(faults, load.outcomes, before, stack.census(), stats.num_running, stats.num_waiting,
-                       stats.kv_cache_usage, [])
+                       stats.kv_cache_usage, [], stack.squeeze_answers, schedule)
 
 
 async def _settled(stack: ChaosStack):

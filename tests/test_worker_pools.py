@@ -1,0 +1,88 @@
+"""WorkerPools: where the requests of a worker that is gone go (the least loaded worker that can take
+them, or held for --worker-grace-s), and what a worker that comes back takes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from services.scheduler.loras import ModelLoras
+from services.scheduler.pools import WorkerPools
+from services.scheduler.request import Request
+from shared.lora import LoraInfo
+from shared.messages import SamplingParams
+
+
+@dataclass
+class Hello:
+    loras: list[LoraInfo] = field(default_factory=list)
+
+
+@dataclass
+class Pool:
+    """What WorkerPools reads of a PoolLoop: its id, liveness, load, adapters and what fits it."""
+
+    worker_id: str
+    max_tokens: int = 1000
+    is_alive: bool = True
+    hello: Hello = field(default_factory=Hello)
+    added: list[str] = field(default_factory=list)
+
+    @property
+    def load(self) -> int:
+        return len(self.added)
+
+    def can_take(self, num_tokens: int) -> bool:
+        return num_tokens <= self.max_tokens
+
+    def add(self, request: Request) -> None:
+        self.added.append(request.request_id)
+
+
+def _request(request_id: str, num_prompt: int = 10, lora: str | None = None) -> Request:
+    return Request(request_id, list(range(num_prompt)), SamplingParams(max_tokens=20), "reply", lora=lora)
+
+
+def test_requests_go_to_the_least_loaded_worker_that_can_take_them():
+    pools = WorkerPools(ModelLoras(), grace_s=60)
+    busy, idle, small = Pool("busy", added=["x"]), Pool("idle"), Pool("small", max_tokens=30)
+    for pool in (busy, idle, small):
+        pools.add(pool)
+    placed = pools.place([_request("a"), _request("b"), _request("long", num_prompt=100)])
+    assert [(r.request_id, p.worker_id) for r, p in placed] == [("a", "idle"), ("b", "small"), ("long", "busy")]  # ties: the first
+    assert pools.held == {}
+
+
+def test_with_no_worker_they_are_held_then_taken_by_the_first_back_or_expire():
+    pools = WorkerPools(ModelLoras(), grace_s=60)
+    before = time.monotonic()
+    placed = pools.place([_request("a"), _request("b", lora="sql")])
+    assert [p for _, p in placed] == [None, None]
+    assert set(pools.held) == {"a", "b"} and pools.num_waiting == 2 and pools.load == 2
+    assert pools.find("a").request_id == "a"
+    back = Pool("back")
+    pools.add(back)
+    taken = pools.place_held()
+    assert [(r.request_id, p.worker_id) for r, p in taken] == [("a", "back")]  # b's adapter: not served there
+    assert set(pools.held) == {"b"}
+    deadline = pools.held["b"][1]
+    assert before + 60 <= deadline <= time.monotonic() + 60
+    assert pools.take_expired(deadline - 1) == []
+    assert [r.request_id for r in pools.take_expired(deadline + 1)] == ["b"] and pools.held == {}
+
+
+def test_a_held_request_is_aborted_where_it_waits():
+    pools = WorkerPools(ModelLoras(), grace_s=60)
+    pools.place([_request("a")])
+    request, worker_id = pools.abort("a")
+    assert request.request_id == "a" and worker_id == "" and pools.held == {}
+    assert pools.abort("a") == (None, "")
+
+
+def test_a_dead_pool_takes_nothing():
+    pools = WorkerPools(ModelLoras(), grace_s=60)
+    dead = Pool("dead", is_alive=False)
+    pools.add(dead)
+    assert [p for _, p in pools.place([_request("a")])] == [None]
+    pools.remove(dead)
+    assert list(pools) == []
