@@ -11,9 +11,9 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on the CPU (before triton loads)
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# the suite checks exact tokens (against transformers, across batches), so its services compute in
-# batch-invariant float32; the CPU-picked fast defaults have tests of their own (test_engine_defaults.py)
-os.environ.setdefault("SY_DETERMINISTIC", "1")
+# the suite's stacks run `make run`'s defaults for this CPU (the C kernels, each row computed alone,
+# so tokens do not depend on the batch); a test that compares with transformers or with the
+# reference's exact bits asks for --deterministic itself
 
 from shared.model_files import default_model_path as _default_model_path
 

@@ -7,14 +7,22 @@ nothing may be left held or leaked."""
 from __future__ import annotations
 
 import asyncio
+import io
 import random
 import signal
 
+import nats
 import pytest
 
 from bench.chaos.faults import FAULTS, FIXED
 from bench.chaos.report import table, verdict
 from bench.chaos.run import run_load, start_stack
+from services.scheduler.lease import LEASES_BUCKET
+from shared import subjects
+from shared.bus import servers
+from shared.client import BusClient
+from shared.messages import STEP_RESULT_DECODER, SamplingParams, Step, encode
+from shared.registry import AGENTS_BUCKET, ARTIFACTS_BUCKET, REGISTRY_BUCKET
 from tests.streaming import stream_completion
 
 pytestmark = pytest.mark.stack
@@ -28,14 +36,51 @@ def chaos_stack(tmp_path_factory):
     stack = start_stack(tmp_path_factory.mktemp("chaos"))
     yield stack
     stack.stop()
-    assert not [pid for pid in stack.descendants() if _running(pid)], "processes outlived the stack"
+    assert stack.leftovers() == [], "processes outlived the stack"
 
 
-def _running(pid: int) -> bool:
+async def _admin(chaos_stack) -> nats.aio.client.Client:
+    return await nats.connect(servers(chaos_stack.stack.admin_url), max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+
+
+async def test_every_store_is_kept_on_three_nodes(chaos_stack, model_name):
+    """The launcher's --nats-cluster 3: every JetStream store at replication 3 (a leader and two
+    followers). The file uploaded here must outlive the chaos run's node kills (read at its end)."""
+    client = openai.OpenAI(base_url=chaos_stack.stack.base_url + "/v1", api_key="-", max_retries=0, timeout=60)
+    chaos_stack.kept_file = client.files.create(file=("kept.jsonl", io.BytesIO(b'{"kept": true}\n')),
+                                                purpose="batch").id
+    client.responses.create(model=model_name, input="Hi", max_output_tokens=4)  # stored: the Responses store
+    nc = await _admin(chaos_stack)
     try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        js = nc.jetstream()
+        for stream in (f"KV_{REGISTRY_BUCKET}", f"KV_{AGENTS_BUCKET}", f"OBJ_{ARTIFACTS_BUCKET}", "OBJ_SY_FILES",
+                       "SY_RESPONSES", f"KV_{LEASES_BUCKET}"):
+            info = await js.stream_info(stream)
+            assert info.config.num_replicas == 3, stream
+            assert len(info.cluster.replicas or []) == 2, stream
+    finally:
+        await nc.close()
+
+
+async def test_a_worker_refuses_a_step_from_a_deposed_leader(chaos_stack, model_name):
+    """The workers have seen the leader's lease token (1 or more): a Step with a lower one (0) is
+    refused as fenced, as a deposed leader's would be, and the worker goes on serving the leader."""
+    nc = await _admin(chaos_stack)
+    bus = BusClient(nc)
+    await bus.start()
+    try:  # a worker the leader has stepped (it has seen its token)
+        stream = await bus.submit(model_name, [1000 + i for i in range(20)], SamplingParams(max_tokens=4))
+        [e async for e in stream.entries(timeout=60)]
+        stale = Step(step_id=10**9, fence=0)
+        result = STEP_RESULT_DECODER.decode((await nc.request(subjects.worker_step(stream.worker_id), encode(stale),
+                                                                timeout=10)).data)
+    finally:
+        await bus.stop()
+        await nc.close()
+    assert result.fenced and "leads" in result.error
+    client = openai.AsyncOpenAI(base_url=chaos_stack.stack.base_url + "/v1", api_key="-", max_retries=0, timeout=60)
+    answer = await client.completions.create(model=model_name, prompt="Hi", max_tokens=4, temperature=0)
+    assert answer.choices[0].finish_reason in ("length", "stop")
 
 
 async def test_a_worker_killed_and_restarted_by_the_launcher_under_load_loses_no_token(chaos_stack, model_name):
@@ -73,5 +118,7 @@ def test_three_minutes_of_faults_under_a_mixed_load(chaos_stack):
     print(table(result, v))
     assert {f.kind for f in result.faults} == set(FAULTS) == {kind for _, kind in FIXED}
     assert v.ok, table(result, v)
-    assert v.by_status["whole"] >= 50  # the load ran through it all
+    assert v.by_status["whole"] >= 30  # the load ran through it all
     assert all(distinct == 1 for distinct, _ in result.squeeze_answers)  # preempted, recomputed alike
+    patient = openai.OpenAI(base_url=chaos_stack.stack.base_url + "/v1", api_key="-", max_retries=8, timeout=60)
+    assert patient.files.content(chaos_stack.kept_file).read() == b'{"kept": true}\n'  # outlived the node kills

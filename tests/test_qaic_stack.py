@@ -74,7 +74,7 @@ def wl(stack):
             os.environ.pop(key) if value is None else os.environ.update({key: value})
 
 
-async def test_what_fits_the_static_shapes_goes_to_the_slots(stack, model_name):
+async def test_what_fits_the_static_shapes_goes_to_the_slots(stack, model_name, cpu_kernels):
     nc = await nats.connect(stack.admin_url)
     bus = BusClient(nc)
     await bus.start()
@@ -89,8 +89,9 @@ async def test_what_fits_the_static_shapes_goes_to_the_slots(stack, model_name):
         # 28 tokens fit ctx_len 128: two take the slots, the third (every slot taken) the paged worker
         assert sorted(short) == [("qaic-0", 8), ("qaic-0", 8), ("worker-0", 8)]
         assert await served_by(200) == ("worker-0", 8)  # 208 do not fit the slots
-        # the suite's CPU workers run --deterministic: float32, nothing quantized or compiled
-        assert set((await scheduler_stats(nc, model_name)).devices) == {"cpu (float32)", "qaic, emulated on cpu"}
+        # the CPU worker on the defaults: float32 on the C kernels, the GGUF's blocks kept
+        assert set((await scheduler_stats(nc, model_name)).devices) == {
+            f"cpu (float32, gguf weights, C kernels ({cpu_kernels.variant}))", "qaic, emulated on cpu"}
     finally:
         await bus.stop()
         await nc.close()

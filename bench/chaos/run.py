@@ -68,7 +68,7 @@ def run_chaos(log_dir: Path, minutes: float, seed: int = 0, fixed: bool = False,
         result = asyncio.run(run_load(stack, minutes, seed, fixed, concurrency))
     finally:
         stack.stop()
-    result.leftover_pids = [pid for pid in stack.descendants() if _alive(pid)]
+    result.leftover_pids = stack.leftovers()
     return result
 
 
@@ -101,10 +101,3 @@ async def _settled(stack: ChaosStack):
         if (stats.num_running == stats.num_waiting == 0 and stats.kv_cache_usage == 0.0) or time.monotonic() > deadline:
             return stats
         await asyncio.sleep(0.5)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

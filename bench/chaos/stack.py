@@ -48,14 +48,23 @@ class ChaosStack:
     stack: Stack | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # a fault's signal vs the supervisor's restart
     squeeze_answers: list[tuple[int, int]] = field(default_factory=list)
+    _started: list[int] = field(default_factory=list)  # its processes when it was stopped
+    kept_file: str = ""  # a file a test uploaded before the faults (the Files store must keep it)
     _supervisor: threading.Thread | None = None
     _stopping: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> ChaosStack:
-        os.environ["SY_NATS_STORE_DIR"] = str(self.log_dir / "nats-store")  # the launcher's store, not make run's
         self.stack = Stack(api_port=free_port_pair(), num_workers=self.num_workers, num_schedulers=2,
                            num_gateways=2, nats_cluster=3, log_dir=self.log_dir, service_args=self.service_args)
-        self.stack.start()
+        saved = os.environ.get("SY_NATS_STORE_DIR")
+        os.environ["SY_NATS_STORE_DIR"] = str(self.log_dir / "nats-store")  # the launcher's store, not make run's
+        try:
+            self.stack.start()
+        finally:
+            if saved is None:
+                del os.environ["SY_NATS_STORE_DIR"]
+            else:
+                os.environ["SY_NATS_STORE_DIR"] = saved
         try:
             self.stack.wait_ready(timeout=600)
             asyncio.run(self.wait_workers(self.num_workers))
@@ -78,7 +87,17 @@ class ChaosStack:
         if self._supervisor is not None:
             self._supervisor.join()
         if self.stack is not None:
+            self._started = self._processes()
             self.stack.stop()
+
+    def leftovers(self) -> list[int]:
+        """The stack's processes (its services, NATS nodes and what they started) alive after stop."""
+        return [pid for pid in self._started if _alive(pid)]
+
+    def _processes(self) -> list[int]:
+        roots = [s.proc.pid for s in self.stack.services if s.proc is not None] + [
+            n.proc.pid for n in self.stack.nats.nodes if n.proc is not None]
+        return [pid for root in roots for pid in [root, *descendants(root)]]
 
     @property
     def worker_names(self) -> list[str]:
@@ -163,21 +182,29 @@ class ChaosStack:
             out[name] = ProcessCensus(name, proc.pid, num_fds, rss)
         return out
 
-    def descendants(self) -> list[int]:
-        """Every process this one started that is still there (a leak: one that outlives the stack)."""
-        me, children = os.getpid(), {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(pid))
-        out, todo = [], [me]
-        while todo:
-            for child in children.get(todo.pop(), []):
-                out.append(child)
-                todo.append(child)
-        return out
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` now."""
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def free_port_pair() -> int:

@@ -208,7 +208,8 @@ def test_replicas_scale_up_under_load_and_down_when_idle(wl, default_model_path)
 
 def test_a_worker_that_cannot_start_is_an_error_and_its_model_answers_503(wl, smollm2):
     p = wl.build_pipeline("too-small").clear().add_model_step(smollm2)
-    p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_memory(smollm2, "512Mi").build(),
+    # 64 MiB: less than the weights even with the GGUF's blocks kept (the defaults)
+    p.deploy(deployment_config=DeploymentConfigBuilder().sidekick_memory(smollm2, "64Mi").build(),
              wait_for_status=False)
     try:
         with pytest.raises(SwitchyardError, match="raise sidekick_memory"):
