@@ -19,13 +19,14 @@ from tests.bus_helpers import scheduler_stats
 
 pytestmark = pytest.mark.stack
 LONG = {"max_tokens": 4000, "extra_body": {"ignore_eos": True}}  # runs until something ends it
+GRACE_S = 3  # --worker-grace-s: a moved request waits this long for a worker
 
 
 @pytest.fixture(scope="module")
 def fault_stack(tmp_path_factory):
     from tests.conftest import _start_stack
 
-    s = _start_stack(tmp_path_factory, "faults", num_workers=1, extra_args=[])
+    s = _start_stack(tmp_path_factory, "faults", num_workers=1, extra_args=["--worker-grace-s", str(GRACE_S)])
     yield s
     s.stop()
 
@@ -181,3 +182,26 @@ async def test_a_worker_whose_step_fails_on_the_bus_strands_no_request(fault_sta
     assert got == alone and all(len(g) == 24 for g in got)
     assert '"event": "pool_loop_failed"' in (fault_stack.log_dir / "scheduler.log").read_text()
     await nc.close()
+
+
+async def test_a_request_whose_only_worker_stays_gone_ends_with_a_retryable_error(fault_stack, client, model_name):
+    """The model's only worker paused past the 5 s silence: its request is held for --worker-grace-s
+    (3 s here), then ends with a 503 the client may retry; the worker, running again, serves anew."""
+    import signal
+
+    openai = pytest.importorskip("openai")
+    stream = await client.completions.create(model=model_name, prompt="Tell me a long story.", stream=True, **LONG)
+    await stream.__anext__()
+    worker = fault_stack.service("worker-0").proc
+    worker.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        with pytest.raises(openai.APIError, match="could not take the request for 3s"):
+            async for _ in stream:
+                pass
+        assert GRACE_S <= time.monotonic() - stopped_at < 30  # held for the grace at least, then ended
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    await asyncio.to_thread(fault_stack.wait_ready, 120)
+    done = await client.completions.create(model=model_name, prompt="Hello", max_tokens=4)
+    assert done.usage.completion_tokens == 4
