@@ -158,6 +158,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 WORKER_DTYPES = ("auto", "float32", "bfloat16", "float16")
+CPU_AUTO_DTYPE = "float32"  # what --dtype auto is on every CPU (shared/engine_defaults.py says why)
 WORKER_DEVICES = ("cpu", "cuda", "qaic")
 
 
@@ -170,8 +171,8 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--qaic-config", default=os.environ.get("SY_QAIC_CONFIG", "{}"),
                         help="qaic: the QaicConfig as JSON, e.g. '{\"full_batch_size\": 8, \"ctx_len\": 256}'")
     parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "auto"), choices=WORKER_DTYPES,
-                        help="the weights' dtype; auto: on the cpu backend bfloat16 where the CPU has AVX-512 BF16 "
-                             "or AMX, else float32 (float32 with --deterministic); bfloat16 on cuda")
+                        help=f"the weights' dtype; auto: {CPU_AUTO_DTYPE} on the cpu backend, on every CPU (the "
+                             "worker and the launcher print why), bfloat16 on cuda")
     parser.add_argument("--gpu-memory-utilization", type=float,
                         default=float(_env("gpu_memory_utilization", d.gpu_memory_utilization)),
                         help="cuda: the share of the GPU's memory the worker takes (weights, activations, KV pool)")

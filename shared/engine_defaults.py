@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import ConfigError
+from shared.config import CPU_AUTO_DTYPE, ConfigError
 from shared.gguf_fields import is_gguf, read_fields
 
 # the GGUF block formats the CPU backend keeps as they are (loader/gguf_blocks.py)
@@ -79,7 +79,7 @@ def pick_for_host(args, config, model_path: str, deterministic: bool, kernels: s
 def _dtype(asked: str) -> Choice:
     if asked != "auto":
         return Choice(asked, "asked for")
-    return Choice("float32", "every CPU: the fast path computes what --deterministic computes, its sums in "
+    return Choice(CPU_AUTO_DTYPE, "every CPU: the fast path computes what --deterministic computes, its sums in "
                              "another order; bfloat16 rows changed 14 of 20 greedy answers (--dtype bfloat16)")
 
 

@@ -18,17 +18,55 @@ def configure(service: str) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _Service(service),  # on every thread's records (a context variable is not seen by new threads)
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.format_exc_info,  # log.exception(...): the traceback, in the JSON line
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=LineLoggerFactory(sys.stderr.fileno()),
         cache_logger_on_first_use=True,
     )
-    structlog.contextvars.bind_contextvars(service=service)
     _configured = True
+
+
+class _Service:
+    def __init__(self, service: str):
+        self.service = service
+
+    def __call__(self, _logger, _name, event: dict) -> dict:
+        event.setdefault("service", self.service)
+        return event
+
+
+class LineLogger:
+    """Each record one write(2) of its whole line: print() writes the text and its newline apart, so
+    two threads (a worker's bus and model threads) or two processes on one stdout could merge lines.
+    A pipe takes a write of up to PIPE_BUF (4 KiB) whole, whoever else writes to it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def msg(self, message: str) -> None:
+        data = (message + "\n").encode("utf-8", "replace")
+        while data:
+            try:
+                data = data[os.write(self.fd, data):]
+            except InterruptedError:
+                continue
+            except OSError:  # the reader is gone: a log line is not worth dying for
+                return
+
+    log = debug = info = warn = warning = error = critical = exception = failure = fatal = msg
+
+
+class LineLoggerFactory:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __call__(self, *args) -> LineLogger:
+        return LineLogger(self.fd)
 
 
 def get_logger(name: str):

@@ -8,10 +8,10 @@ compose generate them; docs/configuration.md lists who may do what.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
-import sys
 from pathlib import Path
 
 from shared import subjects
@@ -129,6 +129,16 @@ def user_of(service: str) -> str:
     return next((user for user in ("worker", "scheduler", "api") if service.startswith(user)), service)
 
 
-if __name__ == "__main__":  # compose's init step: python -m shared.nats_auth /auth (kept if already there)
-    folder = Path(sys.argv[1])
+def main(argv: list[str] | None = None) -> None:
+    """compose's init step and deploy/k8s's first: `python -m shared.nats_auth FOLDER` writes the bus's
+    users there (kept if already there) and prints its nats-server config file."""
+    parser = argparse.ArgumentParser(prog="python -m shared.nats_auth", allow_abbrev=False,
+                                     description="Write one NATS user per service, with its subjects, into FOLDER "
+                                                 "(nats-users.json and nats-auth.conf); an existing one is kept.")
+    parser.add_argument("folder", help="where the users go (made if missing)")
+    folder = Path(parser.parse_args(argv).folder)
     print(folder / CONF_FILE if (folder / USERS_FILE).exists() else write(folder))
+
+
+if __name__ == "__main__":
+    main()

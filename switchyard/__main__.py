@@ -24,6 +24,8 @@ def main() -> None:
         from services.worker.backends.torch_cpu.kernels import build
 
         build.main(argv)
+    elif command in ("-h", "--help", "help"):
+        print(USAGE)
     else:
         sys.exit(USAGE)
 

@@ -84,3 +84,16 @@ def test_the_launcher_prints_each_choice_with_its_reason():
     assert engine_defaults_lines(["--device", "qaic"]) == []
     refused = engine_defaults_lines(["--deterministic", "--dtype", "bfloat16"])
     assert len(refused) == 1 and "refuse" in refused[0]
+
+
+def test_the_dtype_flags_help_says_what_auto_picks():
+    """The help, the launcher's line and the worker's pick come from one place (shared/config.py)."""
+    import argparse
+
+    from shared.config import add_worker_args
+
+    parser = argparse.ArgumentParser()
+    add_worker_args(parser)
+    text = " ".join(next(a for a in parser._actions if a.dest == "dtype").help.split())
+    assert f"auto: {pick(Q4_1_FILE, kernels=None).dtype.value} on the cpu backend, on every CPU" in text
+    assert "AMX" not in text and "bfloat16 where" not in text

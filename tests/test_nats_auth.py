@@ -131,3 +131,21 @@ def test_distinct_names_stay_distinct_tokens():
     assert len(set(tokens)) == len(names)
     assert all("." not in t and " " not in t and "*" not in t and ">" not in t for t in tokens)
     assert subjects.token("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_the_users_command_takes_help_and_refuses_a_flag_for_a_folder(tmp_path):
+    """`--help` once made a folder named `--help` and wrote the bus's passwords into it."""
+    import subprocess
+    import sys
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "shared.nats_auth", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+
+    shown = run("--help")
+    assert shown.returncode == 0 and "usage: python -m shared.nats_auth" in shown.stdout
+    refused = run("--users")
+    assert refused.returncode == 2 and "error" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+    made = run("auth")
+    assert made.returncode == 0 and (tmp_path / "auth" / "nats-users.json").exists()
