@@ -129,3 +129,39 @@ async def test_a_request_on_an_adapter_goes_to_the_worker_already_running_it(two
     assert [e async for e in entries][-1].finish_reason == FinishReason.LENGTH
     await bus.stop()
     await nc.close()
+
+
+async def test_a_worker_back_after_it_was_declared_gone_drops_what_moved_away_and_drains_at_once(
+        two_worker_stack, model_name):
+    """Paused past its 5 s of silence, a worker's requests move to the other; when it runs again it
+    rejoins as a new pool, whose first Step makes it forget them, so a SIGTERM then stops it at once
+    (before, its drain waited the 30 s grace for sequences it no longer served)."""
+    import signal
+    import time
+
+    nc = await nats.connect(two_worker_stack.admin_url)
+    bus = BusClient(nc)
+    await bus.start()
+    try:
+        stream = await bus.submit(model_name, [7000 + i for i in range(20)],
+                                  SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
+        reader = stream.entries(timeout=120)
+        await reader.__anext__()
+        victim = two_worker_stack.service(stream.worker_id)
+        victim.proc.send_signal(signal.SIGSTOP)
+        while (await scheduler_stats(nc, model_name)).num_workers != 1:
+            await asyncio.sleep(0.1)
+        victim.proc.send_signal(signal.SIGCONT)
+        while (await scheduler_stats(nc, model_name)).num_workers != 2:  # rejoined
+            await asyncio.sleep(0.1)
+        stopping = time.monotonic()
+        victim.proc.send_signal(signal.SIGTERM)
+        victim.proc.wait(timeout=25)
+        assert time.monotonic() - stopping < 10
+        assert [e async for e in reader][-1].finish_reason == FinishReason.LENGTH  # finished on the other
+    finally:
+        await bus.stop()
+        if victim.proc.poll() is not None:
+            victim.start(two_worker_stack._env(victim.name))
+        await _wait_for_workers(two_worker_stack.admin_url, model_name, 2)
+        await nc.close()

@@ -148,6 +148,12 @@ class PoolLoop:
 
     async def _loop(self) -> None:
         await self.publish_snapshot()
+        if not self.scheduler.has_work:  # a worker back after it was declared gone drops what it held now
+            try:
+                await self._step(Step(step_id=0))
+            except WorkerGone as exc:
+                await self._fail_over(str(exc))
+                return
         while self.is_alive:
             if self._park_asked:
                 await self._park()
