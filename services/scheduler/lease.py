@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from nats.aio.client import Client
 from nats.js.api import StorageType
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from shared.bus import replicas
 from shared.log import get_logger
@@ -29,6 +29,9 @@ LEASES_BUCKET = "sy-leases"
 LEASE_S = 10.0
 RENEW_S = 2.0
 TRY_S = 0.25  # a standby asks this often
+# a standby that first saw the lease held less than LEASE_S ago (the dead leader, just restarted by its
+# supervisor) waits this much longer once the key is gone, so the one that stood by longest leads
+YOUNG_DEFER_S = 1.0
 DEPOSED_EXIT = 3  # the exit status of a leader that lost its lease (its supervisor starts it again, as a standby)
 
 
@@ -59,23 +62,33 @@ class Lease:
         return self._kv
 
     async def acquire(self) -> int:
-        """Wait until we lead (as a standby meanwhile); returns the fencing token."""
-        announced = False
+        """Wait until we lead (as a standby meanwhile); returns the fencing token. The standby that
+        has waited longest goes first: a young one (the dead leader restarted) defers to it."""
+        loop = asyncio.get_running_loop()
+        held_since: float | None = None  # when we first found the key held by another
         while True:
             try:
                 kv = await self._bucket()
+                if held_since is not None and loop.time() - held_since < LEASE_S and not await self._is_held(kv):
+                    await asyncio.sleep(YOUNG_DEFER_S)  # gone: an older standby has this long to take it
                 self._revision = self.token = await kv.create(self.key, self.holder.encode())
                 break
             except KeyWrongLastSequenceError:
-                if not announced:
+                if held_since is None:
+                    held_since = loop.time()
                     log.info("scheduler_standby", lease=self.key, holder=self.holder)
-                    announced = True
             except Exception as exc:  # the bus or JetStream not there yet: a standby waits either way
                 log.warning("lease_unavailable", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(TRY_S)
         log.info("lease_acquired", lease=self.key, holder=self.holder, token=self.token)
         self._renewing = asyncio.get_running_loop().create_task(self._renew())
         return self.token
+
+    async def _is_held(self, kv) -> bool:
+        try:
+            return (await kv.get(self.key)) is not None
+        except KeyNotFoundError:
+            return False
 
     async def _renew(self) -> None:
         """Keep the key ours; a renewal that fails for as long as the lease lasts deposes us."""
