@@ -143,3 +143,54 @@ def test_keda_scales_the_workers_on_a_metric_the_gateway_exports(rendered):
     assert "vllm:num_requests_waiting" in {name for _, name, _, _ in _ENGINE_SERIES}
     model = _env(rendered, rendered[("Deployment", "api")]["spec"]["template"]["spec"]["containers"][0])["SY_MODEL"]
     assert f'model_name="{model}"' in trigger["metadata"]["query"]
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """The base with the optional monitoring component, as an overlay of a user's would add it."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (`make test` installs Debian's kubernetes-client)")
+    root = tmp_path_factory.mktemp("k8s-monitored")
+    shutil.copytree(BASE.parent, root / "k8s")
+    subprocess.run([sys.executable, "-m", "shared.nats_auth", str(root / "k8s" / "base" / "auth")], check=True,
+                   capture_output=True)
+    overlay = root / "k8s" / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text("resources: [../base]\ncomponents: [../components/monitoring]\n")
+    out = subprocess.run([kubectl, "kustomize", str(overlay)], check=True, capture_output=True, text=True).stdout
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(out) if doc}
+
+
+def test_prometheus_scrapes_the_gateways_metrics_route(rendered, monitored):
+    """KEDA's query needs a Prometheus that scrapes the gateways: by annotation, or by the PodMonitor."""
+    pod = rendered[("Deployment", "api")]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    notes = pod["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics"
+    assert int(notes["prometheus.io/port"]) in {p["containerPort"] for p in container["ports"]}
+    assert "/metrics" in {route.path for route in router.routes}
+    monitor = monitored[("PodMonitor", "api")]
+    labels = monitored[("Deployment", "api")]["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["port"] in {p["name"] for p in container["ports"]}
+
+
+def test_the_dashboard_reads_only_metrics_the_gateway_exports(monitored, stack, openai_client, model_name):
+    """Every series the Grafana dashboard queries is on a real gateway's /metrics (once it served)."""
+    import re
+    import urllib.request
+
+    openai_client.completions.create(model=model_name, prompt="Hi", max_tokens=3)
+
+    board = monitored[("ConfigMap", "switchyard-dashboard")]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(board["data"]["switchyard.json"])
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queried = {m for e in exprs for m in re.findall(r"\b((?:vllm:|switchyard_)[a-z0-9_:]+)", e)}
+    with urllib.request.urlopen(stack.base_url + "/metrics", timeout=30) as resp:
+        exported = {line.split("{")[0].split(" ")[0] for line in resp.read().decode().splitlines()
+                    if line and not line.startswith("#")}
+    assert len(queried) >= 10
+    assert queried <= exported, queried - exported
