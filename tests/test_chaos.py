@@ -37,6 +37,7 @@ def chaos_stack(tmp_path_factory):
     yield stack
     stack.stop()
     assert stack.leftovers() == [], "processes outlived the stack"
+    assert stack.lost_tasks() == [], "a task failed and nobody saw it"
 
 
 async def _admin(chaos_stack) -> nats.aio.client.Client:

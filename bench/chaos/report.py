@@ -62,6 +62,8 @@ def _leaks(result: ChaosResult) -> list[str]:
         leaks.append(f"{result.num_running_after} requests running and {result.num_waiting_after} waiting after the load")
     if result.kv_usage_after:
         leaks.append(f"KV usage {result.kv_usage_after:.3f} after the load (every block should be free)")
+    if result.lost_tasks:
+        leaks.append(f"a task failed unseen (\"never retrieved\") in {result.lost_tasks}")
     if result.leftover_pids:
         leaks.append(f"processes left after the stack stopped: {result.leftover_pids}")
     for name, before in result.census_before.items():

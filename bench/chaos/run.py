@@ -29,6 +29,7 @@ class ChaosResult:
     leftover_pids: list[int]
     squeeze_answers: list[tuple[int, int]] = field(default_factory=list)
     schedule: list[tuple[float, str]] = field(default_factory=list)
+    lost_tasks: list[str] = field(default_factory=list)  # logs with "Task exception was never retrieved"
 
 
 def make_adapters(folder: Path, model_path: str) -> dict[str, str]:
@@ -69,6 +70,7 @@ def run_chaos(log_dir: Path, minutes: float, seed: int = 0, fixed: bool = False,
     finally:
         stack.stop()
     result.leftover_pids = stack.leftovers()
+    result.lost_tasks = stack.lost_tasks()
     return result
 
 

@@ -94,6 +94,11 @@ class ChaosStack:
         """The stack's processes (its services, NATS nodes and what they started) alive after stop."""
         return [pid for pid in self._started if _alive(pid)]
 
+    def lost_tasks(self) -> list[str]:
+        """Services' logs that say a task failed unseen ("Task exception was never retrieved"): a
+        request or a loop dropped on the floor, often at shutdown."""
+        return [p.name for p in sorted(self.log_dir.glob("*.log")) if "never retrieved" in p.read_text(errors="replace")]
+
     def _processes(self) -> list[int]:
         roots = [s.proc.pid for s in self.stack.services if s.proc is not None] + [
             n.proc.pid for n in self.stack.nats.nodes if n.proc is not None]
