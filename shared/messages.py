@@ -110,6 +110,8 @@ class SamplingParams(msgspec.Struct, frozen=True):
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = {}
     logprobs: int | None = None  # top alternatives per sampled token (0 = the sampled token's only)
+    # vLLM's logprob_token_ids: these tokens' logprobs (and the sampled one's) in place of the top ones
+    logprob_token_ids: list[int] = []
     prompt_logprobs: int | None = None  # the same for every prompt token; skips the prefix cache
     guided: Guided | None = None
     allowed_token_ids: list[int] = []  # when set, every other token is masked
@@ -146,6 +148,7 @@ class Submit(msgspec.Struct, tag="submit"):
     # the output it already streamed, under a scheduler that was lost (BusClient resumes it with a
     # standby that took the lease): recomputed with the prompt, its stream going on at their offset
     resume_token_ids: list[int] = []
+    probe: bool = False  # a readiness probe's: served as any request, left out of the engine's metrics
 
 
 class Accepted(msgspec.Struct, tag="accepted"):
@@ -366,6 +369,34 @@ class SleepState(msgspec.Struct, tag="sleep_state"):
     error: str | None = None  # the order could not be carried out (a worker refused or did not answer)
 
 
+class HistogramCounts(msgspec.Struct):
+    """A histogram as Prometheus keeps one: cumulative counts at each upper bound, their sum and count."""
+
+    bounds: list[float]
+    counts: list[int]
+    sum: float = 0.0
+    count: int = 0
+
+    @classmethod
+    def empty(cls, bounds: tuple[float, ...]) -> HistogramCounts:
+        return cls(bounds=list(bounds), counts=[0] * len(bounds))
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, bound in enumerate(self.bounds):
+            self.counts[i] += value <= bound
+
+    @classmethod
+    def total(cls, parts: list[HistogramCounts], bounds: tuple[float, ...]) -> HistogramCounts:
+        out = cls.empty(bounds)
+        for part in parts:
+            out.counts = [a + b for a, b in zip(out.counts, part.counts, strict=True)]
+            out.sum += part.sum
+            out.count += part.count
+        return out
+
+
 class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     model: str
     num_workers: int
@@ -386,10 +417,13 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     kv_cache_dtype: str = ""
     num_blocks: int = 0
     enable_prefix_caching: bool = True
-    # tokens per model iteration (vLLM's iteration_tokens_total): cumulative counts per bucket
-    iteration_tokens_buckets: list[int] = []
-    iteration_tokens_sum: int = 0
-    iteration_tokens_count: int = 0
+    # vLLM's histograms the engine observes: tokens per model iteration, preemptions per finished request
+    iteration_tokens: HistogramCounts | None = None
+    request_num_preemptions: HistogramCounts | None = None
+    # vLLM's num_requests_waiting_by_reason: of the waiting, those held by a transient constraint
+    # (no worker of the model, a LoRA slot) rather than by the batch's capacity
+    num_waiting_deferred: int = 0
+    num_admission_rejections: int = 0  # Submits refused for a full queue (--max-waiting)
     devices: list[str] = []  # what the model's workers run on (their hellos' device)
     architectures: list[str] = []  # what the model's workers loaded (their hellos' architecture)
     embedding: EmbeddingSpec | None = None  # as its workers announce it
@@ -404,6 +438,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)  # vLLM's
 
 
 # ---- encoding ------------------------------------------------------------------------------

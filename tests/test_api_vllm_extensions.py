@@ -129,9 +129,38 @@ def test_vllms_request_and_engine_series(stack, model_name):
     for phase in ("inference", "prefill", "decode"):
         assert delta[f"vllm:request_{phase}_time_seconds_count"] == 2
     assert delta["vllm:iteration_tokens_total_count"] >= 3  # a prefill, then decode iterations
-    assert delta["vllm:iteration_tokens_total_sum"] >= 2 * 3 + 2  # both prompts, both choices' tokens
+    assert delta["vllm:iteration_tokens_total_sum"] == 2 * (3 + 3)  # each choice: its prompt and its tokens
     (info,) = re.findall(r'^vllm:cache_config_info\{([^}]*)\} 1\.0$', after, re.M)
     assert 'block_size="16"' in info and 'enable_prefix_caching="True"' in info and 'num_gpu_blocks="' in info
+
+
+def test_engine_series_count_as_vllms_test_metrics_counts_does(stack, model_name, hf_tokenizer):
+    """vLLM's test_metrics_counts: 10 completions of a 9-token prompt, 10 tokens each, one at a time;
+    the readiness probes the stack answered meanwhile are in none of the engine's series."""
+    names = ("vllm:iteration_tokens_total_sum", "vllm:iteration_tokens_total_count",
+             "vllm:request_num_preemptions_count", "vllm:prefix_cache_queries_total")
+    prompt_ids = hf_tokenizer.encode("Hello my name is Robert and I love magic")
+    before = httpx.get(f"{stack.base_url}/metrics").text
+    for _ in range(10):
+        httpx.get(f"{stack.base_url}/ready", timeout=60).raise_for_status()  # a probe: one token, uncounted
+        reply = httpx.post(f"{stack.base_url}/v1/completions", timeout=60, json={
+            "model": model_name, "prompt": prompt_ids, "max_tokens": 10, "ignore_eos": True})
+        assert reply.json()["usage"]["completion_tokens"] == 10
+    after = httpx.get(f"{stack.base_url}/metrics").text
+    delta = {n: _series(after, n, model_name) - _series(before, n, model_name) for n in names}
+    assert delta["vllm:iteration_tokens_total_sum"] == 10 * (len(prompt_ids) + 10)
+    assert delta["vllm:iteration_tokens_total_count"] == 10 * 10
+    assert delta["vllm:request_num_preemptions_count"] == 10
+    assert delta["vllm:prefix_cache_queries_total"] == 10 * len(prompt_ids)
+    for reason in ("capacity", "deferred"):
+        assert re.search(rf'^vllm:num_requests_waiting_by_reason\{{model_name="{model_name}",reason="{reason}"\}} 0\.0$',
+                         after, re.M)
+    for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+        assert f'vllm:admission_rejections_total{{model_name="{model_name}",reason="{reason}"}} ' in after
+    (info,) = re.findall(r'^vllm:cache_config_info\{([^}]*)\} 1\.0$', after, re.M)
+    blocks, size = re.search(r'num_gpu_blocks="(\d+)"', info)[1], re.search(r'kv_cache_size_tokens="(\d+)"', info)[1]
+    assert int(size) == 16 * int(blocks)
+    assert float(re.search(r'kv_cache_max_concurrency="([\d.]+)"', info)[1]) > 0
 
 
 def test_continue_final_message_leaves_the_last_turn_open(stack, openai_client, model_name, hf_tokenizer):
@@ -170,3 +199,47 @@ def test_prompt_logprobs_in_vllms_shape(stack, model_name, hf_tokenizer):
     streamed = httpx.post(f"{stack.base_url}/v1/completions", timeout=60, json={**body, "prompt_logprobs": 1,
                                                                                    "stream": True})
     assert streamed.status_code == 400 and "not available when streaming" in streamed.text
+
+
+@pytest.mark.parametrize(("requested", "sampled"), [([5000], 42), ([100, 1000, 5000], 42), ([100, 1000, 5000], 5000)])
+def test_logprob_token_ids_give_those_tokens_and_the_sampled_one(openai_client, model_name, requested, sampled):
+    """vLLM's test_logprob_token_ids: the named tokens' logprobs (finite, though allowed_token_ids
+    masks them from sampling: logprobs are the model's own) and the sampled token's, each once."""
+    reply = openai_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0,
+        logprobs=True, top_logprobs=3, extra_body={"logprob_token_ids": requested, "allowed_token_ids": [sampled],
+                                                   "return_tokens_as_token_ids": True})
+    (first,) = reply.choices[0].logprobs.content
+    assert first.token == f"token_id:{sampled}"
+    ids = [int(e.token.removeprefix("token_id:")) for e in first.top_logprobs]
+    assert sorted(ids) == sorted({*requested, sampled})
+    assert all(-1e4 < e.logprob <= 0.0 for e in first.top_logprobs)
+    assert next(e.logprob for e in first.top_logprobs if e.token == first.token) == first.logprob
+
+
+def test_logprob_token_ids_streamed_and_in_completions(openai_client, model_name):
+    stream = openai_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0,
+        logprobs=True, stream=True, extra_body={"logprob_token_ids": [5000], "allowed_token_ids": [42],
+                                                "return_tokens_as_token_ids": True})
+    streamed = [int(e.token.removeprefix("token_id:")) for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for content in chunk.choices[0].logprobs.content for e in content.top_logprobs]
+    assert sorted(streamed) == [42, 5000]
+    completion = openai_client.completions.create(model=model_name, prompt="Hello", max_tokens=2, temperature=0,
+                                                  logprobs=5, extra_body={"logprob_token_ids": [7, 9],
+                                                                          "return_tokens_as_token_ids": True})
+    logprobs = completion.choices[0].logprobs
+    for token, top in zip(logprobs.tokens, logprobs.top_logprobs, strict=True):  # the chosen first, then the named
+        assert list(top)[0] == token and set(top) == {token, "token_id:7", "token_id:9"}
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"logprob_token_ids": [5]}, "`logprobs` must be set"),
+    ({"logprob_token_ids": [10**6], "logprobs": 1}, "logprob_token_ids"),
+    ({"logprob_token_ids": list(range(129)), "logprobs": 1}, "logprob_token_ids"),
+    ({"logprob_token_ids": [5], "logprobs": 1, "use_beam_search": True, "n": 2}, "logprob_token_ids"),
+])
+def test_logprob_token_ids_refused_with_the_reason(stack, model_name, extra, message):
+    reply = httpx.post(f"{stack.base_url}/v1/completions", timeout=60,
+                       json={"model": model_name, "prompt": "Hi", "max_tokens": 1, **extra})
+    assert reply.status_code == 400 and message in reply.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from services.worker.logits_processors import SampleRow, apply_logits_processors
@@ -81,3 +82,14 @@ def test_logprobs_are_the_models_raw_distribution():
     assert [round(v, 5) for v in lp.top_logprobs] == [round(expected[1].item(), 5), round(expected[2].item(), 5)]
     _, none = sample(LOGITS.clone(), [row(SamplingParams(temperature=0.0))])
     assert none == [None]
+
+
+def test_logprob_token_ids_are_the_named_tokens_and_the_chosen_once():
+    expected = LOGITS[0].log_softmax(-1)
+    named = SamplingParams(temperature=0.0, logprobs=2, logprob_token_ids=[4, 3, 4], allowed_token_ids=[1])
+    ids, logprobs = sample(LOGITS.clone(), [row(named)])
+    assert ids == [1]
+    assert logprobs[0].top_ids == [4, 3, 1]  # each once, the chosen after the named, no top-k
+    assert logprobs[0].top_logprobs == pytest.approx([expected[i].item() for i in (4, 3, 1)])
+    inside = SamplingParams(temperature=0.0, logprobs=0, logprob_token_ids=[1, 4], allowed_token_ids=[1])
+    assert sample(LOGITS.clone(), [row(inside)])[1][0].top_ids == [1, 4]

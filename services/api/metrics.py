@@ -28,8 +28,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from shared import subjects
 from shared.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
 from shared.messages import (
-    ITERATION_TOKEN_BUCKETS,
     SCHEDULER_STATS_DECODER,
+    HistogramCounts,
     SchedulerStats,
     SchedulerStatsRequest,
     encode,
@@ -161,23 +161,42 @@ def engine_families(stats: dict[str, SchedulerStats]) -> list:
             sleep.add_metric([model, state], float(s.sleep_level == level))
     families.append(sleep)
     cache = GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration.",
-                              labels=["model_name", "block_size", "cache_dtype", "num_gpu_blocks", "enable_prefix_caching"])
+                              labels=["model_name", "block_size", "cache_dtype", "num_gpu_blocks", "enable_prefix_caching",
+                                      "kv_cache_size_tokens", "kv_cache_max_concurrency"])
     iteration = HistogramMetricFamily("vllm:iteration_tokens_total", "Tokens per model iteration.",
                                       labels=["model_name"])
+    preemptions = HistogramMetricFamily("vllm:request_num_preemptions", "Preemptions of each finished request.",
+                                        labels=["model_name"])
+    waiting = GaugeMetricFamily("vllm:num_requests_waiting_by_reason",
+                                "Waiting requests by reason: capacity (the batch is full) or deferred (held by a "
+                                "passing constraint: no worker of the model, a LoRA slot).",
+                                labels=["model_name", "reason"])
+    rejected = CounterMetricFamily("vllm:admission_rejections", "Requests refused by a queue limit, by reason.",
+                                   labels=["model_name", "reason"])
     for model, s in stats.items():
         if s.num_workers:
+            size_tokens = s.num_blocks * s.block_size  # a model's pools together, as num_gpu_blocks
+            concurrency = size_tokens / s.max_model_len if s.max_model_len else 0.0
             cache.add_metric([model, str(s.block_size), s.kv_cache_dtype, str(s.num_blocks),
-                              str(s.enable_prefix_caching)], 1)
-        if s.iteration_tokens_buckets:
-            buckets = [(str(le), n) for le, n in zip(ITERATION_TOKEN_BUCKETS, s.iteration_tokens_buckets, strict=True)]
-            iteration.add_metric([model], buckets + [("+Inf", s.iteration_tokens_count)],
-                                 sum_value=s.iteration_tokens_sum)
+                              str(s.enable_prefix_caching), str(size_tokens), f"{concurrency:.2f}"], 1)
+        _add_histogram(iteration, model, s.iteration_tokens)
+        _add_histogram(preemptions, model, s.request_num_preemptions)
+        waiting.add_metric([model, "capacity"], s.num_waiting - s.num_waiting_deferred)
+        waiting.add_metric([model, "deferred"], s.num_waiting_deferred)
+        rejected.add_metric([model, "max_num_queued_reqs"], s.num_admission_rejections)  # --max-waiting
+        rejected.add_metric([model, "max_num_queued_tokens"], 0)  # no token bound on the queue here
     lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on LoRA requests (the value: when taken).",
                              labels=["model_name", "max_lora", "waiting_lora_adapters", "running_lora_adapters"])
     for model, s in stats.items():
         if s.max_loras:  # vLLM's labels: the adapters' names, comma-separated
             lora.add_metric([model, str(s.max_loras), ",".join(s.waiting_loras), ",".join(s.running_loras)], time.time())
-    return families + [cache, iteration, lora]
+    return families + [cache, iteration, preemptions, waiting, rejected, lora]
+
+
+def _add_histogram(family: HistogramMetricFamily, model: str, counts: HistogramCounts | None) -> None:
+    if counts is not None:
+        buckets = [(f"{float(le)}", n) for le, n in zip(counts.bounds, counts.counts, strict=True)]
+        family.add_metric([model], buckets + [("+Inf", counts.count)], sum_value=counts.sum)
 
 
 def _token_buckets() -> tuple[int, ...]:

@@ -56,7 +56,7 @@ class Readiness:
         sampling = SamplingParams(max_tokens=1, temperature=0.0, pooling=Pooling() if model.embedding else None)
         try:
             stream = await ctx.bus.submit(model.engine, prompt, sampling, deadline=time.time() + self.timeout_s,
-                                          timeout=self.timeout_s)
+                                          timeout=self.timeout_s, probe=True)
         except (EngineUnavailable, SubmitRejected) as exc:
             return ModelReadiness(False, time.monotonic() - started, str(exc))
         try:

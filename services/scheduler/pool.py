@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.lease import deposed
 from services.scheduler.reply import publish_error
@@ -30,7 +30,6 @@ from shared.liveness import Heartbeats
 from shared.log import get_logger
 from shared.lora import LORA_STATE_DECODER, LoraOrder, LoraState
 from shared.messages import (
-    ITERATION_TOKEN_BUCKETS,
     SLEEP_STATE_DECODER,
     STEP_RESULT_DECODER,
     Sleep,
@@ -92,9 +91,7 @@ class PoolLoop:
         self.steps_run = 0
         self.step_seconds = 0.0  # round trips, summed
         self.forward_seconds = 0.0  # of which the worker spent in the step
-        self.iteration_tokens = [0] * len(ITERATION_TOKEN_BUCKETS)  # cumulative, per bucket
-        self.iteration_tokens_sum = 0
-        self.iteration_tokens_count = 0
+        self.metrics = EngineMetrics()
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -175,8 +172,10 @@ class PoolLoop:
             if result.error:
                 await self._fail_step(plan.num_new_tokens, result.error)
             else:
-                self._count_iterations(plan.num_new_tokens, result)
+                rows = [r for rid in plan.num_new_tokens if (r := self.scheduler.requests.get(rid)) is not None]
+                self.metrics.observe_step(rows, result)
                 for done in self.scheduler.update(plan, result):
+                    self.metrics.observe_finished(done.request)
                     if done.error is not None:
                         log.error("request_failed", request_id=done.request.request_id, error=done.error)
                         await publish_error(self.nc, done.request, f"engine error: {done.error}")
@@ -270,17 +269,6 @@ class PoolLoop:
     def _outages(self) -> tuple[int, int]:
         """Our connection's reconnects and the worker's, as its heartbeat last said."""
         return self.nc.stats["reconnects"], self.worker_bus_epoch
-
-    def _count_iterations(self, num_new_tokens: dict[str, int], result: StepResult) -> None:
-        """Tokens per model iteration: the Step's first, then (multi-step) one per row still running."""
-        per_row = Counter(s.request_id for s in result.sampled)
-        tokens = [sum(num_new_tokens.values())]
-        tokens += [sum(1 for n in per_row.values() if n > i) for i in range(1, max(per_row.values(), default=1))]
-        for num in tokens:
-            self.iteration_tokens_sum += num
-            self.iteration_tokens_count += 1
-            for b, bound in enumerate(ITERATION_TOKEN_BUCKETS):
-                self.iteration_tokens[b] += num <= bound
 
     async def _fail_step(self, request_ids, error: str) -> None:
         log.error("step_error", worker_id=self.worker_id, error=error)

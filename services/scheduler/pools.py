@@ -123,6 +123,12 @@ class WorkerPools:
         return len(self.held) + sum(len(p.scheduler.waiting) for p in self.alive)
 
     @property
+    def num_deferred(self) -> int:
+        """Of the waiting, those kept by a passing constraint rather than the batch's capacity:
+        held for a worker of the model, or an adapter's request without a LoRA slot."""
+        return len(self.held) + sum(not p.scheduler.has_lora_slot(r) for p in self.alive for r in p.scheduler.waiting)
+
+    @property
     def max_model_len(self) -> int:
         """The longest any of its workers takes (worker_mismatch keeps workers of one kind agreeing
         on it; slots workers may take less, and get only the requests that fit them)."""

@@ -43,6 +43,7 @@ class Request:
     priority: int = 0  # lower is served first
     lora: str | None = None  # the LoRA adapter it runs on (its name, also in its block 0's hash)
     lora_digest: str = ""  # what that adapter computes (its files' digest, as its workers announced it)
+    is_probe: bool = False  # a readiness probe: left out of the engine's metrics
 
     @classmethod
     def from_submit(cls, submit: Submit) -> Request:
@@ -55,7 +56,7 @@ class Request:
                    sampling=sampling, reply_to=submit.reply_to,
                    cache_salt=submit.cache_salt, deadline=submit.deadline,
                    client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority,
-                   lora=submit.lora, output_token_ids=list(submit.resume_token_ids))
+                   lora=submit.lora, output_token_ids=list(submit.resume_token_ids), is_probe=submit.probe)
 
     def migrate(self, counted: bool = True) -> None:
         """Its worker died: start over elsewhere from prompt + the outputs so far (recomputed, as

@@ -150,7 +150,7 @@ class Scheduler:
                and self.can_run_more() and self._is_batch_open()
                and (focus is None or self.waiting[0].priority <= focus)):
             request = self.waiting[0]
-            if not self._has_lora_slot(request):
+            if not self.has_lora_slot(request):
                 break
             hits = self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.kv.block_size
@@ -164,12 +164,13 @@ class Scheduler:
             if request.num_preemptions == 0:
                 request.num_cached_tokens = num_computed
                 request.first_scheduled_at = time.time()
-                self.kv.record_admission(request.num_tokens, num_computed)
+                if not request.is_probe:
+                    self.kv.record_admission(request.num_tokens, num_computed)
             self._emit(out, request, num_new, [])
             budget -= num_new
         return budget
 
-    def _has_lora_slot(self, request: Request) -> bool:
+    def has_lora_slot(self, request: Request) -> bool:
         """A request on an adapter joins while the running batch mixes fewer than max_loras others."""
         if request.lora is None:
             return True

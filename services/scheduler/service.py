@@ -74,6 +74,7 @@ class SchedulerService:
         self._sleep_lock = asyncio.Lock()
         self.num_deadline_exceeded = 0
         self.num_migrations = 0  # requests moved off a dead worker
+        self.num_admission_rejections = 0  # Submits refused for a full queue
 
     async def start(self) -> None:
         add = self.endpoints.add
@@ -152,6 +153,7 @@ class SchedulerService:
             return reject(RejectCode.INVALID, too_long)
         num_waiting = self.num_requests - self.num_running
         if self.num_requests >= self.config.max_concurrent_batch_size + self.config.max_waiting:
+            self.num_admission_rejections += 1
             return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full "
                           f"({self.num_running} running, {num_waiting} waiting)")
         if submit.lora is not None and not (pools := self.loras.pools_for(submit.lora, pools)):
@@ -339,6 +341,7 @@ class SchedulerService:
         await msg.respond(encode(scheduler_stats(
             self.model, self.pools, self.config, is_draining=self.is_draining,
             num_deadline_exceeded=self.num_deadline_exceeded, num_migrations=self.num_migrations,
+            num_admission_rejections=self.num_admission_rejections,
             is_sleeping=self.is_sleeping, sleep_level=self.sleep_level, loras=self.served_loras)))
 
     @property

@@ -5,11 +5,16 @@ from __future__ import annotations
 from services.scheduler.pools import WorkerPools
 from shared.config import EngineConfig
 from shared.lora import LoraInfo
-from shared.messages import SchedulerStats
+from shared.messages import (
+    ITERATION_TOKEN_BUCKETS,
+    REQUEST_NUM_PREEMPTIONS_BUCKETS,
+    HistogramCounts,
+    SchedulerStats,
+)
 
 
 def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_draining: bool,
-                    num_deadline_exceeded: int, num_migrations: int, is_sleeping: bool, sleep_level: int,
+                    num_deadline_exceeded: int, num_admission_rejections: int, num_migrations: int, is_sleeping: bool, sleep_level: int,
                     loras: list[LoraInfo]) -> SchedulerStats:
     alive, every = pools.alive, list(pools)
     kvs = [p.scheduler.kv for p in alive]
@@ -27,9 +32,10 @@ def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_
         block_size=alive[0].hello.block_size if alive else 0,
         kv_cache_dtype=alive[0].hello.kv_cache_dtype if alive else "",
         num_blocks=sum(p.hello.num_blocks for p in alive), enable_prefix_caching=config.enable_prefix_caching,
-        iteration_tokens_buckets=[sum(b) for b in zip(*(p.iteration_tokens for p in every), strict=True)],
-        iteration_tokens_sum=sum(p.iteration_tokens_sum for p in every),
-        iteration_tokens_count=sum(p.iteration_tokens_count for p in every),
+        iteration_tokens=HistogramCounts.total([p.metrics.iteration_tokens for p in every], ITERATION_TOKEN_BUCKETS),
+        request_num_preemptions=HistogramCounts.total([p.metrics.request_num_preemptions for p in every],
+                                                      REQUEST_NUM_PREEMPTIONS_BUCKETS),
+        num_waiting_deferred=pools.num_deferred, num_admission_rejections=num_admission_rejections,
         devices=pools.devices, architectures=pools.architectures, embedding=pools.embedding,
         num_migrations=num_migrations, is_sleeping=is_sleeping, sleep_level=sleep_level, loras=loras,
         max_loras=max((p.hello.max_loras for p in alive), default=0),

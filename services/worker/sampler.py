@@ -39,11 +39,19 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, min_p: flo
     return logits
 
 
-def logprobs_of(logprobs: torch.Tensor, token_ids: list[int], num_top: int) -> list[Logprobs]:
-    """logprobs: [n, vocab] log-softmax rows; the chosen token's value and the num_top best."""
+def logprobs_of(logprobs: torch.Tensor, token_ids: list[int], num_top: int,
+                named: list[int] | None = None) -> list[Logprobs]:
+    """logprobs: [n, vocab] log-softmax rows; the chosen token's value and the num_top best, or
+    (named: vLLM's logprob_token_ids) those tokens' values and the chosen one's, each once."""
     chosen_t = logprobs.gather(1, torch.tensor(token_ids, dtype=torch.long).unsqueeze(1))
     ranks = ((logprobs > chosen_t).sum(-1) + 1).tolist()
     chosen = chosen_t.squeeze(1).tolist()
+    if named:
+        out = []
+        for row, (token_id, lp, r) in enumerate(zip(token_ids, chosen, ranks, strict=True)):
+            ids = list(dict.fromkeys([*named, token_id]))
+            out.append(Logprobs(lp, ids, logprobs[row, ids].tolist(), r))
+        return out
     if num_top <= 0:
         return [Logprobs(lp, rank=r) for lp, r in zip(chosen, ranks, strict=True)]
     top = torch.topk(logprobs, num_top, dim=-1)
@@ -69,5 +77,6 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list
         token_ids[i] = int((probs / noise).argmax())
     logprobs: list[Logprobs | None] = [None] * len(rows)
     for j, i in enumerate(wants_logprobs):
-        logprobs[i] = logprobs_of(raw_logprobs[j : j + 1], [token_ids[i]], rows[i].params.logprobs)[0]
+        p = rows[i].params
+        logprobs[i] = logprobs_of(raw_logprobs[j : j + 1], [token_ids[i]], p.logprobs, p.logprob_token_ids)[0]
     return token_ids, logprobs

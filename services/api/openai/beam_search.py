@@ -21,7 +21,7 @@ from shared.messages import SamplingParams
 
 # what a beam search takes beside n, max_tokens, temperature, seed, ignore_eos, length_penalty and
 # stream: each of these would change what one token of a beam is, which vLLM's search ignores
-NOT_WITH_BEAMS = ("stop", "stop_token_ids", "logprobs", "top_logprobs", "prompt_logprobs", "echo", "logit_bias",
+NOT_WITH_BEAMS = ("logprob_token_ids", "stop", "stop_token_ids", "logprobs", "top_logprobs", "prompt_logprobs", "echo", "logit_bias",
                   "min_tokens", "allowed_token_ids", "response_format", "guided_json", "guided_choice",
                   "guided_regex", "guided_grammar", "structured_outputs", "tools")
 

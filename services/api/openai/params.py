@@ -160,6 +160,11 @@ def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max
                                 "(--max-logprobs)", param=name)
     check_token_ids(body.stop_token_ids or [], model, "stop_token_ids")
     check_token_ids(body.allowed_token_ids or [], model, "allowed_token_ids")
+    if body.logprob_token_ids:
+        if logprobs is None:  # vLLM's words
+            raise APIError(400, "when using `logprob_token_ids`, `logprobs` must be set"
+                                + (" to true." if hasattr(body, "top_logprobs") else "."), param="logprob_token_ids")
+        check_token_ids(body.logprob_token_ids, model, "logprob_token_ids")
     if body.length_penalty != 1.0 and not body.use_beam_search:
         raise APIError(400, "length_penalty ranks beams: it needs use_beam_search", param="length_penalty")
     if body.prompt_logprobs is not None and body.stream:
@@ -174,7 +179,7 @@ def sampling_params(body: _Sampling, model: ServedModel, num_prompt: int, *, max
         min_p=body.min_p, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty, logit_bias=logit_bias(body.logit_bias, model),
         logprobs=logprobs, prompt_logprobs=prompt_logprobs, guided=guided(body),
-        allowed_token_ids=body.allowed_token_ids or [],
+        allowed_token_ids=body.allowed_token_ids or [], logprob_token_ids=body.logprob_token_ids or [],
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_N = 128  # OpenAI's own cap on choices per request
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's cap on logprob_token_ids
 
 
 class _Request(BaseModel):
@@ -70,6 +71,8 @@ class _Sampling(_Request):
     guided_grammar: str | None = None  # llguidance's Lark dialect
     structured_outputs: StructuredOutputs | None = None
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
+    # vLLM's: the logprobs of exactly these tokens (and the sampled one's), in place of the top ones
+    logprob_token_ids: list[int] | None = Field(default=None, max_length=MAX_LOGPROB_TOKEN_IDS)
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool | None = None  # vLLM: the prompt's and each choice's token ids beside the text
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # vLLM: keep k prompt tokens (-1: the context)
