@@ -219,6 +219,11 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated keys; when set, every route but /health, /ready and /live needs one")
     parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", 16 * 2**20)))
     parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", "20")))
+    parser.add_argument("--enable-per-request-metrics", action="store_true",
+                        default=os.environ.get("SY_ENABLE_PER_REQUEST_METRICS", "") not in ("", "0", "false"),
+                        help="vLLM's: a `metrics` object (time to first token, queue time, generation time, "
+                             "mean inter-token latency, tokens per second) in each completion and chat answer of "
+                             "one choice, and on a stream's final usage chunk")
     parser.add_argument("--tool-call-parser", default=os.environ.get("SY_TOOL_CALL_PARSER", "auto"),
                         choices=("auto", "hermes", "json", "mistral"),
                         help="how a model's text becomes tool calls: hermes (<tool_call>{json}</tool_call>, "

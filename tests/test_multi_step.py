@@ -18,7 +18,8 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", 
 def multi_step_stack(tmp_path_factory):
     from tests.conftest import _start_stack
 
-    s = _start_stack(tmp_path_factory, "multi-step", num_workers=1, extra_args=["--num-scheduler-steps", "4"])
+    s = _start_stack(tmp_path_factory, "multi-step", num_workers=1,
+                     extra_args=["--num-scheduler-steps", "4", "--enable-per-request-metrics"])
     yield s
     s.stop()
 
@@ -59,3 +60,28 @@ def test_multi_step_streams_what_single_step_does(multi_step_stack, stack, model
     num_steps = sum(float(line.split()[-1]) for line in metrics.splitlines()
                     if line.startswith("switchyard_scheduler_steps_total"))
     assert 0 < num_steps < max(usage for _, _, usage, _ in multi), metrics
+
+
+TIMINGS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
+
+
+def test_per_request_metrics_as_vllms_test_chat_completion_reads_them(multi_step_stack, stack, model_name):
+    """--enable-per-request-metrics (this stack's): vLLM's `metrics` object in an answer of one
+    choice, on a stream's final usage chunk only, none for n > 1; and none without the flag."""
+    import openai
+
+    client = openai.OpenAI(base_url=multi_step_stack.base_url + "/v1", api_key="unused", max_retries=0)
+    ask = {"model": model_name, "messages": [{"role": "user", "content": "Count to four."}], "temperature": 0}
+    whole = client.chat.completions.create(**ask, max_completion_tokens=4, extra_body={"min_tokens": 4})
+    metrics = whole.model_extra["metrics"]
+    assert set(metrics) == TIMINGS and all(v >= 0 for v in metrics.values()) and metrics["tokens_per_second"] > 0
+    chunks = list(client.chat.completions.create(**ask, max_completion_tokens=1, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert all("metrics" not in (c.model_extra or {}) for c in chunks[:-1])
+    assert set(chunks[-1].model_extra["metrics"]) == TIMINGS - {"mean_itl_ms"}  # one token: no gap to average
+    two = httpx.post(f"{multi_step_stack.base_url}/v1/completions", timeout=60,
+                     json={"model": model_name, "prompt": "Hi", "max_tokens": 3, "n": 2}).json()
+    assert "metrics" not in two
+    plain = httpx.post(f"{stack.base_url}/v1/completions", timeout=60,
+                       json={"model": model_name, "prompt": "Hi", "max_tokens": 3}).json()
+    assert "metrics" not in plain

@@ -62,6 +62,7 @@ class ServerState:
     request_timeout_s: float = 600.0
     max_body_bytes: int = 16 * 2**20
     api_keys: tuple[str, ...] = ()
+    per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics
     is_draining: bool = False
     num_in_flight: int = 0
     readiness: Readiness = field(default_factory=Readiness)  # /ready's last verdict (readiness.py)

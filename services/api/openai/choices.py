@@ -77,6 +77,12 @@ class Choices:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def request_metrics(self) -> dict[str, float] | None:
+        """vLLM's per-request metrics, for a request of one choice (vLLM leaves them out for n > 1)."""
+        if len(self.generations) != 1 or not isinstance(self.generations[0], Generation):
+            return None
+        return self.generations[0].request_metrics()
+
     def usage(self) -> Usage:
         """Prompt tokens count once per prompt; completion tokens add up over every choice."""
         now = time.monotonic()

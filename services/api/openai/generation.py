@@ -124,6 +124,26 @@ class Generation:
             out["first_byte"] = self.first_byte_at - self.arrival
         return out
 
+    def request_metrics(self) -> dict[str, float]:
+        """vLLM's per-request metrics (--enable-per-request-metrics), from the engine's stamps: the
+        Submit received, first scheduled (the scheduler's clock), first and last token sampled (the
+        worker's); one whose stamps are missing is left out, as vLLM leaves it null."""
+        received = self.stream.received_at if self.stream else 0.0
+        scheduled = self.arrival_wall + self.queue_time if self.queue_time is not None else 0.0
+        first, last, n = self.first_token_produced_at, self.last_token_produced_at, self.num_output_tokens
+        out = {}
+        if scheduled and first:
+            out["time_to_first_token_ms"] = (first - scheduled) * 1000
+        if first and last:
+            out["generation_time_ms"] = (last - first) * 1000
+        if received and scheduled:
+            out["queue_time_ms"] = (scheduled - received) * 1000
+        if first and last and n > 1:
+            out["mean_itl_ms"] = (last - first) / (n - 1) * 1000
+        if scheduled and last > scheduled:
+            out["tokens_per_second"] = n / (last - scheduled)
+        return {k: max(v, 0.0) for k, v in out.items()}  # stamps of two processes' clocks: never below 0
+
     async def deltas(self) -> AsyncIterator[Delta]:
         assert self.stream is not None, "submit() first"
         is_done = False

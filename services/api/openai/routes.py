@@ -162,11 +162,15 @@ async def _respond(choices: Choices, responder: Responder, body: _Sampling, requ
     await choices.submit()
     request_id = f"{'chatcmpl' if responder.is_chat else 'cmpl'}-{choices.request_id}"
     created = int(time.time())
+    with_metrics = request.app.state.ctx.server.per_request_metrics
     if body.stream:
-        stream = _sse(choices, responder, request_id, created, body.include_usage, usage_every_chunk)
+        stream = _sse(choices, responder, request_id, created, body.include_usage, usage_every_chunk, with_metrics)
         return EventStream(stream, sep="\n")
     await collect(choices, responder, request)
-    return JSONResponse(responder.response(request_id, created, choices.usage()))
+    answer = responder.response(request_id, created, choices.usage())
+    if with_metrics and (metrics := choices.request_metrics()) is not None:
+        answer["metrics"] = metrics
+    return JSONResponse(answer)
 
 
 async def collect(choices: Choices, responder: Responder, request: Request) -> None:
@@ -188,9 +192,10 @@ async def collect(choices: Choices, responder: Responder, request: Request) -> N
 
 
 async def _sse(choices: Choices, responder: Responder, request_id: str, created: int, include_usage: bool,
-               usage_every_chunk: bool):
+               usage_every_chunk: bool, with_metrics: bool = False):
     """usage_every_chunk (the pipeline routes, as the seed product does): with include_usage, every
-    chunk carries the usage so far, ttft and tps included; the final usage chunk still comes last."""
+    chunk carries the usage so far, ttft and tps included; the final usage chunk still comes last.
+    with_metrics: the final usage chunk carries vLLM's per-request metrics."""
     def data(obj: dict) -> bytes:
         if include_usage and usage_every_chunk and "choices" in obj and "usage" not in obj:
             obj["usage"] = choices.usage().as_dict()
@@ -203,7 +208,10 @@ async def _sse(choices: Choices, responder: Responder, request_id: str, created:
             for c in responder.chunks(request_id, created, index, delta):
                 yield data(c)
         if include_usage:
-            yield data(responder.usage_chunk(request_id, created, choices.usage()))
+            last = responder.usage_chunk(request_id, created, choices.usage())
+            if with_metrics and (metrics := choices.request_metrics()) is not None:
+                last["metrics"] = metrics
+            yield data(last)
     except APIError as exc:  # the stream has started: report in-band so clients raise, not hang
         yield data(exc.body())
     yield b"data: [DONE]\n\n"
