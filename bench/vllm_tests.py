@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -27,6 +28,7 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from bench.vllm_verdicts import categorize, failure_lines
 from shared.model_files import cache_root
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,19 +63,6 @@ EXTRA_PACKAGES = ("anthropic==2.14.0", "apache-tvm-ffi==0.1.15.post2", "blake3==
                   "mistral-common==1.13.1", "openai-harmony==0.0.8", "partial-json-parser==0.2.1.1.post7",
                   "pillow==13.0.0", "prometheus-fastapi-instrumentator==8.1.0", "py-cpuinfo==9.0.0",
                   "pybase64==1.5.1", "pyzmq==27.3.0", "tblib==3.2.2", "watchfiles==1.3.0", "xgrammar==0.2.8")
-# (category, words in a failure's text), first match wins; "other" is what none names
-CATEGORIES = (
-    ("LoRA (issue 36)", ("lora",)),
-    ("needs files from the Hugging Face Hub", ("huggingface", "hf_hub", "offline", "snapshot_download",
-                                               "localentrynotfound", "couldn't connect to 'https://huggingface.co'")),
-    ("needs the file's own model (answers of a larger or reasoning model)", ("assert '", 'assert "', "reasoning",
-                                                                             "expected a tool call")),
-    ("a field or route we refuse or lack", ("404", "400", "422", "not found", "unrecognized", "refused")),
-    ("vLLM's internals or test helpers", ("vllm.", "is not in switchyard's stand-in", "importerror",
-                                          "modulenotfounderror")),
-)
-
-
 def fetch_sdist(version: str, cache: Path) -> Path:
     """vLLM's source distribution from PyPI, its sha256 checked against the index's."""
     with urllib.request.urlopen("https://pypi.org/pypi/vllm/json", timeout=60) as resp:
@@ -111,69 +100,107 @@ def prepare(version: str) -> Path:
 
 
 def run_file(root: Path, name: str, results: Path, timeout_s: float) -> dict:
-    """One of vLLM's files under pytest; its cases' outcomes, and what its servers were asked for."""
-    junit, report = results / (name.replace("/", "__") + ".xml"), results / (name.replace("/", "__") + ".jsonl")
-    report.unlink(missing_ok=True)
+    """One of vLLM's files under pytest, from a clean start (no earlier run's results, no process of
+    an earlier file left); its cases' outcomes, what its servers were asked for, the requests made."""
+    stem = name.replace("/", "__")
+    junit, report, asked = (results / f"{stem}.{ext}" for ext in ("xml", "jsonl", "requests.jsonl"))
+    for stale in (junit, report, asked):
+        stale.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root.parent / "deps"), str(REPO)]),
-           "SY_REPO": str(REPO), "SY_VLLM_REPORT": str(report), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_TARGET_DEVICE": "cpu"}
+           "SY_REPO": str(REPO), "SY_VLLM_REPORT": str(report), "SY_VLLM_REQUESTS": str(asked),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
     cmd = [sys.executable, "-m", "pytest", f"tests/entrypoints/{name}", "-p", "no:cacheprovider", "-q", "-rN",
-           f"--junitxml={junit}", "-o", "junit_family=xunit1", "-o", "asyncio_default_fixture_loop_scope=function", "--timeout", "600"]
+           f"--junitxml={junit}", "-o", "junit_family=xunit1", "-o", "asyncio_default_fixture_loop_scope=function",
+           "--timeout", "600"]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        subprocess.run(cmd, cwd=root, env=env, timeout=timeout_s, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc.wait(timeout=timeout_s)
+        finished = True
     except subprocess.TimeoutExpired:
-        pass
-    cases = read_junit(junit) if junit.exists() else [{"name": name, "outcome": "error",
-                                                       "text": "the file did not finish within the time limit"}]
+        finished = False
+    left = kill_left(str(report), proc.pid)
+    if finished and junit.exists():
+        cases = read_junit(junit)
+    else:
+        cases = [{"name": name, "outcome": "error", "message": f"the file did not finish within {timeout_s:g}s",
+                  "source": "", "errors": [], "served": True}]
+    for case in cases:
+        if case["outcome"] in ("failed", "error"):
+            case["category"], case["subject"] = categorize(case["message"], case["source"], case["errors"])
     servers = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
-    return {"file": name, "cases": cases, "servers": servers}
+    made = [json.loads(line) for line in asked.read_text().splitlines()] if asked.exists() else []
+    return {"file": name, "cases": cases, "servers": servers, "requests": made, "left_running": left}
+
+
+def kill_left(marker: str, group: int) -> int:
+    """Ends the file's pytest and every process it started (stacks start their own sessions: they are
+    found by the report path in their environment); returns how many were still running."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    left = 0
+    needle = f"SY_VLLM_REPORT={marker}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                os.kill(int(environ.parent.name), signal.SIGKILL)
+                left += 1
+        except (OSError, ValueError):
+            continue
+    return left
 
 
 def read_junit(path: Path) -> list[dict]:
     cases = []
     for case in ET.parse(path).getroot().iter("testcase"):
-        outcome, text = "passed", ""
+        outcome, message, source, errors = "passed", "", "", []
         served = any(p.get("name") == "served" and p.get("value") == "True" for p in case.iter("property"))
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed"}.get(child.tag, child.tag)
-                errors = [line[1:].strip() for line in (child.text or "").splitlines() if line.startswith("E ")]
-                text = "\n".join([child.get("message") or "", *errors])  # the error, not the test's source
+                body = child.text or ""
+                errors = [line[1:].strip() for line in body.splitlines() if line.startswith("E ")]
+                source, message = body, child.get("message") or ""
         # a case that errored before its fixtures (a collection error) is counted as the stack's
-        cases.append({"name": case.get("name"), "outcome": outcome, "text": text,
-                      "served": served or not any(True for _ in case.iter("property"))})
+        cases.append({"name": case.get("name"), "outcome": outcome, "message": message, "source": source,
+                      "errors": errors, "served": served or not any(True for _ in case.iter("property"))})
     return cases
 
 
-def category(text: str) -> str:
-    lowered = text.lower()
-    for name, words in CATEGORIES:
-        if any(w in lowered for w in words):
-            return name
-    return "other"
-
-
 def table(runs: list[dict]) -> str:
-    """Cases that asked a stack, by file; vLLM's unit tests of its own classes (no server) apart."""
-    lines = ["| vLLM test file | passed | failed | errors | skipped | unit tests of vLLM's own classes | "
+    """Every case's outcome by file: those that asked a stack, and vLLM's unit tests of its own
+    classes (no server) apart, failures of both by category."""
+    lines = ["| vLLM test file | passed | failed | errors | skipped | own classes: passed / failed | "
              "what fails, by category |", "|---|---|---|---|---|---|---|"]
     totals = collections.Counter()
     for run in runs:
         # an error is the stack's too: a case whose setup failed before its server came up (a Hub download)
         served = [c for c in run["cases"] if c["served"] or c["outcome"] == "error"]
+        units = [c for c in run["cases"] if c not in served]
         count = collections.Counter(c["outcome"] for c in served)
-        count["unit"] = len(run["cases"]) - len(served)
+        count["unit_passed"] = sum(c["outcome"] == "passed" for c in units)
+        count["unit_failed"] = sum(c["outcome"] == "failed" for c in units)
         totals.update(count)
-        failing = collections.Counter(category(c["text"]) for c in served if c["outcome"] in ("failed", "error"))
+        failing = collections.Counter(c["category"] for c in run["cases"] if c["outcome"] in ("failed", "error"))
         why = "; ".join(f"{n} {cat}" for cat, n in failing.most_common())
         lacking = sorted({flag for s in run["servers"] for flag in s["lacking"]})
         if lacking:
             why += ("; " if why else "") + "flags we lack: " + ", ".join(f"`{f}`" for f in lacking)
+        if run.get("left_running"):
+            why += ("; " if why else "") + f"{run['left_running']} processes left running (killed)"
         lines.append(f"| `{run['file']}` | {count['passed']} | {count['failed']} | {count['error']} | "
-                     f"{count['skipped']} | {count['unit']} | {why} |")
+                     f"{count['skipped']} | {count['unit_passed']} / {count['unit_failed']} | {why} |")
     lines.append(f"| **all** | **{totals['passed']}** | **{totals['failed']}** | **{totals['error']}** | "
-                 f"**{totals['skipped']}** | {totals['unit']} | |")
+                 f"**{totals['skipped']}** | {totals['unit_passed']} / {totals['unit_failed']} | |")
     return "\n".join(lines)
+
+
+def report(runs: list[dict]) -> str:
+    failures = failure_lines(runs)
+    return table(runs) + ("\n\nEach failure, its last request and the difference:\n\n" + "\n".join(failures)
+                          if failures else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table-from", default=None, metavar="RUN.json", help="print the table of an earlier run")
     args = p.parse_args(argv)
     if args.table_from:
-        print(table(json.loads(Path(args.table_from).read_text())))
+        print(report(json.loads(Path(args.table_from).read_text())))
         return
     root = prepare(args.vllm_version)
     results = root.parent / "results"
@@ -198,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[vllm-tests]   {dict(count)}", flush=True)
     header = (f"vLLM {args.vllm_version}'s test files against Switchyard ({platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} cores), {datetime.date.today()}")
-    text = header + "\n\n" + table(runs)
+    text = header + "\n\n" + report(runs)
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,17 @@
 """bench/vllm_tests.py's own logic, without vLLM's files: how vLLM's serve flags map to the stack's,
-and how the table counts cases (those that asked a stack apart from vLLM's unit tests)."""
+how a failure is sorted, how the table counts cases, and that each file starts clean."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
-from bench.vllm_tests import category, table
+from bench.vllm_tests import kill_left, report
+from bench.vllm_verdicts import HUB, METRIC, MODEL, REFUSED, categorize
 
 
 def _shim():
@@ -26,16 +31,64 @@ def test_vllm_serve_flags_map_to_the_stacks_or_are_listed():
     assert lacking == ["--enable-lora", "--lora-modules a=/x b=/y"]
 
 
-def test_the_table_counts_what_asked_a_stack_and_sorts_failures_by_category():
+def _failed(name: str, message: str, source: str = "", served: bool = True, outcome: str = "failed") -> dict:
+    errors = [line[1:].strip() for line in source.splitlines() if line.startswith("E ")]
+    category, subject = categorize(message, source, errors)
+    return {"name": name, "outcome": outcome, "message": message, "source": source, "errors": errors,
+            "served": served, "category": category, "subject": subject}
+
+
+def test_a_failure_is_sorted_by_what_failed_not_by_words_in_it():
+    missing_metric = _failed("test_metrics_exist", "AssertionError: assert 'vllm:admission_rejections_total' in '# "
+                             "HELP ... answer'", ">       assert metric in response.text\nE       AssertionError")
+    answer = _failed("test_x", "AssertionError: assert 'Paris' in 'Lyon'",
+                     '>       assert "Paris" in chat.choices[0].message.content\nE       assert \'Paris\' in \'Lyon\'')
+    refused = _failed("test_y", "openai.BadRequestError: Error code: 400 - {'error': 'reasoning'}")
+    hub = _failed("test_z", "OSError: We couldn't connect to 'https://huggingface.co' to load the files",
+                  outcome="error")
+    counted = _failed("test_w", "AssertionError: assert 180 == 190",
+                      ">       assert sum == expected  # vllm:iteration_tokens_total\nE       assert 180 == 190")
+    assert [c["category"] for c in (missing_metric, answer, refused, hub, counted)] == [
+        METRIC, MODEL, REFUSED, HUB, METRIC]
+    assert answer["subject"] == 'assert "Paris" in chat.choices[0].message.content'
+
+
+def test_the_table_shows_every_outcome_and_each_failure_with_its_request():
     cases = [
-        {"name": "a", "outcome": "passed", "text": "", "served": True},
-        {"name": "b", "outcome": "failed", "text": "Unrecognized request argument supplied: x (400)", "served": True},
-        {"name": "c", "outcome": "error", "text": "LocalEntryNotFoundError: zephyr-7b-beta-lora", "served": False},
-        {"name": "d", "outcome": "passed", "text": "", "served": False},  # vLLM's own classes over mocks
+        {"name": "a", "outcome": "passed", "served": True},
+        _failed("b", "openai.BadRequestError: Error code: 400 - unrecognized x"),
+        _failed("c", "LocalEntryNotFoundError: zephyr-7b-beta-lora", served=False, outcome="error"),
+        {"name": "d", "outcome": "passed", "served": False},  # vLLM's own classes over mocks
+        _failed("e", "AssertionError: assert 1 == 0", ">       assert proc.returncode == 0", served=False),
     ]
-    text = table([{"file": "openai/test_x.py", "cases": cases,
-                   "servers": [{"lacking": ["--enable-lora"], "ignored": [], "flags": []}]}])
+    requests = [{"test": "tests/entrypoints/openai/test_x.py::b", "method": "POST",
+                 "url": "http://127.0.0.1:1234/v1/completions", "body": '{"x": 1}', "status": 400}]
+    text = report([{"file": "openai/test_x.py", "cases": cases, "requests": requests, "left_running": 2,
+                    "servers": [{"lacking": ["--enable-lora"], "ignored": [], "flags": []}]}])
     row = text.splitlines()[2]
-    assert row.startswith("| `openai/test_x.py` | 1 | 1 | 1 | 0 | 1 |")
-    assert "LoRA" in row and "a field or route" in row and "`--enable-lora`" in row
-    assert category("assert 'Paris' in 'Lyon'") == "needs the file's own model (answers of a larger or reasoning model)"
+    assert row.startswith("| `openai/test_x.py` | 1 | 1 | 1 | 0 | 1 / 1 |")  # the failing unit case is shown
+    assert REFUSED in row and HUB in row and "`--enable-lora`" in row and "2 processes left running" in row
+    assert '- `openai/test_x.py::b`: **a field or route we refuse or lack**' in text
+    assert '  - request: `POST /v1/completions` -> 400 `{"x": 1}`' in text
+    assert "`openai/test_x.py::e` (vLLM's own classes)" in text
+
+
+def test_processes_a_file_left_running_are_found_and_killed(tmp_path):
+    marker = str(tmp_path / "report.jsonl")
+    env = {**os.environ, "SY_VLLM_REPORT": marker}
+    stray = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)  # as a stack is started
+    try:
+        assert kill_left(marker, group=stray.pid + 10**6) == 1  # its pytest's group already gone
+        assert stray.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        stray.kill()
+
+
+def test_the_shim_records_each_request_of_a_case(tmp_path, monkeypatch):
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("SY_VLLM_REQUESTS", str(log))
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/entrypoints/x.py::test_a (call)")
+    _shim().record_request("POST", "http://h/v1/chat/completions", b'{"model": "m"}', 200)
+    (line,) = log.read_text().splitlines()
+    assert json.loads(line) == {"test": "tests/entrypoints/x.py::test_a", "method": "POST",
+                                "url": "http://h/v1/chat/completions", "body": '{"model": "m"}', "status": 200}

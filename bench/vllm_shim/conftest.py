@@ -44,6 +44,25 @@ def pytest_runtest_call(item: pytest.Item):
             item.user_properties.append(("served", True))
 
 
+def _recorded(send):
+    """requests' Session.send, each request and its status recorded for the case that made it."""
+
+    def send_and_record(self, request, **kwargs):
+        from tests.utils import record_request
+
+        response = send(self, request, **kwargs)
+        body = request.body.encode() if isinstance(request.body, str) else request.body
+        record_request(request.method, request.url, body, response.status_code)
+        return response
+
+    return send_and_record
+
+
+import requests  # noqa: E402
+
+requests.Session.send = _recorded(requests.Session.send)
+
+
 @functools.cache
 def _our_tokenizer(**kwargs):
     """The stack serves the default GGUF under each file's model name; its tokenizer answers for that name."""

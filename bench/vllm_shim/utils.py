@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import requests
@@ -22,6 +23,8 @@ VLLM_PATH = Path(__file__).parent.parent
 ROCM_EXTRA_ARGS: list[str] = []
 REPO = Path(os.environ.get("SY_REPO", Path.cwd()))
 REPORT = os.environ.get("SY_VLLM_REPORT")  # JSON lines: what each server was asked for and what it got
+REQUESTS = os.environ.get("SY_VLLM_REQUESTS")  # JSON lines: each HTTP request a case made, and its status
+BODY_CHARS = 600  # of a request's body, in the record
 STARTED = [0]  # stacks started so far (conftest.py tells a case that asked one from vLLM's unit tests)
 
 # vLLM's flags for a GPU or its own engine, which a CPU stack has no use for, and flags turning on
@@ -31,7 +34,27 @@ IGNORED = {"--dtype", "--enforce-eager", "--gpu-memory-utilization", "--seed", "
            "--enable-auto-tool-choice", "--enable-tokenizer-info-endpoint", "--enable-sleep-mode",
            "--enable-chunked-prefill"}
 PASSED = {"--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--enable-prefix-caching",
-          "--no-enable-prefix-caching", "--tool-call-parser", "--reasoning-parser", "--api-key", "--max-logprobs"}
+          "--no-enable-prefix-caching", "--tool-call-parser", "--reasoning-parser", "--api-key", "--max-logprobs",
+          "--enable-per-request-metrics"}
+
+
+def record_request(method: str, url: str, body: bytes | None, status: int | None) -> None:
+    """One request of the running case (PYTEST_CURRENT_TEST), for the runner's list of failures."""
+    if not REQUESTS:
+        return
+    text = (body or b"").decode("utf-8", errors="replace")
+    with open(REQUESTS, "a") as f:
+        f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], "method": method,
+                            "url": url, "body": text[:BODY_CHARS] + ("..." if len(text) > BODY_CHARS else ""),
+                            "status": status}) + "\n")
+
+
+def _log_sync(response: httpx.Response) -> None:
+    record_request(response.request.method, str(response.request.url), response.request.content, response.status_code)
+
+
+async def _log_async(response: httpx.Response) -> None:
+    _log_sync(response)
 
 
 def split_flags(args: list[str]) -> list[list[str]]:
@@ -144,10 +167,12 @@ class RemoteOpenAIServer:
 
     def get_client(self, **kwargs) -> openai.OpenAI:
         kwargs.setdefault("timeout", 600)
+        kwargs.setdefault("http_client", openai.DefaultHttpxClient(event_hooks={"response": [_log_sync]}))
         return openai.OpenAI(base_url=self.url_for("v1"), api_key=self.DUMMY_API_KEY, max_retries=0, **kwargs)
 
     def get_async_client(self, **kwargs) -> openai.AsyncOpenAI:
         kwargs.setdefault("timeout", 600)
+        kwargs.setdefault("http_client", openai.DefaultAsyncHttpxClient(event_hooks={"response": [_log_async]}))
         return openai.AsyncOpenAI(base_url=self.url_for("v1"), api_key=self.DUMMY_API_KEY, max_retries=0, **kwargs)
 
 
