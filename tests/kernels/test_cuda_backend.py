@@ -45,11 +45,11 @@ def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(reque
     prompts = [shared + torch.randint(0, 299, (n,), generator=gen).tolist() for n in (3, 20, 37)]
     prompts.append(torch.randint(0, 299, (5,), generator=gen).tolist())
     outputs = []
-    for loaded, runner in ((reference, None), (triton, cuda_runner(triton, 14))):
-        # 14 blocks of 16: the four requests cannot all grow at once, so some are preempted
-        engine = InProcessEngine(loaded, num_blocks=14, max_num_batched_tokens=48, runner=runner)
+    for loaded, runner in ((reference, None), (triton, cuda_runner(triton, 11))):
+        # 11 blocks of 16: the four requests cannot all grow at once, so some are preempted
+        engine = InProcessEngine(loaded, num_blocks=11, max_num_batched_tokens=48, runner=runner)
         for i, ids in enumerate(prompts):
-            engine.add(f"r{i}", ids, 24, ignore_eos=True)
+            engine.add(f"r{i}", ids, 12, ignore_eos=True)
         outputs.append(engine.run())
         assert engine.scheduler.num_preemptions > 0
         assert sum(engine.num_cached_tokens.values()) > 0  # the shared prefix hit the cache
