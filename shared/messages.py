@@ -13,6 +13,7 @@ from typing import NewType, Union
 
 import msgspec
 
+from shared.histogram import HistogramCounts
 from shared.lora import LoraInfo
 
 RequestId = NewType("RequestId", str)
@@ -367,34 +368,6 @@ class WakeUp(msgspec.Struct, tag="wake_up"):
 class SleepState(msgspec.Struct, tag="sleep_state"):
     is_sleeping: bool
     error: str | None = None  # the order could not be carried out (a worker refused or did not answer)
-
-
-class HistogramCounts(msgspec.Struct):
-    """A histogram as Prometheus keeps one: cumulative counts at each upper bound, their sum and count."""
-
-    bounds: list[float]
-    counts: list[int]
-    sum: float = 0.0
-    count: int = 0
-
-    @classmethod
-    def empty(cls, bounds: tuple[float, ...]) -> HistogramCounts:
-        return cls(bounds=list(bounds), counts=[0] * len(bounds))
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        self.count += 1
-        for i, bound in enumerate(self.bounds):
-            self.counts[i] += value <= bound
-
-    @classmethod
-    def total(cls, parts: list[HistogramCounts], bounds: tuple[float, ...]) -> HistogramCounts:
-        out = cls.empty(bounds)
-        for part in parts:
-            out.counts = [a + b for a, b in zip(out.counts, part.counts, strict=True)]
-            out.sum += part.sum
-            out.count += part.count
-        return out
 
 
 class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):

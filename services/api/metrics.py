@@ -26,10 +26,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from shared import subjects
+from shared.histogram import HistogramCounts
 from shared.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
 from shared.messages import (
     SCHEDULER_STATS_DECODER,
-    HistogramCounts,
     SchedulerStats,
     SchedulerStatsRequest,
     encode,

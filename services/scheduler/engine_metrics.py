@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 from services.scheduler.request import Request
+from shared.histogram import HistogramCounts
 from shared.messages import (
     ITERATION_TOKEN_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    HistogramCounts,
     StepResult,
 )
 

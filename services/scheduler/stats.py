@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from services.scheduler.pools import WorkerPools
 from shared.config import EngineConfig
+from shared.histogram import HistogramCounts
 from shared.lora import LoraInfo
 from shared.messages import (
     ITERATION_TOKEN_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    HistogramCounts,
     SchedulerStats,
 )
 
