@@ -11,6 +11,7 @@ import os
 
 import msgspec
 
+from shared.hub import is_hub_id
 from shared.lora import add_lora_args
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -27,7 +28,9 @@ class ConfigError(ValueError):
 
 class EngineConfig(msgspec.Struct, kw_only=True):
     model: str = DEFAULT_MODEL_NAME  # served name; also the subject token
-    model_path: str | None = None  # GGUF file or HF directory; None = the default model
+    model_path: str | None = None  # GGUF file, HF directory or Hub id (shared/hub.py); None = the default model
+    revision: str | None = None  # a Hub id's branch, tag or commit (default: main)
+    download_dir: str | None = None  # where a Hub id is downloaded (default: huggingface_hub's cache, HF_HOME)
     load_format: str = "auto"  # auto | gguf | hf | dummy
     max_model_len: int | None = None  # None = the model's own context length
     max_num_seqs: int = 64
@@ -106,8 +109,16 @@ def _env(name: str, default):
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = DEFAULTS
-    parser.add_argument("--model", default=_env("model", d.model), help="served model name")
-    parser.add_argument("--model-path", default=_env("model_path", d.model_path))
+    parser.add_argument("--model", default=_env("model", None),
+                        help=f"served model name (default: a Hub id as given, else {d.model})")
+    parser.add_argument("--model-path", default=_env("model_path", d.model_path),
+                        help="a GGUF file, a Hugging Face model directory, or a Hub id: org/name (a transformers "
+                             "checkpoint) or org/name:TAG (one GGUF of the repo, e.g. :Q4_K_M), fetched through "
+                             "huggingface_hub (HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_OFFLINE); default: SmolLM2")
+    parser.add_argument("--revision", default=_env("revision", d.revision),
+                        help="a Hub id's branch, tag or commit (default: main)")
+    parser.add_argument("--download-dir", default=_env("download_dir", d.download_dir),
+                        help="the cache a Hub id is downloaded to (default: huggingface_hub's, under HF_HOME)")
     parser.add_argument("--load-format", default=_env("load_format", d.load_format))
     parser.add_argument("--max-model-len", type=int, default=_env("max_model_len", d.max_model_len))
     parser.add_argument("--max-num-seqs", type=int, default=_env("max_num_seqs", d.max_num_seqs))
@@ -153,6 +164,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     fields = {f: getattr(args, f) for f in EngineConfig.__struct_fields__ if hasattr(args, f)}
+    if fields.get("model") is None:  # as vLLM's: a Hub id serves under its own name
+        fields["model"] = fields.get("model_path") if is_hub_id(fields.get("model_path")) else DEFAULTS.model
     typed = msgspec.convert(fields, EngineConfig, strict=False)
     return typed.validate()
 

@@ -29,9 +29,14 @@ def default_model_path() -> str:
     return str(path)
 
 
-def resolve_model_path(model_path: str | None) -> str:
+def resolve_model_path(model_path: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
+    """A local GGUF file or model directory: the default model, a path, or a Hub id's download."""
+    from shared import hub
+
     if model_path is None:
         return default_model_path()
+    if hub.is_hub_id(model_path):
+        return hub.fetch(model_path, revision, download_dir)
     if not os.path.exists(model_path):
         raise ModelNotFound(f"model path does not exist: {model_path}")
     return model_path

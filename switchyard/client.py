@@ -20,7 +20,7 @@ import zipfile
 import httpx
 import msgspec
 
-from shared import arrow_schema
+from shared import arrow_schema, hub
 from switchyard.config import Acceleration, AccelerationWithConfig, FrameworkConfig
 from switchyard.inference_logs import either, inference_log_frame, unix_seconds
 
@@ -76,13 +76,18 @@ class Client:
                      input_schema=None, output_schema=None,
                      visibility: str = "private", workspace_id: int | None = None,
                      python_version: str | None = None, requirements: list[str] | None = None,
-                     convert_wait: bool = True, lora_base: ModelVersion | None = None) -> ModelVersion:
-        """A GGUF file, a Hugging Face model directory (zipped on the way) or a zip of one.
+                     convert_wait: bool = True, lora_base: ModelVersion | None = None,
+                     revision: str | None = None) -> ModelVersion:
+        """A GGUF file, a Hugging Face model directory (zipped on the way) or a zip of one, or a Hub id:
+        org/name (a checkpoint) or org/name:TAG (one GGUF), fetched here through huggingface_hub (its
+        environment: HF_ENDPOINT, HF_TOKEN, HF_HOME) at `revision`, then uploaded.
         lora_base: `path` is a LoRA adapter (PEFT's directory) of that model version; it runs as its
         base does, and a pipeline with the base's step serves it by its own name (add_model_step).
         convert_wait=False returns once the file is stored, its status "converting"; `refresh()`
         shows it move to "ready" (or "error", with the reason)."""
         config = framework_config or FrameworkConfig()
+        if hub.is_hub_id(path):
+            path = hub.fetch(path, revision)
         metadata = {
             "name": name, "visibility": visibility, "workspace_id": workspace_id, "convert_wait": convert_wait,
             "lora_base": {"name": lora_base.name, "version": lora_base.version} if lora_base else None,

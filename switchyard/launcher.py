@@ -33,6 +33,7 @@ from shared.config import (
 )
 from shared.engine_defaults import pick_for_host
 from shared.model_files import cache_root, resolve_model_path
+from switchyard import model_fetch
 from switchyard.nats_server import NatsCluster, NatsServer
 
 RESTART_BACKOFF_S = 2.0
@@ -77,8 +78,21 @@ class Stack:
     is_stopping: bool = False
     live_failures: dict[str, int] = field(default_factory=dict)  # per gateway, failed /live in a row
     live_asked_at: float = 0.0
+    model_fetched: bool | None = None  # None: not looked yet; True: a Hub id, in the cache, read offline
+    fetched_path: str | None = None  # the Hub id's local file or folder
+
+    def fetch_model(self) -> None:
+        """A Hub id in --model-path is downloaded here, once (model_fetch.py); FetchFailed says why not."""
+        if self.model_fetched is not None:
+            return
+        hub = model_fetch.hub_model(self.service_args)
+        if hub is not None:
+            self.fetched_path = model_fetch.fetch(*hub, env=self._env(None))
+            print(f"[launcher] model: {hub[0]} -> {self.fetched_path}", flush=True)
+        self.model_fetched = hub is not None
 
     def start(self) -> Stack:
+        self.fetch_model()
         if self.nats_url is None:  # its JetStream store (the model registry) outlives the stack
             store = Path(os.environ.get("SY_NATS_STORE_DIR", cache_root() / "nats"))
             store.mkdir(parents=True, exist_ok=True)
@@ -112,11 +126,13 @@ class Stack:
             svc.start(self._env(svc.name))
         return self
 
-    def _env(self, service: str) -> dict:
+    def _env(self, service: str | None) -> dict:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        if self.auth_dir is not None:
+        if self.model_fetched:  # every service loads the snapshot the launcher fetched
+            env["HF_HUB_OFFLINE"] = "1"
+        if self.auth_dir is not None and service is not None:
             env |= nats_auth.env_for(nats_auth.user_of(service), self.auth_dir)
         if self.nats_replicas > 1:
             env["SY_NATS_REPLICAS"] = str(self.nats_replicas)
@@ -255,8 +271,9 @@ def check_service_args(service_args: list[str]) -> None:
     parser.parse_args(service_args)  # exits with a usage message on an unknown flag
 
 
-def engine_defaults_lines(service_args: list[str]) -> list[str]:
-    """What the CPU workers will pick for the settings left on auto, and why (the workers log the same)."""
+def engine_defaults_lines(service_args: list[str], fetched_path: str | None = None) -> list[str]:
+    """What the CPU workers will pick for the settings left on auto, and why (the workers log the same);
+    fetched_path: where the launcher put a Hub id's model."""
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_engine_args(parser)
     add_worker_args(parser)
@@ -265,8 +282,8 @@ def engine_defaults_lines(service_args: list[str]) -> list[str]:
         return []
     try:
         config = engine_config_from_args(args)
-        defaults = pick_for_host(args, config, resolve_model_path(config.model_path), args.deterministic,
-                                 kernels_unusable())
+        model_path = fetched_path or resolve_model_path(config.model_path, config.revision, config.download_dir)
+        defaults = pick_for_host(args, config, model_path, args.deterministic, kernels_unusable())
     except (ConfigError, OSError) as exc:
         return [f"(the worker will refuse its settings: {exc})"]
     return defaults.lines()
@@ -324,7 +341,11 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     print(f"[launcher] starting: nats {'at ' + stack.nats_url if stack.nats_url else own}, "
           f"{args.workers} worker(s), API on {', '.join(stack.gateway_url(i) for i in range(args.gateways))}",
           flush=True)
-    for line in engine_defaults_lines(service_args):
+    try:
+        stack.fetch_model()
+    except model_fetch.FetchFailed as exc:
+        sys.exit(f"[launcher] {exc}")
+    for line in engine_defaults_lines(service_args, stack.fetched_path):
         print(f"[launcher] engine: {line}", flush=True)
     try:
         stack.start()

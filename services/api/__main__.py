@@ -48,7 +48,7 @@ def main() -> None:
         parser.error("--inference-log-max-age-s and --inference-log-max-bytes must be positive")
     if args.api_processes > 1:
         sys.exit(Supervisor(sys.argv[1:], args.api_processes).run())
-    tokenizer = load_tokenizer(resolve_model_path(config.model_path))
+    tokenizer = load_tokenizer(resolve_model_path(config.model_path, config.revision, config.download_dir))
     served = ServedModel(name=config.model, tokenizer=tokenizer, created=int(time.time()),
                          openai=load_openai_config(args.openai_config), max_logprobs=args.max_logprobs)
     api_keys = tuple(k for k in (args.api_key or "").split(",") if k)

@@ -61,7 +61,7 @@ def main() -> None:
         args.threads = deployed.worker_threads
     else:
         config = engine_config_from_args(args)
-        model_path = resolve_model_path(config.model_path)
+        model_path = resolve_model_path(config.model_path, config.revision, config.download_dir)
     # set even when it is torch's own default: left implicit, the decode step ran ~20% slower here
     # (bench/profile_step.py, 2026-11-22)
     torch.set_num_threads(args.threads or torch.get_num_threads())
