@@ -213,7 +213,22 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                              "model (9-10x slower beside two busy processes on 2 cores; docs/benchmarks.md)")
 
 
+class GatewayConfig(msgspec.Struct, frozen=True):
+    """The gateway's defaults, each written once: its flags and its ServerState read them here."""
+
+    idle_timeout_s: float = 300.0  # a request with no token for this long is aborted
+    request_timeout_s: float = 600.0  # a request's deadline from its arrival (0: none)
+    ready_timeout_s: float = 10.0  # /ready's one-token probe
+    max_body_bytes: int = 16 * 2**20
+    max_logprobs: int = 20
+    batch_concurrency: int = 16  # the Batch API's lines in flight at once
+
+
+GATEWAY_DEFAULTS = GatewayConfig()
+
+
 def add_api_args(parser: argparse.ArgumentParser) -> None:
+    g = GATEWAY_DEFAULTS
     parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
     parser.add_argument("--api-processes", type=int, default=int(os.environ.get("SY_API_PROCESSES", "1")),
@@ -221,17 +236,17 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                              "client; they admit a burst of requests in parallel (default 1)")
     parser.add_argument("--reuse-port", action="store_true",
                         help="bind the port with SO_REUSEPORT, beside other gateway processes")
-    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", "300")),
+    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", g.idle_timeout_s)),
                         help="a request with no token for this long is aborted")
     parser.add_argument("--request-timeout-s", type=float,
-                        default=float(os.environ.get("SY_REQUEST_TIMEOUT_S", "600")),
+                        default=float(os.environ.get("SY_REQUEST_TIMEOUT_S", g.request_timeout_s)),
                         help="server-side deadline of a request from its arrival (0: none)")
-    parser.add_argument("--ready-timeout-s", type=float, default=float(os.environ.get("SY_READY_TIMEOUT_S", "10")),
+    parser.add_argument("--ready-timeout-s", type=float, default=float(os.environ.get("SY_READY_TIMEOUT_S", g.ready_timeout_s)),
                         help="/ready: a model whose one-token probe gives no token in this long is not ready")
     parser.add_argument("--api-key", default=os.environ.get("SY_API_KEY"),
                         help="comma-separated keys; when set, every route but /health, /ready and /live needs one")
-    parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", 16 * 2**20)))
-    parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", "20")))
+    parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", g.max_body_bytes)))
+    parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", g.max_logprobs)))
     parser.add_argument("--enable-per-request-metrics", action="store_true",
                         default=os.environ.get("SY_ENABLE_PER_REQUEST_METRICS", "") not in ("", "0", "false"),
                         help="vLLM's: a `metrics` object (time to first token, queue time, generation time, "
@@ -247,7 +262,7 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         help="where a chat answer's thinking is (<think>...</think>): it becomes the message's "
                              "reasoning_content (deepseek_r1: the answer starts thinking; qwen3: when it opens "
                              "<think>, or the template did); default: none")
-    parser.add_argument("--batch-concurrency", type=int, default=int(os.environ.get("SY_BATCH_CONCURRENCY", "16")),
+    parser.add_argument("--batch-concurrency", type=int, default=int(os.environ.get("SY_BATCH_CONCURRENCY", g.batch_concurrency)),
                         help="the Batch API: lines of one batch in flight at once, at low priority")
     parser.add_argument("--oci-registry", default=os.environ.get("SY_OCI_REGISTRY"),
                         help="where pipeline.publish() pushes: [http://|https://]host[:port][/namespace] "

@@ -12,6 +12,7 @@ from services.api.metrics import ApiMetrics
 from services.api.openai.defaults import OpenaiDefaults
 from services.api.readiness import Readiness
 from shared.client import BusClient
+from shared.config import GATEWAY_DEFAULTS
 from shared.deployment import DeployedModel
 from shared.lora import LoraInfo
 from shared.messages import EmbeddingSpec
@@ -37,7 +38,7 @@ class ServedModel:
     architectures: list[str] = field(default_factory=list)  # what its workers loaded ("Qwen3ForCausalLM"), as published
     embedding: EmbeddingSpec | None = None  # its embeddings' size and Matryoshka sizes, as published
     openai: OpenaiDefaults = field(default_factory=OpenaiDefaults)  # per-model OpenAI config
-    max_logprobs: int = 20
+    max_logprobs: int = GATEWAY_DEFAULTS.max_logprobs
     pipeline: str | None = None  # set for a deployed pipeline (served by the registry, not by flags)
     loras: list[LoraInfo] = field(default_factory=list)  # the LoRA adapters its workers serve, as published
     lora: str | None = None  # set on the view of one adapter (resolve): its name is the adapter's
@@ -58,9 +59,9 @@ class ServedModel:
 class ServerState:
     """The gateway's own: its guards' settings (guards.py) and its lifecycle (server.py)."""
 
-    idle_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    max_body_bytes: int = 16 * 2**20
+    idle_timeout_s: float = GATEWAY_DEFAULTS.idle_timeout_s
+    request_timeout_s: float = GATEWAY_DEFAULTS.request_timeout_s
+    max_body_bytes: int = GATEWAY_DEFAULTS.max_body_bytes
     api_keys: tuple[str, ...] = ()
     per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics
     is_draining: bool = False
@@ -88,7 +89,7 @@ class BatchState:
 
     files: FileStore | None = None  # a JetStream object store
     batches: BatchStore | None = None  # a JetStream key-value bucket
-    concurrency: int = 16  # lines of one batch in flight at once (batch/runner.py)
+    concurrency: int = GATEWAY_DEFAULTS.batch_concurrency  # lines of one batch in flight at once (batch/runner.py)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.client import EngineUnavailable, SubmitRejected
+from shared.config import GATEWAY_DEFAULTS
 from shared.messages import FinishReason, Pooling, SamplingParams
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class ModelReadiness:
 class Readiness:
     """The last verdict and when it was reached; concurrent probes wait for the one check in flight."""
 
-    timeout_s: float = 10.0  # a model that gives no token in this long is not ready (--ready-timeout-s)
+    timeout_s: float = GATEWAY_DEFAULTS.ready_timeout_s  # a model that gives no token in this long is not ready
     checked_at: float = float("-inf")
     verdict: dict[str, ModelReadiness] = field(default_factory=dict)
     _running: asyncio.Future | None = None
