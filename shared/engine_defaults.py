@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from shared.config import CPU_AUTO_DTYPE, ConfigError
 from shared.gguf_fields import is_gguf, read_fields
 
-# the GGUF block formats the CPU backend keeps as they are (loader/gguf_blocks.py)
-KEPT_GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+# the GGUF block formats the CPU backend keeps as they are (loader/gguf_blocks.py, gguf_kquants.py)
+KEPT_GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 MULTI_STEP = 4  # decode iterations per Step when the steps are short (on the C kernels)
 QUANT_LINEAR = ("gguf", "int4", "int8")  # the quantizations whose Linears are the C kernels' quant_linear
 
@@ -88,7 +88,7 @@ def _quantization(asked: str, gguf_types: dict[str, int], kernels: str | None) -
         return Choice(asked, "asked for")
     kept = {t: n for t, n in gguf_types.items() if t in KEPT_GGUF_TYPES}
     if not kept:
-        return Choice("none", "the model file holds no Q4_0, Q4_1 or Q8_0 tensors to keep")
+        return Choice("none", f"the model file holds no tensors of the types kept as they are ({', '.join(KEPT_GGUF_TYPES)})")
     if kernels is not None:
         return Choice("none", f"the file's blocks need the C kernels, and {kernels}: its weights dequantized")
     what = ", ".join(f"{n} {t}" for t, n in sorted(kept.items()))

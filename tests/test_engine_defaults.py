@@ -28,7 +28,9 @@ def test_a_dense_file_keeps_its_floats():
     d = pick({}, kernels=None)
     assert (d.dtype.value, d.quantization.value, d.compile.value, d.num_scheduler_steps.value) == \
         ("float32", "none", False, 1)
-    assert pick({"Q4_K": 100, "Q6_K": 1}, kernels=None).quantization.value == "none"  # k-quants are dequantized
+    assert pick({"F16": 100, "BF16": 1}, kernels=None).quantization.value == "none"
+    q4_k_m = pick({"Q4_K": 100, "Q6_K": 13, "F32": 40}, kernels=None).quantization  # k-quants are kept too
+    assert q4_k_m.value == "gguf" and "100 Q4_K, 13 Q6_K" in q4_k_m.reason
 
 
 def test_without_the_kernels_the_blocks_are_dequantized_and_steps_are_single():

@@ -100,15 +100,16 @@ def test_arguments_that_do_not_fit_are_refused_before_the_kernel_runs(cpu_kernel
     op = torch.ops.switchyard_cpu.quant_linear
     x = torch.randn(2, 96)
     for args, message in [
-        ((torch.randn(2, 64), layer.qweight, layer.scales, layer.lows, 4, None), "qweight must have shape"),
+        ((torch.randn(2, 48), layer.qweight, layer.scales, layer.lows, 4, None), "qweight must have shape"),
         ((x.double(), layer.qweight, layer.scales, layer.lows, 4, None), "x must be float32 or bfloat16"),
         ((x, layer.qweight, layer.scales, layer.lows, 8, None), "qweight must be int8"),
-        ((x, layer.qweight, layer.scales.float(), layer.lows, 4, None), "float16"),
+        ((x, layer.qweight, layer.scales.float(), layer.lows, 4, None), "of one dtype"),
+        ((x, layer.qweight, layer.scales.double(), layer.lows.double(), 4, None), "float16 or float32"),
         ((x, layer.qweight, layer.scales[:1], layer.lows, 4, None), "scales and lows must have shape"),
         ((x, layer.qweight, layer.scales, None, 4, None), "4 bits need lows"),
         ((x, layer.qweight, layer.scales, layer.lows, 4, torch.zeros(47)), "bias must have shape"),
         ((x, layer.qweight, layer.scales, layer.lows, 3, None), "bits must be 4 or 8"),
-        ((torch.randn(2, 95), layer.qweight, layer.scales, layer.lows, 4, None), "multiple of 32"),
+        ((torch.randn(2, 95), layer.qweight, layer.scales, layer.lows, 4, None), "32 or 16 times"),
     ]:
         with pytest.raises(RuntimeError, match=message):
             op(*args)

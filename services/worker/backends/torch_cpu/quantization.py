@@ -8,14 +8,14 @@ from torch import nn
 
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.loader import gguf_blocks
-from services.worker.loader.gguf_blocks import BLOCK, QuantBlocks, for_module
+from services.worker.loader.gguf_blocks import BLOCK, QuantBlocks, parts_of
 
 PANEL = 16  # output columns the kernel reads side by side (quant_linear.c)
 SMALLEST_SCALE = 2.0**-24  # float16's smallest
 
 
-def fits(out_features: int, in_features: int) -> bool:
-    return out_features % PANEL == 0 and in_features % BLOCK == 0
+def fits(out_features: int, in_features: int, group: int = BLOCK) -> bool:
+    return out_features % PANEL == 0 and in_features % group == 0
 
 
 def _to_panels(t: torch.Tensor) -> torch.Tensor:
@@ -29,34 +29,34 @@ def _from_panels(t: torch.Tensor) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    """A Linear whose weight is 4- or 8-bit blocks of 32 inputs, in quant_linear.c's layout.
+    """A Linear whose weight is 4- or 8-bit groups of 32 (or 16) inputs, in quant_linear.c's layout.
 
-    - gguf (the default on a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): exactly those weights keep the
-      file's blocks (loader/gguf_blocks.py), 4 or 8 bits with its float16 scales; the others stay as
-      the file has them.
+    - gguf (the default on a GGUF with quantized tensors of a kept type): exactly those weights keep
+      the file's blocks (loader/gguf_blocks.py: Q4_0 / Q4_1 / Q8_0 with their float16 scales; the
+      k-quants and IQ4 in loader/gguf_kquants.py, with float32 scales); the others stay as the file
+      has them.
     - int4: 4-bit values in groups of 32 inputs, each with a float16 scale and minimum (Q4_1's
       scheme); a GGUF's own blocks where the file has them, 8 bits for a weight it holds as floats.
     - int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
     quant_linear.c computes each output as one float32 sum over the inputs in order, at every batch
-    size, on weights equal to the bit to what gguf's own dequantize gives (a float16 scale times a
-    small integer is exact in float32). So a row's result does not depend on its batch, and the
+    size, on weights equal to the bit to what gguf's own dequantize gives (gguf_kquants.py says why). So a row's result does not depend on its batch, and the
     only difference from --deterministic (the same weights dequantized once, on torch's matmul) is
     the order of the sums. A bfloat16 model's rows are widened to float32, its outputs rounded back."""
 
     def __init__(self, blocks: QuantBlocks, bias: torch.Tensor | None):
         super().__init__()
         n, k = blocks.q.shape
-        if not fits(n, k):
-            raise ValueError(f"quant_linear takes [n, k] weights with n a multiple of {PANEL} and k of {BLOCK}, "
-                             f"got [{n}, {k}]")
-        self.bits, self.out_features, self.in_features = blocks.bits, n, k
+        if not fits(n, k, blocks.group):
+            raise ValueError(f"quant_linear takes [n, k] weights with n a multiple of {PANEL} and k of "
+                             f"{blocks.group}, got [{n}, {k}]")
+        self.bits, self.group, self.out_features, self.in_features = blocks.bits, blocks.group, n, k
         q = _to_panels(blocks.q)  # [n / 16, k, 16]
         if self.bits == 4:  # [n / 16, k / 2, 16]: input 2j in the low nibbles, 2j + 1 in the high ones
             pairs = q.view(n // PANEL, k // 2, 2, PANEL)
             q = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
         self.register_buffer("qweight", q.contiguous())
-        self.register_buffer("scales", _to_panels(blocks.scale).half())
-        self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).half())
+        self.register_buffer("scales", _to_panels(blocks.scale).to(blocks.scale_dtype))
+        self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).to(blocks.scale_dtype))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     @classmethod
@@ -81,7 +81,8 @@ class QuantLinear(nn.Module):
         if self.bits == 4:
             q = torch.stack([q & 0x0F, q >> 4], dim=2).view(q.shape[0], -1, PANEL)
         low = None if self.lows is None else _from_panels(self.lows).float()
-        return QuantBlocks(_from_panels(q), _from_panels(self.scales).float(), low)
+        return QuantBlocks(_from_panels(q), _from_panels(self.scales).float(), low, self.bits, self.group,
+                           self.scales.dtype)
 
     @property
     def dequantized(self) -> torch.Tensor:
@@ -92,9 +93,28 @@ class QuantLinear(nn.Module):
         return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias)
 
 
+class QuantLinearParts(nn.Module):
+    """A fused Linear (wqkv, w13) whose parts the file holds in different formats (Q4_K_M's Q4_K q and
+    k beside a Q6_K v): a QuantLinear each, their outputs side by side."""
+
+    def __init__(self, parts: list[QuantBlocks], bias: torch.Tensor | None):
+        super().__init__()
+        rows = [p.q.shape[0] for p in parts]
+        biases = [None] * len(parts) if bias is None else bias.detach().split(rows)
+        self.parts = nn.ModuleList(QuantLinear(p, b) for p, b in zip(parts, biases, strict=True))
+        self.out_features, self.in_features = sum(rows), parts[0].q.shape[1]
+
+    @property
+    def dequantized(self) -> torch.Tensor:
+        return torch.cat([p.dequantized for p in self.parts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
 def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | None = None) -> nn.Module:
     """Every Linear that fits the kernel's layout, the output head included, becomes a quantized one
-    (the embedding table stays). `blocks` (a GGUF with Q4_0 / Q4_1 / Q8_0 tensors): those weights keep
+    (the embedding table stays). `blocks` (a GGUF with tensors of a kept type): those weights keep
     the file's own blocks; under `gguf` (--quantization auto's pick) a weight the file holds as floats
     stays as it is, under int4 it becomes 8-bit blocks."""
     if method == "none":
@@ -110,16 +130,17 @@ def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | Non
 def _quantized(linear: nn.Linear, method: str, blocks: dict | None, path: str) -> nn.Module:
     if method == "w8a8":
         return W8A8Linear(linear)
-    kept = for_module(blocks, path) if blocks is not None and method in ("int4", "gguf") else None
-    if kept is not None and fits(*kept.q.shape):
-        return QuantLinear(kept, linear.bias)
+    parts = parts_of(blocks, path) if blocks is not None and method in ("int4", "gguf") else None
+    if parts is not None and all(fits(*p.q.shape, p.group) for p in parts):
+        joined = QuantBlocks.cat(parts)
+        return QuantLinear(joined, linear.bias) if joined is not None else QuantLinearParts(parts, linear.bias)
     if method == "gguf" or not fits(linear.out_features, linear.in_features):
         return linear
     return QuantLinear.quantize(linear, 4 if method == "int4" and blocks is None else 8)
 
 
 def native_blocks(loaded, method: str) -> dict[str, QuantBlocks] | None:
-    """int4 or gguf on a GGUF that has Q4_0 / Q4_1 / Q8_0 tensors: the file's own blocks (loader/gguf_blocks.py)."""
+    """int4 or gguf on a GGUF that has tensors of a kept type: the file's own blocks (loader/gguf_blocks.py)."""
     kind, _, path = loaded.source.partition(":")
     if method not in ("int4", "gguf") or kind != "gguf":
         return None

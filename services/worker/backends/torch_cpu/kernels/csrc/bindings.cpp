@@ -113,32 +113,38 @@ void check_shape(const at::Tensor &t, at::IntArrayRef shape, const char *what) {
   TORCH_CHECK(t.sizes() == shape, what, " must have shape ", shape, ", got ", t.sizes());
 }
 
-constexpr int64_t GROUP = 32, PANEL = 16;
+constexpr int64_t PANEL = 16;
 
 // x: [..., k] float32 or bfloat16; qweight: 4 bits [n / 16, k / 2, 16] uint8, 8 bits [n / 16, k, 16]
-// int8; scales (and lows, 4 bits only): [n / 16, k / 32, 16] float16; bias: [n] float32.
+// int8; scales (and lows): [n / 16, k / group, 16], float16 or float32 (the group is k over their
+// middle size: 32 or 16); 4 bits always have lows; bias: [n] float32.
 at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
                         const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias) {
   check_float(x, "x");
   check_cpu(qweight, "qweight");
+  check_cpu(scales, "scales");
   TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
   TORCH_CHECK(x.dim() >= 1, "x must have an input dimension");
   TORCH_CHECK(qweight.dim() == 3 && qweight.is_contiguous(), "qweight must be a contiguous [n / 16, ..., 16] tensor");
-  const int64_t k = x.size(-1), n = qweight.size(0) * PANEL;
-  TORCH_CHECK(k % GROUP == 0 && k > 0, "the input size must be a positive multiple of 32, got ", k);
+  TORCH_CHECK(scales.dim() == 3 && scales.size(1) > 0, "scales must be [n / 16, k / group, 16], got ", scales.sizes());
+  const int64_t k = x.size(-1), n = qweight.size(0) * PANEL, group = k / scales.size(1);
+  TORCH_CHECK((group == 32 || group == 16) && k == group * scales.size(1),
+              "the input size must be 32 or 16 times scales.size(1), got ", k, " inputs and ", scales.size(1), " groups");
   TORCH_CHECK(qweight.scalar_type() == (bits == 4 ? at::kByte : at::kChar), "qweight must be ",
               bits == 4 ? "uint8" : "int8", " for ", bits, " bits, got ", qweight.scalar_type());
   if (bits == 4)
     check_shape(qweight, {n / PANEL, k / 2, PANEL}, "qweight");
   else
     check_shape(qweight, {n / PANEL, k, PANEL}, "qweight");
+  const auto scale_type = scales.scalar_type();
+  TORCH_CHECK(scale_type == at::kHalf || scale_type == at::kFloat, "scales must be float16 or float32, got ", scale_type);
   for (const auto *t : {&scales, lows ? &*lows : nullptr}) {
     if (t == nullptr) continue;
     check_cpu(*t, "scales and lows");
-    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous(), "scales and lows must be contiguous float16");
-    check_shape(*t, {n / PANEL, k / GROUP, PANEL}, "scales and lows");
+    TORCH_CHECK(t->scalar_type() == scale_type && t->is_contiguous(), "scales and lows must be contiguous, of one dtype");
+    check_shape(*t, {n / PANEL, k / group, PANEL}, "scales and lows");
   }
-  TORCH_CHECK(lows.has_value() == (bits == 4), bits == 4 ? "4 bits need lows" : "8 bits take no lows");
+  TORCH_CHECK(bits == 8 || lows.has_value(), "4 bits need lows");
   if (bias) {
     check_cpu(*bias, "bias");
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous(), "bias must be contiguous float32");
@@ -148,10 +154,12 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));
-  current->quant_linear_f32(rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits,
-                            reinterpret_cast<const uint16_t *>(scales.data_ptr()),
-                            lows ? reinterpret_cast<const uint16_t *>(lows->data_ptr()) : nullptr,
-                            bias ? bias->data_ptr<float>() : nullptr, n, out.data_ptr<float>());
+  const int status = current->quant_linear_f32(
+      rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
+      lows ? lows->data_ptr() : nullptr, scale_type == at::kHalf ? 16 : 32, bias ? bias->data_ptr<float>() : nullptr,
+      n, out.data_ptr<float>());
+  TORCH_CHECK(status == 0, "quant_linear has no kernel for ", bits, " bits in groups of ", group, " with ",
+              scale_type, " scales", lows ? " and lows" : "");
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 

@@ -1,15 +1,21 @@
 /* Linears over quantized weights on float32 rows: out[m, n] = x[m, k] W^T (+ bias). W is stored in
- * groups of 32 inputs with a float16 scale each (and a float16 minimum for 4 bits), as a GGUF's
- * Q4_0 / Q4_1 / Q8_0 blocks are: w = q * scale + low (4 bits, q in 0..15) or w = q * scale (8 bits,
- * q in -128..127).
+ * groups of G inputs (32, or 16) with a scale each, and a low for the formats that have one:
+ * w = q * scale + low, q an unsigned 4-bit value (0..15) or an 8-bit one (-128..127). Scales and lows
+ * are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 / IQ4_NL blocks), float32 where
+ * they are products (a k-quant's super-block scale times its 6-bit sub-block scale: exact in
+ * float32, not in float16). The formats (struct format below):
+ *   4 bits, G 32, float16, low   Q4_0, Q4_1 (low -8d), int4        4 bits, G 32, float32, low   Q4_K
+ *   8 bits, G 32, float16        Q8_0, IQ4_NL (its codebook values) 8 bits, G 32, float32, low   Q5_K
+ *   8 bits, G 16, float32        Q6_K, Q3_K                         4 bits, G 16, float32, low   Q2_K
+ *   8 bits, G 32, float32        IQ4_XS
  *
  * The weights are laid out in panels of 16 output columns, the columns of a panel side by side for
  * each input: 4 bits: [n / 16, k / 2, 16] bytes, byte c of pair j holding column c at input 2j (low
  * nibble) and at 2j + 1 (high nibble); 8 bits: [n / 16, k, 16] int8; scales and lows:
- * [n / 16, k / 32, 16] float16.
+ * [n / 16, k / G, 16].
  *
  * Every output is one sum over i in order, out = fma(w_i, x_i, out), with w_i = fma(q, scale, low)
- * (8 bits: q * scale): each row's arithmetic is the same whatever the number of rows, and the same
+ * (no low: q * scale): each row's arithmetic is the same whatever the number of rows, and the same
  * in every variant with an FMA (avx512, avx2; the portable form where the CPU has one, its header
  * says why not elsewhere). A few rows decode each weight in registers as they use it; more rows
  * decode a chunk of inputs into a buffer once and read it for every block of rows. Both give the
@@ -19,9 +25,8 @@
 
 #include "kernels.h"
 
-#define GROUP 32  /* inputs per scale */
 #define PANEL 16  /* output columns per panel */
-#define CHUNK 128 /* inputs a buffer holds */
+#define CHUNK 128 /* inputs a buffer holds (a multiple of every group) */
 
 #if defined(__AVX512F__)
 #include "quant_linear_avx512.h"
@@ -31,44 +36,64 @@
 #include "quant_linear_portable.h"
 #endif
 
+/* A weight format; each function below takes one as a constant, so its loops are compiled for it. */
+struct format {
+    int bits, group, half_scales, has_low;
+};
+#define F_Q4_G32_F16 ((struct format){4, 32, 1, 1})
+#define F_Q8_G32_F16 ((struct format){8, 32, 1, 0})
+#define F_Q4_G32_F32 ((struct format){4, 32, 0, 1})
+#define F_Q8_G32_F32_LOW ((struct format){8, 32, 0, 1})
+#define F_Q8_G16_F32 ((struct format){8, 16, 0, 0})
+#define F_Q4_G16_F32 ((struct format){4, 16, 0, 1})
+#define F_Q8_G32_F32 ((struct format){8, 32, 0, 0})
+
 /* What a block of panels reads: its first panel's weights, scales and lows, k inputs each. */
 struct panels {
     const uint8_t *q;
-    const uint16_t *scales, *lows;
+    const void *scales, *lows;
     int64_t k;
 };
 
-/* Panel c's 16 weights at inputs i and i + 1 (i even), from their group's scale and low (bits: a
- * constant once inlined). */
+/* Panel c's 16 weights at inputs i and i + 1 (i even), from their group's scale and low. */
 static inline __attribute__((always_inline)) void weights_at(const struct panels *w, int c, int64_t i, cols scale,
-                                                             cols low, const int bits, cols *at_i, cols *at_next) {
-    if (bits == 4) {
+                                                             cols low, const struct format f, cols *at_i,
+                                                             cols *at_next) {
+    if (f.bits == 4) {
         cols_int4(w->q + (c * w->k + i) * (PANEL / 2), scale, low, at_i, at_next);
+    } else if (f.has_low) {
+        *at_i = cols_int8_low((const int8_t *)w->q + (c * w->k + i) * PANEL, scale, low);
+        *at_next = cols_int8_low((const int8_t *)w->q + (c * w->k + i + 1) * PANEL, scale, low);
     } else {
         *at_i = cols_int8((const int8_t *)w->q + (c * w->k + i) * PANEL, scale);
         *at_next = cols_int8((const int8_t *)w->q + (c * w->k + i + 1) * PANEL, scale);
     }
 }
 
+static inline __attribute__((always_inline)) cols scales_at(const void *p, int64_t at, const struct format f) {
+    return f.half_scales ? cols_half((const uint16_t *)p + at) : cols_load((const float *)p + at);
+}
+
 static inline __attribute__((always_inline)) void group_scales(const struct panels *w, int c, int64_t g,
-                                                               cols *scale, cols *low, const int bits) {
-    const int64_t at = (c * (w->k / GROUP) + g) * PANEL;
-    *scale = cols_half(w->scales + at);
-    *low = bits == 4 ? cols_half(w->lows + at) : cols_zero();
+                                                               cols *scale, cols *low, const struct format f) {
+    const int64_t at = (c * (w->k / f.group) + g) * PANEL;
+    *scale = scales_at(w->scales, at, f);
+    *low = f.has_low ? scales_at(w->lows, at, f) : cols_zero();
 }
 
 /* `rows` rows of x (stride k) by `panels` panels, each weight decoded in registers as it is used. */
 static inline __attribute__((always_inline)) void direct(const struct panels *w, const float *x, const int rows,
-                                                         const int panels, const int bits, float *out, int64_t n) {
+                                                         const int panels, const struct format f, float *out,
+                                                         int64_t n) {
     cols acc[ROWS][FEW_PANELS];
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < panels; c++) acc[r][c] = cols_zero();
-    for (int64_t g = 0; g < w->k / GROUP; g++) {
+    for (int64_t g = 0; g < w->k / f.group; g++) {
         cols scale[FEW_PANELS], low[FEW_PANELS];
-        for (int c = 0; c < panels; c++) group_scales(w, c, g, &scale[c], &low[c], bits);
-        for (int64_t i = g * GROUP; i < (g + 1) * GROUP; i += 2) {
+        for (int c = 0; c < panels; c++) group_scales(w, c, g, &scale[c], &low[c], f);
+        for (int64_t i = g * f.group; i < (g + 1) * f.group; i += 2) {
             cols wi[FEW_PANELS], wj[FEW_PANELS];
-            for (int c = 0; c < panels; c++) weights_at(w, c, i, scale[c], low[c], bits, &wi[c], &wj[c]);
+            for (int c = 0; c < panels; c++) weights_at(w, c, i, scale[c], low[c], f, &wi[c], &wj[c]);
             for (int r = 0; r < rows; r++) {
                 const float xi = x[r * w->k + i];
                 for (int c = 0; c < panels; c++) acc[r][c] = cols_fma(wi[c], xi, acc[r][c]);
@@ -85,13 +110,14 @@ static inline __attribute__((always_inline)) void direct(const struct panels *w,
 
 /* The weights of inputs [first, first + count) of `panels` panels, decoded into buffer[i][c]. */
 static inline __attribute__((always_inline)) void decode_chunk(const struct panels *w, int64_t first, int64_t count,
-                                                               const int panels, const int bits, cols *buffer) {
-    for (int64_t g = first / GROUP; g < (first + count) / GROUP; g++)
+                                                               const int panels, const struct format f,
+                                                               cols *buffer) {
+    for (int64_t g = first / f.group; g < (first + count) / f.group; g++)
         for (int c = 0; c < panels; c++) {
             cols scale, low;
-            group_scales(w, c, g, &scale, &low, bits);
-            for (int64_t i = g * GROUP; i < (g + 1) * GROUP; i += 2)
-                weights_at(w, c, i, scale, low, bits, &buffer[(i - first) * PANELS + c],
+            group_scales(w, c, g, &scale, &low, f);
+            for (int64_t i = g * f.group; i < (g + 1) * f.group; i += 2)
+                weights_at(w, c, i, scale, low, f, &buffer[(i - first) * PANELS + c],
                            &buffer[(i + 1 - first) * PANELS + c]);
         }
 }
@@ -113,64 +139,97 @@ static inline __attribute__((always_inline)) void from_buffer(const cols *buffer
         for (int c = 0; c < panels; c++) cols_store(out + r * n + c * PANEL, acc[r][c]);
 }
 
-/* One block of `P` panels for all m rows (B bits): its own loop nest for each count of rows, so the
- * accumulators stay in registers. */
-#define DIRECT_CASE(R, P, B) case R: direct(w, x, R, P, B, out, n); break;
-#define BUFFER_CASE(R, P, B) case R: from_buffer(buffer, x + r0 * k, k, first, count, R, P, out + r0 * n, n); break;
+/* One block of `P` panels for all m rows (format F): its own loop nest for each count of rows, so
+ * the accumulators stay in registers. */
+#define DIRECT_CASE(R, P, F) case R: direct(w, x, R, P, F, out, n); break;
+#define BUFFER_CASE(R, P, F) case R: from_buffer(buffer, x + r0 * k, k, first, count, R, P, out + r0 * n, n); break;
 
-#define DEFINE_BLOCK(NAME, P, B)                                                                      \
+#define DEFINE_BLOCK(NAME, P, F)                                                                      \
 static void NAME(const struct panels *w, const float *x, int64_t m, float *out, int64_t n) {          \
     const int64_t k = w->k;                                                                           \
     if (m <= ROWS) {                                                                                  \
-        switch ((int)m) { FOR_EACH_ROW_COUNT(DIRECT_CASE, P, B) }                                     \
+        switch ((int)m) { FOR_EACH_ROW_COUNT(DIRECT_CASE, P, F) }                                     \
         return;                                                                                       \
     }                                                                                                 \
     cols buffer[CHUNK * PANELS];                                                                      \
     for (int64_t first = 0; first < k; first += CHUNK) {                                              \
         const int64_t count = k - first < CHUNK ? k - first : CHUNK;                                  \
-        decode_chunk(w, first, count, P, B, buffer);                                                  \
+        decode_chunk(w, first, count, P, F, buffer);                                                  \
         for (int64_t r0 = 0; r0 < m; r0 += ROWS) {                                                    \
-            switch ((int)(m - r0 < ROWS ? m - r0 : ROWS)) { FOR_EACH_ROW_COUNT(BUFFER_CASE, P, B) }   \
+            switch ((int)(m - r0 < ROWS ? m - r0 : ROWS)) { FOR_EACH_ROW_COUNT(BUFFER_CASE, P, F) }   \
         }                                                                                             \
     }                                                                                                 \
 }
 
 /* At most FEW_ROWS rows: FEW_PANELS panels a block, so each row has that many independent sums in
  * flight (one sum is a chain of FMAs, each waiting for the last). */
-#define FEW_CASE(R, P, B) case R: direct(w, x, R, P, B, out, n); break;
-#define DEFINE_FEW_ROWS(NAME, B)                                                                      \
+#define FEW_CASE(R, P, F) case R: direct(w, x, R, P, F, out, n); break;
+#define DEFINE_FEW_ROWS(NAME, F)                                                                      \
 static void NAME(const struct panels *w, const float *x, int64_t m, float *out, int64_t n) {          \
-    switch ((int)m) { FOR_EACH_FEW_ROW_COUNT(FEW_CASE, FEW_PANELS, B) }                               \
+    switch ((int)m) { FOR_EACH_FEW_ROW_COUNT(FEW_CASE, FEW_PANELS, F) }                               \
 }
 
-DEFINE_BLOCK(block_int4, PANELS, 4)
-DEFINE_BLOCK(block_int8, PANELS, 8)
-DEFINE_BLOCK(one_panel_int4, 1, 4) /* the panels past the last whole block */
-DEFINE_BLOCK(one_panel_int8, 1, 8)
-DEFINE_FEW_ROWS(few_rows_int4, 4)
-DEFINE_FEW_ROWS(few_rows_int8, 8)
+typedef void (*block_fn)(const struct panels *, const float *, int64_t, float *, int64_t);
 
-void SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
-                                 const uint16_t *scales, const uint16_t *lows, const float *bias, int64_t n,
-                                 float *out) {
-    const int64_t num_panels = n / PANEL, groups = k / GROUP, panel_bytes = k * (bits == 4 ? PANEL / 2 : PANEL);
+struct kernels {
+    block_fn block, one_panel, few_rows; /* whole blocks of many rows, the panels past them, few rows */
+};
+
+/* The three functions of a format, named after it. */
+#define DEFINE_FORMAT(NAME, F)                                                                        \
+    DEFINE_BLOCK(block_##NAME, PANELS, F)                                                             \
+    DEFINE_BLOCK(one_panel_##NAME, 1, F)                                                              \
+    DEFINE_FEW_ROWS(few_rows_##NAME, F)                                                               \
+    static const struct kernels kernels_##NAME = {block_##NAME, one_panel_##NAME, few_rows_##NAME};
+
+DEFINE_FORMAT(q4_g32_f16, F_Q4_G32_F16)
+DEFINE_FORMAT(q8_g32_f16, F_Q8_G32_F16)
+DEFINE_FORMAT(q4_g32_f32, F_Q4_G32_F32)
+DEFINE_FORMAT(q8_g32_f32_low, F_Q8_G32_F32_LOW)
+DEFINE_FORMAT(q8_g16_f32, F_Q8_G16_F32)
+DEFINE_FORMAT(q4_g16_f32, F_Q4_G16_F32)
+DEFINE_FORMAT(q8_g32_f32, F_Q8_G32_F32)
+
+/* The format's kernels, or none (bindings.cpp checks a format before it calls). */
+static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low) {
+    if (scale_bits == 16 && group == 32)
+        return bits == 4 ? (has_low ? &kernels_q4_g32_f16 : 0) : (has_low ? 0 : &kernels_q8_g32_f16);
+    if (scale_bits != 32)
+        return 0;
+    if (group == 32)
+        return bits == 4 ? (has_low ? &kernels_q4_g32_f32 : 0) : (has_low ? &kernels_q8_g32_f32_low : &kernels_q8_g32_f32);
+    if (group == 16)
+        return bits == 4 ? (has_low ? &kernels_q4_g16_f32 : 0) : (has_low ? 0 : &kernels_q8_g16_f32);
+    return 0;
+}
+
+int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
+                                int64_t group, const void *scales, const void *lows, int64_t scale_bits,
+                                const float *bias, int64_t n, float *out) {
+    const struct kernels *fns = kernels_for(bits, group, scale_bits, lows != 0);
+    if (!fns || k % group || k % 2)
+        return -1;
+    const int64_t num_panels = n / PANEL, groups = k / group, panel_bytes = k * (bits == 4 ? PANEL / 2 : PANEL);
+    const int64_t scale_bytes = scale_bits / 8;
     const int is_few = m <= FEW_ROWS, per_block = is_few ? FEW_PANELS : PANELS;
     const int64_t num_blocks = num_panels / per_block, num_tasks = num_blocks + num_panels % per_block;
     _Pragma("omp parallel for schedule(static)")
     for (int64_t t = 0; t < num_tasks; t++) {
         const int is_whole = t < num_blocks, panels = is_whole ? per_block : 1;
         const int64_t p = is_whole ? t * per_block : num_blocks * per_block + (t - num_blocks);
-        const struct panels w = {(const uint8_t *)qweight + p * panel_bytes, scales + p * groups * PANEL,
-                                 lows ? lows + p * groups * PANEL : 0, k};
+        const int64_t scale_at = p * groups * PANEL * scale_bytes;
+        const struct panels w = {(const uint8_t *)qweight + p * panel_bytes, (const uint8_t *)scales + scale_at,
+                                 lows ? (const uint8_t *)lows + scale_at : 0, k};
         float *block_out = out + p * PANEL;
         if (!is_whole)
-            (bits == 4 ? one_panel_int4 : one_panel_int8)(&w, x, m, block_out, n);
+            fns->one_panel(&w, x, m, block_out, n);
         else if (is_few)
-            (bits == 4 ? few_rows_int4 : few_rows_int8)(&w, x, m, block_out, n);
+            fns->few_rows(&w, x, m, block_out, n);
         else
-            (bits == 4 ? block_int4 : block_int8)(&w, x, m, block_out, n);
+            fns->block(&w, x, m, block_out, n);
         if (bias)
             for (int64_t r = 0; r < m; r++)
                 for (int64_t j = p * PANEL; j < (p + panels) * PANEL; j++) out[r * n + j] += bias[j];
     }
+    return 0;
 }

@@ -41,3 +41,9 @@ static inline cols cols_int8(const int8_t *p, cols scale) {
     return (cols){_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale.lo),
                   _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), scale.hi)};
 }
+
+static inline cols cols_int8_low(const int8_t *p, cols scale, cols low) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)p);
+    return (cols){_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale.lo, low.lo),
+                  _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), scale.hi, low.hi)};
+}

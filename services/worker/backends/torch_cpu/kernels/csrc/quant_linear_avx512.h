@@ -28,3 +28,7 @@ static inline void cols_int4(const uint8_t *p, cols scale, cols low, cols *at_i,
 static inline cols cols_int8(const int8_t *p, cols scale) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), scale);
 }
+
+static inline cols cols_int8_low(const int8_t *p, cols scale, cols low) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), scale, low);
+}

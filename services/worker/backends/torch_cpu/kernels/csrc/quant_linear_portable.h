@@ -59,3 +59,9 @@ static inline cols cols_int8(const int8_t *p, cols scale) {
     for (int j = 0; j < 16; j++) c.v[j] = (float)p[j] * scale.v[j];
     return c;
 }
+
+static inline cols cols_int8_low(const int8_t *p, cols scale, cols low) {
+    cols c;
+    for (int j = 0; j < 16; j++) c.v[j] = MADD((float)p[j], scale.v[j], low.v[j]);
+    return c;
+}

@@ -1,0 +1,121 @@
+"""llama.cpp's k-quants and IQ4 blocks as quant_linear's formats: integer values in groups of 32 or
+16 inputs, each group's scale (and low) the product the file's dequantization computes.
+
+A k-quant super-block is 256 weights with an fp16 d (and dmin) and a small integer scale (and
+minimum) per sub-block: w = (d * sc) * q - (dmin * m). d * sc and dmin * m are exact in float32
+(an 11-bit significand times a 6-bit integer), and so is (d * sc) * q where there is a low, so
+fma(q, d * sc, -(dmin * m)) is the one rounding gguf's dequantize makes: the weights are its own,
+to the bit. Values wider than 4 bits (Q5_K, Q6_K, Q3_K, the IQ4 codebook's) are kept in 8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+QK = 256  # weights per super-block
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+
+@dataclass
+class Decoded:
+    q: np.ndarray  # [rows, k]: uint8 0..15 (bits 4) or int8
+    scale: np.ndarray  # [rows, k / group] float32
+    low: np.ndarray | None  # [rows, k / group] float32, or None
+    bits: int
+    group: int
+    half: bool = False  # every scale exact in float16 (kept as such)
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    """[..., 2] bytes -> [...] float32, from the file's float16."""
+    return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles(raw: np.ndarray, span: int) -> np.ndarray:
+    """Bytes in runs of `span`: each run's low nibbles, then its high ones (llama.cpp's order)."""
+    runs = raw.reshape(*raw.shape[:-1], -1, 1, span) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    return (runs & 0x0F).reshape(*raw.shape[:-1], -1)
+
+
+def _scale_min_k4(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit minimums."""
+    d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _blocks(raw: np.ndarray, size: int) -> np.ndarray:
+    """[rows, row bytes] -> [rows, super-blocks, size]."""
+    return raw.reshape(raw.shape[0], -1, size)
+
+
+def _flat(t: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(t.reshape(t.shape[0], -1))
+
+
+def q4_k(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, 144)  # d, dmin, 12 bytes of scales and minimums, 128 of nibbles
+    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    sc, mn = _scale_min_k4(b[..., 4:16])
+    q = _nibbles(b[..., 16:], 32)
+    return Decoded(_flat(q).astype(np.uint8), _flat(d * sc), _flat(-(dmin * mn)), 4, 32)
+
+
+def q5_k(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, 176)  # d, dmin, 12 bytes of scales, 32 of fifth bits, 128 of nibbles
+    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    sc, mn = _scale_min_k4(b[..., 4:16])
+    high = (b[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [.., 8 sub-blocks, 32]
+    q = _nibbles(b[..., 48:], 32).reshape(*b.shape[:2], 8, 32) | (high << 4)
+    return Decoded(_flat(q).astype(np.int8), _flat(d * sc), _flat(-(dmin * mn)), 8, 32)
+
+
+def q6_k(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, 210)  # 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales, d
+    low4 = _nibbles(b[..., 0:128].reshape(*b.shape[:2], 2, 64), 64).reshape(*b.shape[:2], 2, 4, 32)
+    high2 = (b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
+    q = (low4 | (high2 << 4)).astype(np.int8) - np.int8(32)
+    sc = b[..., 192:208].copy().view(np.int8).astype(np.float32)
+    return Decoded(_flat(q), _flat(_f16(b[..., 208:210])[..., None] * sc), None, 8, 16)
+
+
+def q3_k(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, 110)  # 32 bytes of high-bit masks, 64 of 2-bit pairs, 12 of scales, d
+    lo = b[..., 96:104][..., None, :] >> np.array([0, 4], dtype=np.uint8)[:, None]
+    hi = b[..., 104:108][..., None, :] >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+    sc = ((lo.reshape(*b.shape[:2], 16) & 0x0F) | ((hi.reshape(*b.shape[:2], 16) & 3) << 4)).astype(np.int8) - 32
+    low2 = (b[..., 32:96].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
+    mask = (b[..., 0:32][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+    q = low2.reshape(*b.shape[:2], 8, 32).astype(np.int8) - ((mask ^ 1) << 2).astype(np.int8)
+    d = _f16(b[..., 108:110])[..., None]
+    return Decoded(_flat(q), _flat(d * sc.astype(np.float32)), None, 8, 16)
+
+
+def q2_k(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, 84)  # 16 bytes of 4-bit scale and minimum pairs, 64 of 2-bit values, d, dmin
+    sc = b[..., 0:16]
+    d, dmin = _f16(b[..., 80:82])[..., None], _f16(b[..., 82:84])[..., None]
+    q = (b[..., 16:80].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
+    return Decoded(_flat(q).astype(np.uint8), _flat(d * (sc & 0x0F).astype(np.float32)),
+                   _flat(-(dmin * (sc >> 4).astype(np.float32))), 4, 16)
+
+
+def iq4_nl(raw: np.ndarray) -> Decoded:
+    b = raw.reshape(raw.shape[0], -1, 18)  # d, 16 bytes of codebook indices (blocks of 32)
+    q = IQ4_VALUES[_nibbles(b[..., 2:], 16)]
+    return Decoded(_flat(q), _flat(_f16(b[..., 0:2])), None, 8, 32, half=True)
+
+
+def iq4_xs(raw: np.ndarray) -> Decoded:
+    b = _blocks(raw, 136)  # d, 2 bytes of scales' high bits, 4 of their low nibbles, 128 of indices
+    high = (b[..., 2:4].copy().view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))) & 3
+    low = _nibbles(b[..., 4:8], 4).reshape(*b.shape[:2], 2, 4).swapaxes(-1, -2).reshape(*b.shape[:2], 8)
+    sc = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - 32
+    q = IQ4_VALUES[_nibbles(b[..., 8:].reshape(*b.shape[:2], 8, 16), 16)]
+    return Decoded(_flat(q), _flat(_f16(b[..., 0:2])[..., None] * sc.astype(np.float32)), None, 8, 32)
+
+
+DECODERS = {"Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "Q3_K": q3_k, "Q2_K": q2_k, "IQ4_NL": iq4_nl, "IQ4_XS": iq4_xs}

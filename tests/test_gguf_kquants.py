@@ -1,0 +1,148 @@
+"""llama.cpp's k-quants and IQ4 kept in their blocks (loader/gguf_kquants.py): the weights gguf's own
+dequantize gives, to the bit; quant_linear on each type's format against torch's matmul in every
+variant this CPU runs; a Llama whose tensors mix the types against transformers on the same weights.
+The blocks are random bytes with small float16 scales (any bytes are a valid block), written with
+the gguf package's writer; the oracle is gguf's dequantization and transformers, never our code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+from services.worker.backends.torch_cpu.quantization import QuantLinear, native_blocks, quantize
+from services.worker.loader.gguf_blocks import decode
+from services.worker.loader.gguf_kquants import DECODERS
+
+# where each type's float16 scales sit in its block (the other bytes are any values)
+HALF_AT = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q2_K": (80, 82), "IQ4_NL": (0,),
+           "IQ4_XS": (0,), "Q8_0": (0,), "Q4_1": (0, 2)}
+ROWS = [1, 2, 3, 4, 5, 12, 13, 40]  # as tests/cpu_kernels/test_quant_linear.py: every path of the kernel
+
+
+def random_raw(kind: str, rows: int, k: int, rng: np.random.Generator, scale: float = 0.01) -> np.ndarray:
+    """[rows, row bytes] of random blocks of `kind`, their float16 scales drawn around `scale`."""
+    qtype = GGMLQuantizationType[kind]
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
+    for at in HALF_AT[kind]:
+        halves = (rng.standard_normal((rows, k // block)) * scale).astype(np.float16)
+        raw[..., at:at + 2] = halves.view(np.uint8).reshape(rows, k // block, 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", sorted(DECODERS))
+def test_every_type_decodes_to_ggufs_own_dequantization_to_the_bit(kind):
+    rng = np.random.default_rng(len(kind))
+    raw = random_raw(kind, 16, 1024, rng)
+    want = dequantize(raw, GGMLQuantizationType[kind]).reshape(16, 1024)
+    got = decode(kind, raw)
+    assert np.array_equal(got.dequantized.numpy().view(np.uint32), want.view(np.uint32))
+    assert got.scale.shape == (16, 1024 // got.group)
+    assert torch.equal(got.scale.to(got.scale_dtype).float(), got.scale)  # kept exactly as the kernel stores it
+
+
+@pytest.mark.parametrize("kind", sorted(DECODERS))
+def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kernels, kind):
+    """Each row one float32 sum in order: the same bits at every batch size, and in every variant
+    with an FMA; within float32's rounding of the float64 matmul on gguf's weights."""
+    n, k = 48, 512  # a panel past the last pair; a buffer of 128 inputs filled four times
+    rng = np.random.default_rng(7)
+    raw = random_raw(kind, n, k, rng)
+    layer = QuantLinear(decode(kind, raw), None)
+    weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(n, k))
+    assert torch.equal(layer.dequantized, weights)  # the kernel's layout round-trips
+    x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
+    expected = x.double() @ weights.double().t()
+    previous = torch.ops.switchyard_cpu.variant()
+    outputs = {}
+    try:
+        for variant in torch.ops.switchyard_cpu.variants():
+            torch.ops.switchyard_cpu.use_variant(variant)
+            alone = layer(x[:1])
+            for m in ROWS:
+                out = layer(x[:m])
+                torch.testing.assert_close(out.double(), expected[:m], rtol=0,
+                                           atol=1e-5 * float(expected.abs().max()))
+                assert torch.equal(out[0], alone[0]), (variant, m)
+            outputs[variant] = layer(x)
+    finally:
+        torch.ops.switchyard_cpu.use_variant(previous)
+    fma = [out for name, out in outputs.items() if name != "portable"]
+    assert all(torch.equal(out, fma[0]) for out in fma[1:])
+
+
+# a Q4_K_M-like mix (Q4_K, Q6_K for attn_v, ffn_down and the head), and every other type in layer 1
+LAYER_TYPES = [
+    {"q_proj": "Q4_K", "k_proj": "Q4_K", "v_proj": "Q6_K", "o_proj": "Q4_K", "gate_proj": "Q4_K", "up_proj": "Q4_K",
+     "down_proj": "Q6_K"},
+    {"q_proj": "Q5_K", "k_proj": "Q3_K", "v_proj": "Q2_K", "o_proj": "IQ4_XS", "gate_proj": "IQ4_NL",
+     "up_proj": "Q8_0", "down_proj": "Q4_1"},
+]
+
+
+def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, monkeypatch, cpu_kernels):
+    """Every Linear keeps its file's blocks (QuantLinear, the type's bits and group), its weights
+    transformers' to the bit, and the logits of a 64-token prompt transformers' within float32's
+    rounding: the same weights, sums in another order."""
+    transformers = pytest.importorskip("transformers")
+    from services.worker.loader import load_model
+    from tests import gguf_writer
+    from tests.model_helpers import make_runner, prefill_logits
+
+    monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                      max_position_embeddings=1024, tie_word_embeddings=False)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    rng = np.random.default_rng(11)
+    path = str(tmp_path / "mixed.gguf")
+    writer = gguf_writer.header(hf, path, "llama")
+    writer.add_rope_dimension_count(64)
+    state = hf.state_dict()
+    for name, tensor in state.items():
+        stem, kind = name.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            _, _, i, rest = stem.split(".", 3)
+            out = f"blk.{i}.{gguf_writer.LAYER_NAMES[rest]}.{kind}"
+            qtype = LAYER_TYPES[int(i)].get(rest.split(".")[-1])
+        else:
+            out = f"{gguf_writer.TOP_NAMES[stem]}.{kind}"
+            qtype = {"lm_head": "Q6_K", "model.embed_tokens": "Q4_K"}.get(stem)
+        if qtype is None:  # the norms, float32 as llama.cpp keeps them
+            writer.add_tensor(out, tensor.float().numpy())
+            continue
+        rows, cols = tensor.shape
+        raw = random_raw(qtype, rows, cols, rng, scale=1e-3 if qtype in ("Q8_0", "IQ4_NL", "Q4_1") else 2e-4)
+        state[name] = torch.from_numpy(dequantize(raw, GGMLQuantizationType[qtype]).reshape(rows, cols))
+        if stem.endswith(("q_proj", "k_proj")):  # llama.cpp's row order: the blocks' rows permuted
+            heads = config.num_attention_heads if stem.endswith("q_proj") else config.num_key_value_heads
+            raw = gguf_writer.permute(raw, heads)
+        writer.add_tensor(out, np.ascontiguousarray(raw), raw_dtype=GGMLQuantizationType[qtype])
+    gguf_writer.finish(writer)
+    hf.load_state_dict(state)
+
+    loaded = load_model(path)
+    blocks = native_blocks(loaded, "gguf")
+    quantize(loaded.model, "gguf", blocks)
+    layers = dict(loaded.model.named_modules())
+    assert not any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())  # every weight kept
+    assert [type(layers[f"layers.{i}.attention.wqkv"]).__name__ for i in (0, 1)] == ["QuantLinearParts"] * 2
+    assert type(layers["layers.1.feed_forward.w13"]).__name__ == "QuantLinear"  # IQ4_NL beside Q8_0: one format
+    expect = {"layers.0.attention.wo": (4, 32, torch.float32), "layers.0.feed_forward.w2": (8, 16, torch.float32),
+              "layers.1.attention.wo": (8, 32, torch.float32), "layers.1.feed_forward.w2": (4, 32, torch.float16),
+              "output": (8, 16, torch.float32)}
+    for name, (bits, group, dtype) in expect.items():
+        layer = layers[name]
+        assert (layer.bits, layer.group, layer.scales.dtype) == (bits, group, dtype), name
+    assert torch.equal(layers["output"].dequantized, state["lm_head.weight"])
+    assert torch.equal(layers["layers.1.attention.wo"].dequantized, state["model.layers.1.self_attn.o_proj.weight"])
+    ids = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(5)).tolist()
+    ours = prefill_logits(make_runner(loaded, num_blocks=16), ids)
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-5 * float(theirs.abs().max()))
