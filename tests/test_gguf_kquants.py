@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
-from services.worker.backends.torch_cpu.quantization import QuantLinear, native_blocks, quantize
+from services.worker.backends.spec import weight_bytes
+from services.worker.backends.torch_cpu.quantization import QuantLinear, kept_weights, native_blocks, quantize
 from services.worker.loader.gguf_blocks import decode
 from services.worker.loader.gguf_kquants import DECODERS
 
@@ -146,3 +147,12 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     with torch.inference_mode():
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-5 * float(theirs.abs().max()))
+
+    # as the worker loads it: the kept weights never dequantized, the embedding table in its blocks too
+    worker = load_model(path, keep=kept_weights)
+    assert "tok_embeddings.weight" in worker.unloaded and "output.weight" in worker.unloaded
+    quantize(worker.model, "gguf", worker.blocks, worker.unloaded)
+    assert type(worker.model.tok_embeddings).__name__ == "QuantEmbedding"
+    assert torch.equal(prefill_logits(make_runner(worker, num_blocks=16), ids), ours)
+    dense_bytes = sum(t.numel() * 4 for t in hf.state_dict().values())
+    assert weight_bytes(worker.model) < 0.4 * dense_bytes

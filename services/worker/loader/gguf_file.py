@@ -5,6 +5,7 @@ The dequantized weights are cached as safetensors so a restart skips the slow pa
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import msgspec
@@ -82,21 +83,32 @@ def unpermute_rotary(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def config_of(path: str) -> ModelConfig:
+    fields = read_fields(path)
+    return ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in fields["__tensor_names__"])
+
+
+def load(path: str, skip: frozenset[str] = frozenset()) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and every weight dequantized to float32, but those named in `skip` (kept in their
+    blocks by the caller: gguf_blocks.py)."""
     fields = read_fields(path)
     config = ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in fields["__tensor_names__"])
-    cached = cache_dir_for(path, "weights-v1") / "model.safetensors"
+    kind = "weights-v1" if not skip else "weights-v1-without-" + hashlib.sha256("|".join(sorted(skip)).encode()).hexdigest()[:12]
+    cached = cache_dir_for(path, kind) / "model.safetensors"
     if cached.exists():
         return _with_rope_freqs(config, load_file(str(cached)), fields)
     state_dict = {}
     reader = GGUFReader(path)
     for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor"):
+        fused = fused_rows(tensor.name, config)
+        names = [name for name, _ in fused] if fused else [our_name(tensor.name)]
+        if all(name in skip for name in names):
+            continue
         w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
         w = w.reshape([int(d) for d in reversed(tensor.shape)])
         if rows_permuted(config) and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
             w = unpermute_rotary(w, config.num_heads if tensor.name.endswith("attn_q.weight") else config.num_kv_heads)
-        fused = fused_rows(tensor.name, config)
-        named = split_rows(fused, w) if fused else {our_name(tensor.name): w}
+        named = split_rows(fused, w) if fused else {names[0]: w}
         for name, rows in named.items():
             state_dict[name] = torch.from_numpy(np.array(rows, dtype=np.float32, order="C", copy=True))
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")  # several workers may build it at once

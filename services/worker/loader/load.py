@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import torch
 
 from services.worker.backends.base import LayerOps
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
-from services.worker.loader import dummy, gguf_file, hf_dir
+from services.worker.loader import dummy, gguf_blocks, gguf_file, hf_dir
+from services.worker.loader.gguf_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
 from shared.config import ConfigError
@@ -22,6 +24,8 @@ class LoadedModel:
     model: torch.nn.Module
     config: ModelConfig
     source: str
+    blocks: dict[str, QuantBlocks] | None = None  # a GGUF's blocks, kept (load_model's `keep`)
+    unloaded: frozenset[str] = frozenset()  # weights left on `meta`: the caller builds their modules from `blocks`
 
 
 def detect_format(path: str, load_format: str) -> str:
@@ -42,11 +46,19 @@ def refuse_encoder(loaded: LoadedModel, device: str) -> None:
 
 
 def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32,
-               ops: LayerOps = TORCH_OPS, device: torch.device | str = "cpu") -> LoadedModel:
-    """The model with its weights in `dtype` on `device`, its layers calling `ops` (the backend's)."""
+               ops: LayerOps = TORCH_OPS, device: torch.device | str = "cpu",
+               keep: Callable[[dict[str, QuantBlocks]], frozenset[str]] | None = None) -> LoadedModel:
+    """The model with its weights in `dtype` on `device`, its layers calling `ops` (the backend's).
+    keep (a GGUF): given the file's blocks (gguf_blocks.read), the weights the caller will build from
+    them; those are never dequantized, and stay on `meta` in the model returned."""
     fmt = detect_format(path, load_format)
+    blocks, unloaded = None, frozenset()
+    if fmt == "gguf" and keep is not None:
+        assert torch.device(device).type == "cpu", "the file's blocks are kept on the CPU backend only"
+        blocks = gguf_blocks.read(path, gguf_file.config_of(path))
+        unloaded = keep(blocks)
     if fmt == "gguf":
-        config, state_dict = gguf_file.load(path)
+        config, state_dict = gguf_file.load(path, unloaded)
     elif fmt == "hf":
         config, state_dict = hf_dir.load(path)
     else:
@@ -57,17 +69,19 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     if config.tie_word_embeddings:
         state_dict.pop("output.weight", None)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
-    missing = [m for m in missing if not (config.tie_word_embeddings and m == "output.weight")]
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "output.weight") and m not in unloaded]
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match {config.architecture}: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.tie_weights()
     model.fuse_projections()
     if getattr(cls, "is_encoder", False):  # BERT: absolute positions, no rotary
-        return LoadedModel(model=model.to(device=device, dtype=dtype).eval(), config=config, source=f"{fmt}:{path}")
+        return LoadedModel(model=model.to(device=device, dtype=dtype).eval(), config=config, source=f"{fmt}:{path}",
+                           blocks=blocks, unloaded=unloaded)
     del model.rotary  # still on meta: its buffer is not in the state dict
-    model = model.to(device=device, dtype=dtype).eval()
+    # weights left on meta (unloaded) cannot move: keep is for the CPU, where the others are already
+    model = (model.to(dtype=dtype) if unloaded else model.to(device=device, dtype=dtype)).eval()
     # made after the cast, so its frequencies stay float32 (in bfloat16 they keep 3 significant
     # digits, and the angles drift by radians at long positions)
     model.rotary = cls.rotary_class(config).to(device)
-    return LoadedModel(model=model, config=config, source=f"{fmt}:{path}")
+    return LoadedModel(model=model, config=config, source=f"{fmt}:{path}", blocks=blocks, unloaded=unloaded)

@@ -114,8 +114,8 @@ class LoraManager:
 def attach(model: torch.nn.Module, cfg: ModelConfig, limits: LoraLimits,
            state: LoraState) -> dict[tuple[int, str], LoraLinear]:
     """Every decoder layer's wqkv, wo, w13 and w2 (a dense MLP's) wrapped with LoRA slots."""
-    dtype = model.tok_embeddings.weight.dtype
-    device = model.tok_embeddings.weight.device
+    dtype = model.norm.weight.dtype  # the embedding may be a file's blocks (QuantEmbedding)
+    device = model.norm.weight.device
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes = {"wqkv": (cfg.hidden_size, [q, kv, kv]), "wo": (q, [cfg.hidden_size]),
               "w13": (cfg.hidden_size, [cfg.intermediate_size] * 2), "w2": (cfg.intermediate_size, [cfg.hidden_size])}

@@ -12,7 +12,7 @@ from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import native_blocks, quantize
+from services.worker.backends.torch_cpu.quantization import kept_weights, native_blocks, quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
@@ -54,12 +54,15 @@ class TorchCpuBackend:
         if not native and (spec.quantization in ("gguf", "int4", "int8") or spec.compile):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
-        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, NATIVE_OPS if native else TORCH_OPS)
+        keeps_blocks = spec.quantization in ("gguf", "int4")  # the file's blocks are never dequantized then
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, NATIVE_OPS if native else TORCH_OPS,
+                            keep=kept_weights if keeps_blocks else None)
         if getattr(loaded.model, "is_encoder", False) and (spec.compile or spec.quantization != "none"):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
                               "ops (models/bert.py); serve it without")
-        quantize(loaded.model, spec.quantization, native_blocks(loaded, spec.quantization))
+        blocks = loaded.blocks if loaded.blocks is not None else native_blocks(loaded, spec.quantization)
+        quantize(loaded.model, spec.quantization, blocks, loaded.unloaded)
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
@@ -88,7 +91,8 @@ class TorchCpuBackend:
 
     def hello_fields(self) -> dict:
         """The device line says what computes: it changes when a background compile ends (or fails)."""
-        dtype = str(self.model.tok_embeddings.weight.dtype).removeprefix("torch.")
+        dense = self.model.norm if hasattr(self.model, "norm") else self.model.tok_embeddings  # BERT has no final norm
+        dtype = str(dense.weight.dtype).removeprefix("torch.")
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
             [load_kernels().reason] * self.native + ([self.compiling.state] if self.compiling else [])
         return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks,

@@ -8,7 +8,7 @@ from torch import nn
 
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.loader import gguf_blocks
-from services.worker.loader.gguf_blocks import BLOCK, QuantBlocks, parts_of
+from services.worker.loader.gguf_blocks import BLOCK, FUSED, QuantBlocks, parts_of
 
 PANEL = 16  # output columns the kernel reads side by side (quant_linear.c)
 SMALLEST_SCALE = 2.0**-24  # float16's smallest
@@ -112,7 +112,64 @@ class QuantLinearParts(nn.Module):
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
-def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | None = None) -> nn.Module:
+class QuantEmbedding(nn.Module):
+    """An embedding table kept in the file's blocks (4-bit values two to a byte): the rows a step
+    looks up are dequantized as gguf dequantizes them, into the model's dtype."""
+
+    def __init__(self, blocks: QuantBlocks, dtype: torch.dtype):
+        super().__init__()
+        q = blocks.q
+        if blocks.bits == 4:
+            q = q[:, 0::2] | (q[:, 1::2] << 4)
+        self.bits, self.group, self.dtype = blocks.bits, blocks.group, dtype
+        self.num_embeddings, self.embedding_dim = blocks.q.shape
+        self.register_buffer("q", q.contiguous())
+        self.register_buffer("scales", blocks.scale.to(blocks.scale_dtype))
+        self.register_buffer("lows", None if blocks.low is None else blocks.low.to(blocks.scale_dtype))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        q = self.q[ids]
+        if self.bits == 4:
+            q = torch.stack([q & 0x0F, q >> 4], dim=-1)
+        q = q.reshape(*ids.shape, self.embedding_dim // self.group, self.group).float()
+        scale = self.scales[ids].float()[..., None]
+        rows = q * scale if self.lows is None else torch.addcmul(self.lows[ids].float()[..., None], q, scale)
+        return rows.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
+
+
+# the Linears a file's blocks may stand for, by weight name (and the embedding, QuantEmbedding)
+_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
+            "feed_forward.w3")
+
+
+def kept_weights(blocks: dict[str, QuantBlocks]) -> frozenset[str]:
+    """The weights quantize() builds from `blocks` (so load_model need not dequantize them): each
+    Linear whose every part is kept and fits the kernel, and the embedding table (unless a head
+    tied to it could not be kept)."""
+    def fit(name: str) -> bool:
+        b = blocks.get(name)
+        return b is not None and fits(*b.q.shape, b.group)
+
+    kept = set()
+    for name in blocks:
+        parts = name.removesuffix(".weight").split(".")
+        if parts == ["output"]:
+            kept.update([name] if fit(name) else [])
+            continue
+        linear = ".".join(parts[2:])
+        if len(parts) != 4 or parts[0] != "layers" or linear not in _LINEARS:
+            continue
+        group = next((g for g in FUSED.values() if linear in g), (linear,))  # a fused Linear's parts go together
+        if all(fit(f"layers.{parts[1]}.{p}.weight") for p in group):
+            kept.add(name)
+    tied = blocks.get("output.weight") is blocks.get("tok_embeddings.weight")
+    if "tok_embeddings.weight" in blocks and (not tied or "output.weight" in kept):
+        kept.add("tok_embeddings.weight")
+    return frozenset(kept)
+
+
+def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | None = None,
+             unloaded: frozenset[str] = frozenset()) -> nn.Module:
     """Every Linear that fits the kernel's layout, the output head included, becomes a quantized one
     (the embedding table stays). `blocks` (a GGUF with tensors of a kept type): those weights keep
     the file's own blocks; under `gguf` (--quantization auto's pick) a weight the file holds as floats
@@ -124,6 +181,11 @@ def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | Non
             if isinstance(child, nn.Linear):
                 where = f"{path}.{child_name}" if path else child_name
                 setattr(module, child_name, _quantized(child, method, blocks, where))
+    if "tok_embeddings.weight" in unloaded:
+        model.tok_embeddings = QuantEmbedding(blocks["tok_embeddings.weight"], model.norm.weight.dtype)
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"weights left unloaded after quantizing: {left[:5]}")
     return model
 
 
