@@ -136,6 +136,7 @@ def test_a_download_cut_mid_file_fails_within_seconds_and_the_next_run_completes
         cut.stop()
 
 
+@pytest.mark.stack
 def test_a_stack_serves_a_hub_id_under_its_name_as_the_local_file_is_served(
         hub, hf_env, tmp_path_factory, monkeypatch, openai_client, model_name):
     """--model-path org/name:TAG: the launcher fetches it once, the services load it offline, the
