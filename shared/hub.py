@@ -56,13 +56,17 @@ def fetch(model_id: str, revision: str | None = None, download_dir: str | None =
 
 def _listing(repo: str, revision: str | None) -> list[str] | None:
     """The repo's file names at `revision`; None when the Hub cannot be reached (the cache may serve)."""
-    import httpx2
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, errors
 
     try:
         info = HfApi().model_info(repo, revision=revision)
-    except (httpx2.ConnectError, httpx2.TimeoutException):
-        return None
+    except errors.HfHubHTTPError:  # the Hub answered: its answer says why
+        raise
+    except Exception as exc:
+        # no answer at all (refused, timed out): huggingface_hub's HTTP client's own errors, whichever it uses
+        if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "requests"):
+            return None
+        raise
     return [s.rfilename for s in info.siblings or []]
 
 
