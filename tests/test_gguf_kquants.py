@@ -156,3 +156,29 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     assert torch.equal(prefill_logits(make_runner(worker, num_blocks=16), ids), ours)
     dense_bytes = sum(t.numel() * 4 for t in hf.state_dict().values())
     assert weight_bytes(worker.model) < 0.4 * dense_bytes
+
+
+def test_int4_on_a_gguf_of_floats_quantizes_every_linear_to_4_bits(tmp_path, monkeypatch, cpu_kernels):
+    """No kept block in the file: load_model(keep=...) gives no blocks, and int4 makes its own 4-bit ones."""
+    transformers = pytest.importorskip("transformers")
+    from services.worker.loader import load_model
+    from tests import gguf_writer
+
+    monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                      max_position_embeddings=256, tie_word_embeddings=False)
+    hf = transformers.LlamaForCausalLM(config)
+    path = str(tmp_path / "floats.gguf")
+    writer = gguf_writer.header(hf, path, "llama")
+    for name, tensor in hf.state_dict().items():
+        stem, kind = name.rsplit(".", 1)
+        out = f"blk.{stem.split('.')[2]}.{gguf_writer.LAYER_NAMES[stem.split('.', 3)[3]]}.{kind}" \
+            if stem.startswith("model.layers.") else f"{gguf_writer.TOP_NAMES[stem]}.{kind}"
+        writer.add_tensor(out, tensor.float().numpy())
+    gguf_writer.finish(writer)
+    loaded = load_model(path, keep=kept_weights)
+    assert loaded.blocks is None and not loaded.unloaded
+    quantize(loaded.model, "int4", loaded.blocks, loaded.unloaded)
+    linears = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
+    assert linears and all(m.bits == 4 for m in linears)

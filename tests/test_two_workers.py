@@ -149,9 +149,9 @@ async def test_a_worker_back_after_it_was_declared_gone_drops_what_moved_away_an
         await reader.__anext__()
         victim = two_worker_stack.service(stream.worker_id)
         victim.proc.send_signal(signal.SIGSTOP)
-        await _until_workers(nc, model_name, 1)  # declared gone
+        await _wait_for_workers(two_worker_stack.admin_url, model_name, 1, timeout_s=60)  # declared gone
         victim.proc.send_signal(signal.SIGCONT)
-        await _until_workers(nc, model_name, 2)  # rejoined
+        await _wait_for_workers(two_worker_stack.admin_url, model_name, 2, timeout_s=60)  # rejoined
         stopping = time.monotonic()
         victim.proc.send_signal(signal.SIGTERM)
         victim.proc.wait(timeout=25)
@@ -164,11 +164,3 @@ async def test_a_worker_back_after_it_was_declared_gone_drops_what_moved_away_an
         await _wait_for_workers(two_worker_stack.admin_url, model_name, 2)
         await nc.close()
 
-
-async def _until_workers(nc, model_name: str, num_workers: int, timeout: float = 60) -> None:
-    """Polls the scheduler's stats until it counts num_workers, failing past the deadline."""
-    async def poll() -> None:
-        while (await scheduler_stats(nc, model_name)).num_workers != num_workers:
-            await asyncio.sleep(0.1)
-
-    await asyncio.wait_for(poll(), timeout)

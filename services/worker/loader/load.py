@@ -55,8 +55,8 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     blocks, unloaded = None, frozenset()
     if fmt == "gguf" and keep is not None:
         assert torch.device(device).type == "cpu", "the file's blocks are kept on the CPU backend only"
-        blocks = gguf_blocks.read(path, gguf_file.config_of(path))
-        unloaded = keep(blocks)
+        blocks = gguf_blocks.read(path, gguf_file.config_of(path)) or None
+        unloaded = keep(blocks) if blocks else frozenset()
     if fmt == "gguf":
         config, state_dict = gguf_file.load(path, unloaded)
     elif fmt == "hf":

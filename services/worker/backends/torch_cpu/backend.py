@@ -12,7 +12,7 @@ from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import kept_weights, native_blocks, quantize
+from services.worker.backends.torch_cpu.quantization import kept_weights, quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
@@ -61,8 +61,7 @@ class TorchCpuBackend:
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
                               "ops (models/bert.py); serve it without")
-        blocks = loaded.blocks if loaded.blocks is not None else native_blocks(loaded, spec.quantization)
-        quantize(loaded.model, spec.quantization, blocks, loaded.unloaded)
+        quantize(loaded.model, spec.quantization, loaded.blocks, loaded.unloaded)
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)

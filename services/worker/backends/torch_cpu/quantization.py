@@ -39,7 +39,8 @@ class QuantLinear(nn.Module):
       scheme); a GGUF's own blocks where the file has them, 8 bits for a weight it holds as floats.
     - int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
     quant_linear.c computes each output as one float32 sum over the inputs in order, at every batch
-    size, on weights equal to the bit to what gguf's own dequantize gives (gguf_kquants.py says why). So a row's result does not depend on its batch, and the
+    size, on weights equal to the bit to what gguf's own dequantize gives (gguf_kquants.py says
+    why). So a row's result does not depend on its batch, and the
     only difference from --deterministic (the same weights dequantized once, on torch's matmul) is
     the order of the sums. A bfloat16 model's rows are widened to float32, its outputs rounded back."""
 
@@ -154,7 +155,8 @@ def kept_weights(blocks: dict[str, QuantBlocks]) -> frozenset[str]:
     for name in blocks:
         parts = name.removesuffix(".weight").split(".")
         if parts == ["output"]:
-            kept.update([name] if fit(name) else [])
+            if fit(name):
+                kept.add(name)
             continue
         linear = ".".join(parts[2:])
         if len(parts) != 4 or parts[0] != "layers" or linear not in _LINEARS:
