@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from bench.vllm_tests import kill_left, report
@@ -76,12 +77,17 @@ def test_the_table_shows_every_outcome_and_each_failure_with_its_request():
 def test_processes_a_file_left_running_are_found_and_killed(tmp_path):
     marker = str(tmp_path / "report.jsonl")
     env = {**os.environ, "SY_VLLM_REPORT": marker}
-    stray = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)  # as a stack is started
+    # as a stack is started; its first line says its exec is done and its environment readable in /proc
+    # (Popen returns at exec's close-on-exec, before the kernel has set the new environment's bounds)
+    stray = subprocess.Popen([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(300)"],
+                             env=env, start_new_session=True, stdout=subprocess.PIPE)
     try:
+        assert stray.stdout.readline() == b"up\n"
         assert kill_left(marker, group=stray.pid + 10**6) == 1  # its pytest's group already gone
         assert stray.wait(timeout=10) == -signal.SIGKILL
     finally:
         stray.kill()
+        stray.stdout.close()
 
 
 def test_the_shim_records_each_request_of_a_case(tmp_path, monkeypatch):
