@@ -164,8 +164,7 @@ class BusClient:
             if isinstance(reply, Rejected) and reply.code != RejectCode.IN_FLIGHT:
                 _fail(stream, f"the request could not be resumed after its scheduler was lost: {reply.reason}")
             elif isinstance(reply, Accepted):
-                stream.scheduler_id = reply.scheduler_id
-                self.schedulers.heard(reply.scheduler_id)
+                self._held_by(stream, reply)
                 log.info("request_resumed", request_id=stream.request_id, scheduler_id=reply.scheduler_id,
                          num_tokens=len(submit.resume_token_ids))
             return
@@ -219,10 +218,18 @@ class BusClient:
         if isinstance(reply, Rejected):
             self.forget(request_id)
             raise SubmitRejected(reply.code, reply.reason)
-        stream.received_at, stream.scheduler_id = reply.received_at, reply.scheduler_id
-        if reply.scheduler_id and reply.scheduler_id not in self.schedulers:
-            self.schedulers.heard(reply.scheduler_id)  # accepted before its first heartbeat reached us
+        stream.received_at = reply.received_at
+        self._held_by(stream, reply)
         return stream
+
+    def _held_by(self, stream: RequestStream, reply: Accepted) -> None:
+        """The scheduler that accepted it holds it now; its Accepted may beat its first heartbeat
+        here, so whether it leads by a lease is taken from the reply as well."""
+        stream.scheduler_id = reply.scheduler_id
+        if reply.scheduler_id and reply.scheduler_id not in self.schedulers:
+            self.schedulers.heard(reply.scheduler_id)
+        if reply.lease:
+            self.leased.add(reply.scheduler_id)
 
     def _abort_if_accepted(self, model: str, request_id: str, answer: asyncio.Future) -> None:
         """The Submit's answer came after its caller was cancelled: an accepted request is aborted."""

@@ -157,6 +157,7 @@ class Accepted(msgspec.Struct, tag="accepted"):
     num_waiting: int = 0
     received_at: float = 0.0  # wall clock on the scheduler when the Submit arrived: the engine's clock starts
     scheduler_id: str = ""  # who holds the request now: its SchedulerHeartbeat stopping ends the stream
+    lease: str = ""  # the lease it leads by (lease.py): when it falls silent a standby takes the request over
 
 
 class Rejected(msgspec.Struct, tag="rejected"):

@@ -84,6 +84,20 @@ async def test_a_worker_refuses_a_step_from_a_deposed_leader(chaos_stack, model_
     assert answer.choices[0].finish_reason in ("length", "stop")
 
 
+async def test_the_leaders_accepted_says_it_leads_by_a_lease(chaos_stack, model_name):
+    """A client not yet subscribed to any heartbeat learns from the Accepted alone that the holder
+    leads by a lease: had the leader died before its first heartbeat reached the client, the request
+    would go to the standby rather than end with an error (CI once lost 26 requests so)."""
+    nc = await _admin(chaos_stack)
+    bus = BusClient(nc)  # not started: it hears no heartbeat
+    try:
+        stream = await bus.submit(model_name, [1000 + i for i in range(20)], SamplingParams(max_tokens=4))
+        assert stream.scheduler_id and stream.scheduler_id in bus.leased
+        await bus.abort(model_name, [stream.request_id])
+    finally:
+        await nc.close()
+
+
 async def test_a_worker_killed_and_restarted_by_the_launcher_under_load_loses_no_token(chaos_stack, model_name):
     """The issue's path: 16 greedy streams, the busier worker SIGKILLed after their first tokens;
     its requests move to the other worker, the launcher restarts it, and it rejoins while they still

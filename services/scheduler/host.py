@@ -29,6 +29,7 @@ from shared.registry import AGENT_TTL_S, AgentRecord, Pipeline, Registry
 
 log = get_logger("scheduler")
 UNDEPLOY_GRACE_S = 5.0  # in-flight requests of an undeployed pipeline get this long to finish
+REGISTRY_RETRY_S = 0.5
 
 
 class SchedulerHost:
@@ -52,12 +53,28 @@ class SchedulerHost:
     async def start(self) -> None:
         if self.lease is not None:  # a standby until the leader is gone
             self.fence = await self.lease.acquire()
+        # heard before any request is taken: a client then knows this one leads by a lease
+        self._tasks = [asyncio.create_task(self._heartbeat())]
         if self.static is not None:
-            self.static.fence = self.fence
+            self._lead(self.static)
             await self.static.start()
-        self.registry = await Registry(self.nc).open()
-        self._tasks = [asyncio.create_task(self.registry.follow_pipelines(self._apply_locked)),
-                       asyncio.create_task(self._announce()), asyncio.create_task(self._heartbeat())]
+        self.registry = await self._open_registry()
+        self._tasks += [asyncio.create_task(self.registry.follow_pipelines(self._apply_locked)),
+                        asyncio.create_task(self._announce())]
+
+    def _lead(self, service: SchedulerService) -> None:
+        service.fence = self.fence
+        service.lease = self.lease.key if self.lease is not None else ""
+
+    async def _open_registry(self) -> Registry:
+        """JetStream may still be electing (a node just back, a bus just resumed): a leader that
+        already serves waits for it rather than dying with its requests."""
+        while True:
+            try:
+                return await Registry(self.nc).open()
+            except Exception as exc:
+                log.warning("registry_unavailable", error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(REGISTRY_RETRY_S)
 
     async def drain(self, grace_s: float) -> None:
         await asyncio.gather(*(s.drain(grace_s) for s in self.services))
@@ -120,7 +137,7 @@ class SchedulerHost:
         if self.budget.refused.pop(name, None) is not None:
             await registry.put_agent(self.budget)
         service = SchedulerService(self.nc, config, self.scheduler_id)
-        service.fence = self.fence
+        self._lead(service)
         await service.start()
         self.deployed[name] = (pipeline.generation, service, deployed.engine_resources())
         log.info("deployment_started", model=config.model, generation=pipeline.generation)

@@ -56,6 +56,7 @@ class SchedulerService:
         self.nc = nc
         self.scheduler_id = scheduler_id
         self.fence = 0  # the host's lease token once it leads (lease.py); 0: no lease
+        self.lease = ""  # the host's lease key once it leads: every Accepted names it
         self.config = config
         self.model = config.model
         self.loras = ModelLoras()
@@ -126,7 +127,7 @@ class SchedulerService:
             return
         reply = self.admit(submit)
         if isinstance(reply, Accepted):
-            reply.received_at, reply.scheduler_id = received_at, self.scheduler_id
+            reply.received_at, reply.scheduler_id, reply.lease = received_at, self.scheduler_id, self.lease
         await msg.respond(encode(reply))
 
     def admit(self, submit: Submit) -> Accepted | Rejected:
