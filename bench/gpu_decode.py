@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "kv_cache_dtype": args.kv_cache_dtype, "context": args.context,
                     "date": time.strftime("%Y-%m-%d"), "graphs": not args.no_graphs}
     report["bandwidth_gb_s"] = copy_bandwidth() / 1e9
-    loaded = load_model(args.config, "dummy", dtype, TritonOps(), device="cuda")
+    loaded = load_model(args.config, "dummy", dtype, ops=TritonOps(), device="cuda")
     kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8" else dtype
     blocks = (args.big_batch + 1) * -(-(args.context + args.repeat + 16) // BLOCK_SIZE)
     blocks = max(blocks, -(-args.prefill_len // BLOCK_SIZE) + 1)

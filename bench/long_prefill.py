@@ -20,6 +20,7 @@ from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from services.worker.backends.kv_pool import KVSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from shared.hashing import root_hash
@@ -70,7 +71,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(default_model_path())
+    loaded = load_model(default_model_path(), ops=TORCH_OPS)
     print(f"long prompt {args.long} tokens, {args.short} short prompts of 24 tokens, budget {args.budget}")
     print("| prefill share | short requests' TTFT (s) | long request's TTFT (s) |")
     print("|---|---|---|")

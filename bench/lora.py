@@ -59,7 +59,7 @@ def runner_on_defaults(max_loras: int, rank: int) -> tuple[ModelRunner, str]:
     backend = TorchCpuBackend.create(spec)
     lora = LoraManager(backend.model, backend.config, LoraLimits(max_loras, rank))
     runner = ModelRunner(backend, 8192, backend.config.eos_token_ids, lora=lora)
-    return runner, backend.hello_fields()["device"]
+    return runner, backend.describe().device
 
 
 def decode_tok_s(runner: ModelRunner, adapters: list[str | None], prompt_len: int, steps: int, tag: str) -> float:

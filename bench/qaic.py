@@ -26,6 +26,7 @@ from services.worker.backends.qaic.backend import QaicBackend
 from services.worker.backends.qaic.mx_linear import linears
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from services.worker.sequence import SeqState
@@ -65,7 +66,7 @@ def greedy(backend, ids: list[int], num_tokens: int, chunk: int) -> list[int]:
 @torch.inference_mode()
 def accuracy(args) -> None:
     tokenizer = dataset.load()
-    loaded = load_model(default_model_path())
+    loaded = load_model(default_model_path(), ops=TORCH_OPS)
     reference = TorchCpuBackend(loaded, KVSpec.of(loaded.config, 16, torch.float32), 64)
     prompts = [tokenizer.encode(p.prompt) for p in dataset.english_prompts(tokenizer, args.prompts, 48, [1])]
     text = tokenizer.encode(" ".join(dataset.ENGLISH.split()))[: args.ctx_len]
@@ -90,7 +91,7 @@ def accuracy(args) -> None:
 
 @torch.inference_mode()
 def decode(args) -> None:
-    loaded = load_model(default_model_path())
+    loaded = load_model(default_model_path(), ops=TORCH_OPS)
     paged = time_decode(decode_runner(loaded, args.slots, args.context, args.steps + 1), args.slots, args.steps)
     print(f"torch cpu, paged, float32          batch {args.slots}: {paged * 1e3:7.1f} ms/step")
     weights = sum(m.weight.numel() for _, _, _, m in linears(loaded.model))

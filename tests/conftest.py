@@ -35,9 +35,10 @@ def cpu_kernels():
 
 @pytest.fixture(scope="session")
 def loaded_model(default_model_path):
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.loader import load_model
 
-    return load_model(default_model_path)
+    return load_model(default_model_path, ops=TORCH_OPS)
 
 
 @pytest.fixture(scope="session")

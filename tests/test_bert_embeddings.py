@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model, refuse_encoder
 from shared.config import ConfigError
 from shared.messages import Pooling
@@ -89,7 +90,7 @@ def _reference(theirs, ids: list[int], pooling: str) -> np.ndarray:
 @pytest.mark.parametrize("pooling", ["cls", "mean", None])
 def test_the_encoder_pools_as_transformers_does(tmp_path, pooling):
     theirs, tokenizer = _save(tmp_path, pooling)
-    loaded = load_model(str(tmp_path))
+    loaded = load_model(str(tmp_path), ops=TORCH_OPS)
     assert loaded.config.pooling == (pooling or "cls")
     prompts = [tokenizer.encode(t) for t in TEXTS[:5]]
     assert prompts[0][0] == tokenizer.cls_token_id and prompts[0][-1] == tokenizer.sep_token_id
@@ -105,7 +106,7 @@ def test_encoder_rows_chunked_and_preempted_give_their_lone_vectors(tmp_path):
     from tests.model_helpers import make_runner
 
     theirs, tokenizer = _save(tmp_path, "mean")
-    loaded = load_model(str(tmp_path))
+    loaded = load_model(str(tmp_path), ops=TORCH_OPS)
     prompts = [tokenizer.encode(" ".join(TEXTS[i : i + 3])) for i in range(5)]
     assert min(map(len, prompts)) > 24
     # 5 blocks of 16: a 56-token prompt takes 4, so a second one's chunks preempt the first
@@ -127,7 +128,7 @@ def test_a_cross_encoder_scores_pairs_as_transformers_does(tmp_path, activation)
     from shared.tokenizer import load_tokenizer
 
     theirs, tokenizer = _save_cross_encoder(tmp_path, activation)
-    loaded = load_model(str(tmp_path))
+    loaded = load_model(str(tmp_path), ops=TORCH_OPS)
     ours = load_tokenizer(str(tmp_path))
     pairs = [(TEXTS[0], TEXTS[i]) for i in range(1, 6)]
     prompts = [ours.encode_pair(q, d) for q, d in pairs]
@@ -147,7 +148,7 @@ def test_the_paged_backends_refuse_an_encoder_by_name(tmp_path):
     with pytest.raises(ConfigError, match=r"BertModel is an encoder .*\(--device cpu\), not on qaic"):
         QaicBackend.create(spec)  # the emulator, on this CPU
     with pytest.raises(ConfigError, match=r"BertModel is an encoder .*\(--device cpu\), not on cuda"):
-        refuse_encoder(load_model(str(tmp_path)), "cuda")  # what CudaBackend.create calls once its GPU is found
+        refuse_encoder(load_model(str(tmp_path), ops=TORCH_OPS), "cuda")  # what CudaBackend.create calls once its GPU is found
 
 
 @pytest.mark.stack

@@ -35,11 +35,12 @@ def test_packed_bfloat16_linear_matches_f_linear():
 
 
 def test_packed_model_matches_the_plain_one(loaded_model, default_model_path, hf_tokenizer):
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.loader import load_model
     from tests.model_helpers import greedy_generate, make_runner, prefill_logits
     from tests.test_llama_vs_hf import PROMPTS
 
-    packed = load_model(default_model_path)
+    packed = load_model(default_model_path, ops=TORCH_OPS)
     dense.pack_linears(packed.model)
     assert not any(isinstance(m, nn.Linear) for m in packed.model.modules())
     fast, reference = make_runner(packed), make_runner(loaded_model)

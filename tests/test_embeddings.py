@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from shared.messages import NewSeq, Pooling, SamplingParams, ScheduledSeq, Step
 from tests.model_helpers import make_runner
@@ -37,7 +38,7 @@ def embedder(tmp_path_factory):
     theirs = transformers.Qwen3ForCausalLM(config).eval()
     folder = tmp_path_factory.mktemp("qwen3-embedding")
     theirs.save_pretrained(folder, safe_serialization=True)
-    return theirs, load_model(str(folder))
+    return theirs, load_model(str(folder), ops=TORCH_OPS)
 
 
 def _pooled_seq(request_id: str, ids: list[int], num_new: int, pooling: Pooling, first_block: int) -> NewSeq:
@@ -204,7 +205,7 @@ def test_pooling_on_the_qaic_slots(small_qwen3, tmp_path, monkeypatch):
     runner = ModelRunner(backend, max_model_len=CTX_LEN, eos_token_ids=backend.config.eos_token_ids)
     slots = InProcessEngine(backend, num_blocks=16, runner=runner,
                             scheduler=SlotScheduler(SlotManager(SLOTS, CTX_LEN), CHUNK))
-    paged = InProcessEngine(load_model(small_qwen3, "dummy"), num_blocks=64)
+    paged = InProcessEngine(load_model(small_qwen3, "dummy", ops=TORCH_OPS), num_blocks=64)
     for engine in (slots, paged):
         for i, ids in enumerate(prompts):
             engine.add(f"r{i}", ids, 1, pooling=Pooling(dimensions=16))

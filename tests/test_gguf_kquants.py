@@ -90,6 +90,7 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     transformers' to the bit, and the logits of a 64-token prompt transformers' within float32's
     rounding: the same weights, sums in another order."""
     transformers = pytest.importorskip("transformers")
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.loader import load_model
     from tests import gguf_writer
     from tests.model_helpers import make_runner, prefill_logits
@@ -127,7 +128,7 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     gguf_writer.finish(writer)
     hf.load_state_dict(state)
 
-    loaded = load_model(path)
+    loaded = load_model(path, ops=TORCH_OPS)
     blocks = native_blocks(loaded, "gguf")
     quantize(loaded.model, "gguf", blocks)
     layers = dict(loaded.model.named_modules())
@@ -149,7 +150,7 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-5 * float(theirs.abs().max()))
 
     # as the worker loads it: the kept weights never dequantized, the embedding table in its blocks too
-    worker = load_model(path, keep=kept_weights)
+    worker = load_model(path, keep=kept_weights, ops=TORCH_OPS)
     assert "tok_embeddings.weight" in worker.unloaded and "output.weight" in worker.unloaded
     quantize(worker.model, "gguf", worker.blocks, worker.unloaded)
     assert type(worker.model.tok_embeddings).__name__ == "QuantEmbedding"
@@ -161,6 +162,7 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
 def test_int4_on_a_gguf_of_floats_quantizes_every_linear_to_4_bits(tmp_path, monkeypatch, cpu_kernels):
     """No kept block in the file: load_model(keep=...) gives no blocks, and int4 makes its own 4-bit ones."""
     transformers = pytest.importorskip("transformers")
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.loader import load_model
     from tests import gguf_writer
 
@@ -177,7 +179,7 @@ def test_int4_on_a_gguf_of_floats_quantizes_every_linear_to_4_bits(tmp_path, mon
             if stem.startswith("model.layers.") else f"{gguf_writer.TOP_NAMES[stem]}.{kind}"
         writer.add_tensor(out, tensor.float().numpy())
     gguf_writer.finish(writer)
-    loaded = load_model(path, keep=kept_weights)
+    loaded = load_model(path, keep=kept_weights, ops=TORCH_OPS)
     assert loaded.blocks is None and not loaded.unloaded
     quantize(loaded.model, "int4", loaded.blocks, loaded.unloaded)
     linears = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from tests.model_helpers import make_runner, prefill_logits
 
@@ -34,7 +35,7 @@ def test_hf_directory_matches_transformers(tmp_path, family):
     }
     config_cls, model_cls, extra = classes[family]
     theirs = save_tiny(tmp_path, config_cls, model_cls, **extra)
-    ours = load_model(str(tmp_path))
+    ours = load_model(str(tmp_path), ops=TORCH_OPS)
     assert ours.config.architecture == model_cls.__name__
     assert ours.config.attention_bias == (family == "qwen2")
     ids = [3, 17, 99, 4, 200, 31, 7, 7, 8, 120, 45, 2, 19, 77, 101, 5, 64, 33, 12]
@@ -46,7 +47,7 @@ def test_hf_directory_matches_transformers(tmp_path, family):
 
 def test_dummy_weights_follow_the_config(tmp_path):
     save_tiny(tmp_path, transformers.LlamaConfig, transformers.LlamaForCausalLM)
-    loaded = load_model(str(tmp_path / "config.json"), load_format="dummy")
+    loaded = load_model(str(tmp_path / "config.json"), load_format="dummy", ops=TORCH_OPS)
     assert loaded.model.layers[0].attention.wqkv.weight.shape == (64 + 2 * 2 * 16, 64)  # q, k, v fused
     logits = prefill_logits(make_runner(loaded, num_blocks=4), [1, 2, 3, 4, 5])
     assert logits.shape == (5, 256) and torch.isfinite(logits).all()

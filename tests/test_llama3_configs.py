@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_config import ModelConfig
 from services.worker.rope import RopeScaling, inv_freq
@@ -58,7 +59,7 @@ def _save(tmp_path, name: str, spelling: str):
 @pytest.mark.parametrize("name", list(REAL))
 def test_llama3_matches_transformers_past_the_scaled_wavelengths(tmp_path, name, spelling):
     hf, path = _save(tmp_path, name, spelling)
-    loaded = load_model(str(path))
+    loaded = load_model(str(path), ops=TORCH_OPS)
     assert loaded.config.rope_theta == 500000.0 and loaded.config.rope_scaling.rope_type == "llama3"
     ids = torch.randint(3, 512, (1500,), generator=torch.Generator().manual_seed(1)).tolist()
     ours = prefill_logits(make_runner(loaded, num_blocks=128), ids)
@@ -66,7 +67,7 @@ def test_llama3_matches_transformers_past_the_scaled_wavelengths(tmp_path, name,
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
     # the test can fail: unscaled frequencies (what such a config served as before) move the logits
-    plain = load_model(str(path))
+    plain = load_model(str(path), ops=TORCH_OPS)
     plain.model.rotary.inv_freq = inv_freq(plain.config.head_dim, 500000.0, RopeScaling())
     wrong = prefill_logits(make_runner(plain, num_blocks=128), ids)
     assert (wrong - theirs).abs().max() > 100 * (ours - theirs).abs().max()
@@ -143,7 +144,7 @@ def test_sliding_windows_are_served_per_layer_as_transformers_derives_them(tmp_p
 
 def test_rotary_frequencies_stay_float32_in_a_bfloat16_model(tmp_path):
     _, path = _save(tmp_path, "Llama-3.2-1B", "transformers5")
-    loaded = load_model(str(path), dtype=torch.bfloat16)
+    loaded = load_model(str(path), dtype=torch.bfloat16, ops=TORCH_OPS)
     assert loaded.model.tok_embeddings.weight.dtype == torch.bfloat16
     assert loaded.model.rotary.inv_freq.dtype == torch.float32
     assert torch.equal(loaded.model.rotary.inv_freq, inv_freq(64, 500000.0, loaded.config.rope_scaling))
@@ -184,7 +185,7 @@ def test_a_gguf_with_rope_freqs_matches_transformers(tmp_path, monkeypatch):
     scaling = RopeScaling(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=8192)
     divisors = inv_freq(128, 500000.0, RopeScaling()) / inv_freq(128, 500000.0, scaling)
-    loaded = load_model(_write_gguf(hf, tmp_path / "llama31.gguf", divisors))
+    loaded = load_model(_write_gguf(hf, tmp_path / "llama31.gguf", divisors), ops=TORCH_OPS)
     assert loaded.config.rope_freq_factors is not None
     ids = torch.randint(3, 512, (1500,), generator=torch.Generator().manual_seed(1)).tolist()
     ours = prefill_logits(make_runner(loaded, num_blocks=128), ids)

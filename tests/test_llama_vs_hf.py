@@ -62,9 +62,10 @@ def test_prompt_logprobs_match_transformers(loaded_model, hf_model, hf_tokenizer
 def test_bfloat16_path_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer):
     """The faster bf16 path (--dtype bfloat16) against our float32 path: same next token everywhere
     on the oracle prompts, logits within bf16's precision. (bf16 is not batch-invariant; float32 is.)"""
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.loader import load_model
 
-    bf16 = load_model(default_model_path, dtype=torch.bfloat16)
+    bf16 = load_model(default_model_path, dtype=torch.bfloat16, ops=TORCH_OPS)
     fast = make_runner(bf16, num_blocks=64, kv_dtype=torch.bfloat16, max_model_len=1024)
     reference = make_runner(loaded_model)
     agree = total = 0

@@ -68,7 +68,7 @@ def merged(base_dir: str, adapter_dir: str | None):
 
 
 def our_runner(base_dir: str, adapters: dict[str, str], max_loras: int = 4, max_cpu_loras: int | None = None):
-    runner = make_runner(load_model(base_dir, "auto", torch.float32, TORCH_OPS), num_blocks=64)
+    runner = make_runner(load_model(base_dir, "auto", torch.float32, ops=TORCH_OPS), num_blocks=64)
     runner.lora = LoraManager(runner.backend.model, runner.backend.config, LoraLimits(max_loras, 16, max_cpu_loras))
     for name, path in adapters.items():
         runner.lora.add(name, path)
@@ -164,7 +164,7 @@ def test_an_unknown_adapter_fails_its_row_alone(lora_model):
 
 def test_adapters_that_do_not_fit_are_refused_by_name(lora_model, tmp_path):
     base_dir, adapters = lora_model
-    cfg = load_model(base_dir, "auto", torch.float32, TORCH_OPS).config
+    cfg = load_model(base_dir, "auto", torch.float32, ops=TORCH_OPS).config
     with pytest.raises(LoraError, match="rank 16 is over --max-lora-rank 8"):
         load_adapter("big", adapters["qv-r16-rs"], cfg, max_rank=8)
     torch.manual_seed(0)
@@ -194,7 +194,7 @@ def test_the_cuda_backends_lora_kernels_give_the_torch_paths_tokens(lora_model):
     from services.worker.model_runner import ModelRunner
 
     base_dir, adapters = lora_model
-    loaded = load_model(base_dir, "auto", torch.float32, TritonOps())
+    loaded = load_model(base_dir, "auto", torch.float32, ops=TritonOps())
     backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, torch.float32), 24, torch.device("cpu"))
     triton = ModelRunner(backend, max_model_len=8192, eos_token_ids=loaded.config.eos_token_ids,
                          lora=LoraManager(loaded.model, loaded.config, LoraLimits(4, 16)))

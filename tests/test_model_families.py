@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from tests import gguf_writer
 from tests.model_helpers import (
@@ -54,7 +55,7 @@ def _saved(tmp_path_factory, name: str, config_cls: str, model_cls: str, **field
     theirs = getattr(transformers, model_cls)(config).eval()
     folder = tmp_path_factory.mktemp(name)
     theirs.save_pretrained(folder, safe_serialization=True)
-    return name, theirs, load_model(str(folder))
+    return name, theirs, load_model(str(folder), ops=TORCH_OPS)
 
 
 def test_logits_match_transformers_over_1500_positions(family):
@@ -100,7 +101,7 @@ def test_a_gguf_written_from_the_checkpoint_loads_the_same_model(family, tmp_pat
     name, theirs, ours = family
     path = str(tmp_path / "model.gguf")
     write_gguf(theirs, path, "qwen3" if "Qwen3" in name else "qwen2")
-    from_gguf = load_model(path)
+    from_gguf = load_model(path, ops=TORCH_OPS)
     assert from_gguf.config.architecture == ours.config.architecture
     assert from_gguf.config.head_dim == ours.config.head_dim
     ids = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(4)).tolist()
@@ -126,7 +127,7 @@ def test_phi3_fused_projections_and_longrope_match_transformers(tmp_path, varian
                                      initializer_range=0.08, **PHI3, **rope)
     theirs = transformers.Phi3ForCausalLM(config).eval()
     theirs.save_pretrained(tmp_path, safe_serialization=True)
-    ours = load_model(str(tmp_path))
+    ours = load_model(str(tmp_path), ops=TORCH_OPS)
     ids = torch.randint(0, VOCAB, (1500,), generator=gen).tolist()
     with torch.inference_mode():
         expected = theirs(torch.tensor([ids])).logits[0].float()
@@ -158,7 +159,7 @@ def test_a_phi3_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path, rotar
     theirs = _phi3(rotary, longrope)
     path = str(tmp_path / "phi3.gguf")
     gguf_writer.finish(gguf_writer.phi3(theirs, path))
-    from_gguf = load_model(path)
+    from_gguf = load_model(path, ops=TORCH_OPS)
     assert (from_gguf.config.architecture, from_gguf.config.sliding_window) == ("Phi3ForCausalLM",
                                                                               None if longrope else 24)
     assert from_gguf.config.rotary_dim == (72 if rotary < 1 else 0)
@@ -205,7 +206,7 @@ def test_phi4_mini_partial_rotary_matches_transformers(tmp_path):
         initializer_range=0.08, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     theirs = transformers.Phi3ForCausalLM(config).eval()
     theirs.save_pretrained(tmp_path, safe_serialization=True)
-    ours = load_model(str(tmp_path))
+    ours = load_model(str(tmp_path), ops=TORCH_OPS)
     assert (ours.config.head_dim, ours.config.rotary_dim) == (128, 96)
     ids = torch.randint(0, VOCAB, (1500,), generator=gen).tolist()
     with torch.inference_mode():
@@ -317,7 +318,7 @@ def test_a_moe_gguf_as_llama_cpp_writes_it_loads_the_same_model(moe_family, tmp_
     name, theirs, ours = moe_family
     path = str(tmp_path / "moe.gguf")
     write_moe_gguf(theirs, path, "llama" if name.startswith("Mixtral") else "qwen3moe")
-    from_gguf = load_model(path)
+    from_gguf = load_model(path, ops=TORCH_OPS)
     assert from_gguf.config.architecture == ours.config.architecture
     assert (from_gguf.config.num_experts, from_gguf.config.num_experts_per_tok) == \
         (ours.config.num_experts, ours.config.num_experts_per_tok)

@@ -15,11 +15,12 @@ from services.worker.backends.torch_cpu.quantization import QuantLinear, quantiz
                                                ("int4", torch.float32), ("w8a8", torch.float32)])
 def test_quantized_model_agrees_with_float32(loaded_model, default_model_path, hf_tokenizer, cpu_kernels, method,
                                             dtype):
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.loader import load_model
     from tests.model_helpers import make_runner, prefill_logits
     from tests.test_llama_vs_hf import PROMPTS
 
-    quant = load_model(default_model_path, dtype=dtype)
+    quant = load_model(default_model_path, dtype=dtype, ops=TORCH_OPS)
     quantize(quant.model, method)
     assert not any(isinstance(m, nn.Linear) for m in quant.model.modules())
     fast = make_runner(quant, num_blocks=64, kv_dtype=dtype, max_model_len=1024)
@@ -74,12 +75,13 @@ def test_a_ggufs_own_blocks_are_kept_and_its_perplexity(loaded_model, default_mo
     weights are the loader's floats to the bit (Q8_0's at 8 bits). The perplexity of a fixed text:
     float32 on the blocks is the dense reference's up to summation order; a bfloat16 model's stays
     within 0.5%."""
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.backends.torch_cpu.quantization import native_blocks
     from services.worker.loader import load_model
     from services.worker.loader.gguf_blocks import for_module
     from tests.model_helpers import make_runner
 
-    quant = load_model(default_model_path, dtype=dtype)
+    quant = load_model(default_model_path, dtype=dtype, ops=TORCH_OPS)
     float_weights = {n: m.weight.detach().clone() for n, m in quant.model.named_modules() if isinstance(m, nn.Linear)}
     blocks = native_blocks(quant, method)
     quantize(quant.model, method, blocks)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from tests import gguf_writer
 from tests.model_helpers import (
@@ -74,7 +75,7 @@ def _saved(tmp_path_factory, name: str, window: int | None = None):
                     p.normal_(0, 0.1)
     folder = tmp_path_factory.mktemp(name)
     theirs.save_pretrained(folder, safe_serialization=True)
-    return theirs, load_model(str(folder))
+    return theirs, load_model(str(folder), ops=TORCH_OPS)
 
 
 @pytest.fixture(scope="module", params=["gemma-3-1b-it", "gemma-3-4b-it", "gemma-2-2b-it"])
@@ -153,7 +154,7 @@ def test_a_gemma_gguf_as_llama_cpp_writes_it_loads_the_same_model(tmp_path_facto
     theirs = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields)).eval()
     path = str(tmp_path_factory.mktemp(f"{arch}-gguf") / "model.gguf")
     write_gemma_gguf(theirs, path, arch)
-    ours = load_model(path)
+    ours = load_model(path, ops=TORCH_OPS)
     assert ours.config.architecture == model_cls
     assert [ours.config.window_of(i) for i in range(6)] == windows
     ids = torch.randint(0, VOCAB, (100,), generator=torch.Generator().manual_seed(4)).tolist()

@@ -103,12 +103,15 @@ def main() -> None:
     rebuild = None if spec.compile else lambda: create_backend(device, spec)
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild,
                          lora=lora)
+    info = backend.describe()
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
                         architecture=backend.config.architecture, embedding=backend.config.embedding_spec(),
                         num_scheduler_steps=defaults.num_scheduler_steps.value if defaults else 1,
                         max_loras=lora.limits.max_loras if lora else 0, loras=lora.infos if lora else [],
-                        **({"kv_cache_dtype": config.kv_cache_dtype} | backend.hello_fields()))
+                        backend=info.backend, kind=info.kind, num_blocks=info.num_blocks, block_size=info.block_size,
+                        dtype=info.dtype, device=info.device, prefill_seq_len=info.prefill_seq_len,
+                        kv_cache_dtype=info.kv_cache_dtype or config.kv_cache_dtype)
     del backend  # the runner holds it alone, so that sleep mode frees it
     executor = MainThreadExecutor()
 
@@ -155,7 +158,7 @@ def lora_manager(args: argparse.Namespace, backend, device: str, deployed=None) 
     if device == "qaic":
         raise ConfigError("LoRA adapters: the qaic backend runs one compiled program of the base model's weights "
                           "(docs/qaic.md); serve adapters on the cpu or cuda backend")
-    if getattr(backend.model, "is_encoder", False):
+    if backend.encoder is not None:
         raise ConfigError(f"LoRA adapters: {backend.config.architecture} is an encoder; adapters are served for "
                           "decoders")
     limits = LoraLimits(args.max_loras, args.max_lora_rank, args.max_cpu_loras)

@@ -125,7 +125,7 @@ class ModelRunner:
         batch = self.apply_deltas(step)
         if not batch:
             return self._record([], [], [])
-        if getattr(self.backend.model, "is_encoder", False):
+        if self.backend.encoder is not None:
             return self._encode(batch)
         hidden = self.forward(batch)
         # only sequences whose every known token is now computed produce a token
@@ -181,7 +181,7 @@ class ModelRunner:
                 done.append(seq)
         pooled = {}
         if done:
-            vectors = self.backend.model.embed([s.token_ids for s in done])
+            vectors = self.backend.encoder.embed([s.token_ids for s in done])
             pooled = {s.request_id: pool(vectors[i], s.sampling.pooling) for i, s in enumerate(done)}
         return self._record([], [], [], pooled)
 

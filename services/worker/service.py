@@ -142,7 +142,7 @@ class WorkerService:
         again, so /v1/models shows what computes now."""
         if self.runner.is_sleeping:
             return
-        device = self.runner.backend.hello_fields()["device"]
+        device = self.runner.backend.describe().device
         if device != self.hello.device:
             self.hello.device = device
             log.info("device_changed", device=device)

@@ -58,5 +58,5 @@ def test_the_worker_says_which_kernels_it_runs(cpu_kernels, default_model_path):
     from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 
     spec = WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 0, num_kv_blocks=8, quantization="gguf")
-    device = TorchCpuBackend.create(spec).hello_fields()["device"]
+    device = TorchCpuBackend.create(spec).describe().device
     assert device == f"cpu (float32, gguf weights, C kernels ({cpu_kernels.variant}))"

@@ -11,6 +11,7 @@ import torch
 from services.worker.backends.cuda.backend import CudaBackend
 from services.worker.backends.cuda.ops import TritonOps
 from services.worker.backends.kv_pool import KVSpec
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from tests.inproc_engine import BLOCK_SIZE, InProcessEngine
@@ -48,7 +49,7 @@ def _gpu_runner(config: str, dtype: torch.dtype, graphs: bool, num_blocks: int =
 @pytest.mark.parametrize("family", FAMILIES)
 def test_float32_with_graphs_gives_the_torch_cpu_paths_tokens(request, family):
     config = request.getfixturevalue(family)
-    reference, _ = _run(load_model(config, "dummy"), None)
+    reference, _ = _run(load_model(config, "dummy", ops=TORCH_OPS), None)
     runner = _gpu_runner(config, torch.float32, graphs=True)
     replays = []
     run = runner.backend.graphs.run

@@ -25,7 +25,7 @@ def generate(path: str, device: str, hf_tokenizer, **formats) -> dict[str, list[
     config = QaicConfig(full_batch_size=4, ctx_len=256, prefill_seq_len=32, **formats)
     spec = WorkerSpec(model_path=path, kv_cache_bytes=lambda _: 0, qaic=config).with_dtype_for("qaic")
     backend = QaicBackend.create(spec, device=device)
-    assert backend.hello_fields()["device"] == f"qaic, emulated on {device}"
+    assert backend.describe().device == f"qaic, emulated on {device}"
     runner = ModelRunner(backend, max_model_len=256, eos_token_ids=backend.config.eos_token_ids)
     engine = InProcessEngine(None, 16, runner=runner, scheduler=SlotScheduler(SlotManager(4, 256), 32))
     for i, prompt in enumerate(PROMPTS):

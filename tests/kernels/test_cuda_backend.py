@@ -13,6 +13,7 @@ from services.worker.backends.cuda.backend import CudaBackend
 from services.worker.backends.cuda.ops import TritonOps
 from services.worker.backends.cuda.sampler import device_sample, is_plain
 from services.worker.backends.kv_pool import KVSpec
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.model_runner import ModelRunner
@@ -39,7 +40,7 @@ def test_smollm2_greedy_tokens_equal_the_torch_backends(default_model_path, load
                                     "small_gemma2"])
 def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(request, family):
     config = request.getfixturevalue(family)
-    reference, triton = load_model(config, "dummy"), load_model(config, "dummy", ops=TritonOps())
+    reference, triton = load_model(config, "dummy", ops=TORCH_OPS), load_model(config, "dummy", ops=TritonOps())
     gen = torch.Generator().manual_seed(3)
     shared = torch.randint(0, 299, (40,), generator=gen).tolist()
     prompts = [shared + torch.randint(0, 299, (n,), generator=gen).tolist() for n in (3, 20, 37)]

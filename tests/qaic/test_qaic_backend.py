@@ -13,6 +13,7 @@ from services.worker.backends.qaic.backend import EMULATED_ON, QaicBackend, comp
 from services.worker.backends.qaic.devices import SlicedLinear
 from services.worker.backends.qaic.mx_linear import MXFP6Linear, linears
 from services.worker.backends.spec import WorkerSpec
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from shared.config import ConfigError
@@ -62,13 +63,13 @@ def run_torch(loaded, max_tokens: int = 12) -> dict[str, list[int]]:
 def test_the_static_shapes_give_the_torch_backends_tokens(request, family):
     config = request.getfixturevalue(family)
     backend = qaic_backend(config)
-    assert backend.kind == WorkerKind.SLOTS and backend.hello_fields()["device"] == EMULATED_ON
-    assert run_qaic(backend, backend) == run_torch(load_model(config, "dummy"))
+    assert backend.kind == WorkerKind.SLOTS and backend.describe().device == EMULATED_ON
+    assert run_qaic(backend, backend) == run_torch(load_model(config, "dummy", ops=TORCH_OPS))
 
 
 def test_mxfp6_weights_compute_exactly_what_they_store(small_llama):
     backend = qaic_backend(small_llama, mxfp6_matmul=True)
-    reference = load_model(small_llama, "dummy")
+    reference = load_model(small_llama, "dummy", ops=TORCH_OPS)
     stored = {name: m for name, m in backend.model.named_modules() if isinstance(m, MXFP6Linear)}
     assert len(stored) == 2 * 4 + 1  # wqkv, wo, w13, w2 per layer, and the output head
     for name, _, _, linear in linears(reference.model):  # the torch path over the decoded MXFP6 values
@@ -78,7 +79,7 @@ def test_mxfp6_weights_compute_exactly_what_they_store(small_llama):
 
 def test_mxint8_kv_agrees_with_the_float_cache_and_the_bytes_are_at_the_formats_ratios(small_llama):
     exact, mx = qaic_backend(small_llama), qaic_backend(small_llama, mxfp6_matmul=True, mxint8_kv_cache=True)
-    assert mx.hello_fields()["kv_cache_dtype"] == "mxint8"
+    assert mx.describe().kv_cache_dtype == "mxint8"
     a, b = run_qaic(exact, exact), run_qaic(mx, mx)
     agree = sum(x == y for k in a for x, y in zip(a[k], b[k], strict=True)) / sum(len(v) for v in a.values())
     assert agree > 0.5  # random weights have flat logits: MX rounding flips some argmaxes

@@ -8,6 +8,7 @@ metadata, the forward, warm-up or graph capture, and sampling. `ModelRunner` kee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -65,12 +66,34 @@ class ForwardInputs(Protocol):
     meta: Any  # the backend's own attention metadata
 
 
+class Encoder(Protocol):
+    """A bidirectional model that pools a prompt into one vector (models/bert.py)."""
+
+    def embed(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Each prompt's pooled vector -> [n, dim]."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What the worker announces about its backend (the backend's fields of WorkerHello)."""
+
+    backend: BackendName
+    kind: WorkerKind
+    num_blocks: int
+    block_size: int
+    dtype: str  # the weights' compute dtype
+    device: str  # what computes, for /v1/models, e.g. "cpu (bfloat16, ...)", "qaic, emulated on cpu"
+    prefill_seq_len: int = 0  # a slots backend's most prefill tokens per step
+    kv_cache_dtype: str | None = None  # the pool's own, where the backend picks it (None: as configured)
+
+
 class Backend(Protocol):
     name: BackendName
     kind: WorkerKind
     device: torch.device
     model: torch.nn.Module
     config: ModelConfig  # the model's architecture
+    encoder: Encoder | None  # an encoder model pools instead of sampling (only the torch CPU backend runs one)
     kv: KVSpec  # the pool's geometry and dtype (a slots backend's: qaic/kv_slots.py's SlotKVSpec)
     block_size: int
     num_blocks: int  # usable KV blocks (announced; a slots backend's: its slots); a paged pool holds one more, the null block
@@ -91,5 +114,6 @@ class Backend(Protocol):
         """Compile or capture what serving needs before the worker says hello (the CPU backend
         compiles in the background instead); returns seconds."""
 
-    def hello_fields(self) -> dict:
-        """What the worker announces about its backend (WorkerHello's backend, kind, KV geometry, dtype)."""
+    def describe(self) -> BackendInfo:
+        """What the worker announces about its backend; its device line may change while it serves
+        (the CPU backend's background compile ending)."""

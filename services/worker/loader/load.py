@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from services.worker.backends.base import LayerOps
-from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import dummy, gguf_blocks, gguf_file, hf_dir
 from services.worker.loader.gguf_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
@@ -45,8 +44,8 @@ def refuse_encoder(loaded: LoadedModel, device: str) -> None:
                           f"prompt): it runs on the torch CPU backend (--device cpu), not on {device}")
 
 
-def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32,
-               ops: LayerOps = TORCH_OPS, device: torch.device | str = "cpu",
+def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32, *,
+               ops: LayerOps, device: torch.device | str = "cpu",
                keep: Callable[[dict[str, QuantBlocks]], frozenset[str]] | None = None) -> LoadedModel:
     """The model with its weights in `dtype` on `device`, its layers calling `ops` (the backend's).
     keep (a GGUF): given the file's blocks (gguf_blocks.read), the weights the caller will build from

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from services.worker.backends.base import BackendInfo
 from services.worker.backends.cuda.graphs import DecodeGraphs
 from services.worker.backends.cuda.inputs import CudaInputs, build_inputs
 from services.worker.backends.cuda.memory import kv_budget, profile_peak
@@ -38,6 +39,7 @@ class CudaBackend:
         for; None: every step runs eagerly."""
         self.model = loaded.model
         self.config = loaded.config
+        self.encoder = None  # encoders are refused at load (refuse_encoder)
         self.kv = kv
         self.device = device
         self.block_size = kv.block_size
@@ -62,7 +64,7 @@ class CudaBackend:
         device = torch.device("cuda", torch.cuda.current_device())
         dtype = spec.torch_dtype
         kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV_CACHE_DTYPES else spec.kv_torch_dtype  # e4m3, scale 1
-        loaded = load_model(spec.model_path, spec.load_format, dtype, TritonOps(), device=device)
+        loaded = load_model(spec.model_path, spec.load_format, dtype, ops=TritonOps(), device=device)
         refuse_encoder(loaded, "cuda")
         kv = KVSpec.of(loaded.config, spec.block_size, kv_dtype)
         if spec.num_kv_blocks:
@@ -96,8 +98,8 @@ class CudaBackend:
             self.graphs.capture()
         return time.perf_counter() - started
 
-    def hello_fields(self) -> dict:
+    def describe(self) -> BackendInfo:
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu, Triton interpreted"
-        return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks, "block_size": self.block_size,
-                "dtype": str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
-                "device": f"{self.device} ({device})"}
+        return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
+                           dtype=str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
+                           device=f"{self.device} ({device})")

@@ -9,6 +9,7 @@ import time
 import msgspec
 import torch
 
+from services.worker.backends.base import BackendInfo
 from services.worker.backends.qaic import runtime
 from services.worker.backends.qaic.devices import EmulatedDevices, slice_across
 from services.worker.backends.qaic.inputs import QaicInputs, SlotMeta, build_inputs
@@ -49,6 +50,7 @@ class QaicBackend:
     def __init__(self, loaded: LoadedModel, program: QaicProgram, kv: SlotKVSpec, device: torch.device):
         self.model = loaded.model
         self.config = loaded.config
+        self.encoder = None  # encoders are refused at load (refuse_encoder)
         self.program = program
         self.kv = kv
         self.device = device  # the emulator's
@@ -66,7 +68,7 @@ class QaicBackend:
             raise ConfigError(f"quantization {spec.quantization!r} is not a QAIC format: use mxfp6 (or none)")
         qaic = msgspec.structs.replace(qaic, mxfp6_matmul=mxfp6, mxint8_kv_cache=mxint8)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, QAIC_OPS, device=device)
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops=QAIC_OPS, device=device)
         refuse_encoder(loaded, "qaic")
         program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
                                   spec.torch_dtype)
@@ -110,9 +112,9 @@ class QaicBackend:
                                     torch.zeros(0, dtype=torch.long), "warm-up").to(self.device))
         return time.perf_counter() - started
 
-    def hello_fields(self) -> dict:
-        return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks, "block_size": self.block_size,
-                "prefill_seq_len": self.program.prefill_seq_len,
-                "dtype": str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
-                "kv_cache_dtype": "mxint8" if self.kv.mxint8 else str(self.kv.dtype).removeprefix("torch."),
-                "device": emulated_on(self.device)}
+    def describe(self) -> BackendInfo:
+        return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
+                           prefill_seq_len=self.program.prefill_seq_len,
+                           dtype=str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
+                           kv_cache_dtype="mxint8" if self.kv.mxint8 else str(self.kv.dtype).removeprefix("torch."),
+                           device=emulated_on(self.device))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from services.worker.backends.base import BackendInfo
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.compiled import BackgroundCompile
@@ -32,6 +33,7 @@ class TorchCpuBackend:
         warm_up() compiles its decode layers in the background (compiled.py)."""
         self.model = loaded.model
         self.config = loaded.config
+        self.encoder = loaded.model if getattr(loaded.model, "is_encoder", False) else None
         self.kv = kv
         self.block_size = kv.block_size
         self.num_blocks = num_blocks
@@ -55,7 +57,7 @@ class TorchCpuBackend:
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
         keeps_blocks = spec.quantization in ("gguf", "int4")  # the file's blocks are never dequantized then
-        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, NATIVE_OPS if native else TORCH_OPS,
+        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops=NATIVE_OPS if native else TORCH_OPS,
                             keep=kept_weights if keeps_blocks else None)
         if getattr(loaded.model, "is_encoder", False) and (spec.compile or spec.quantization != "none"):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
@@ -88,11 +90,11 @@ class TorchCpuBackend:
                                                cache_root() / "compile-probe")
         return 0.0
 
-    def hello_fields(self) -> dict:
+    def describe(self) -> BackendInfo:
         """The device line says what computes: it changes when a background compile ends (or fails)."""
         dense = self.model.norm if hasattr(self.model, "norm") else self.model.tok_embeddings  # BERT has no final norm
         dtype = str(dense.weight.dtype).removeprefix("torch.")
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
             [load_kernels().reason] * self.native + ([self.compiling.state] if self.compiling else [])
-        return {"backend": self.name, "kind": self.kind, "num_blocks": self.num_blocks,
-                "block_size": self.block_size, "dtype": dtype, "device": f"cpu ({', '.join(how)})"}
+        return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
+                           dtype=dtype, device=f"cpu ({', '.join(how)})")
