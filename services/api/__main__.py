@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
@@ -13,7 +14,7 @@ from services.api.context import ApiContext, BatchState, PipelineState, ServedMo
 from services.api.limits import LimitsWatcher
 from services.api.openai.defaults import load_openai_config
 from services.api.pipelines.deployments import DeploymentWatcher
-from services.api.pipelines.inference_log import InferenceLog
+from services.api.pipelines.inference_log import InferenceLog, recorder
 from services.api.processes import Supervisor, reuse_port_socket
 from services.api.readiness import Readiness
 from services.api.server import DrainingServer
@@ -67,6 +68,7 @@ def main() -> None:
         ctx = ApiContext(nc=nc, bus=client, models={served.name: served}, server=server, pipelines=pipelines,
                          batch=BatchState(concurrency=args.batch_concurrency), tool_call_parser=args.tool_call_parser,
                          reasoning_parser=args.reasoning_parser)
+        ctx.request_hooks.append(functools.partial(recorder, pipelines.inference_log))
         ctx.limits = LimitsWatcher(ctx)
         await ctx.limits.start()
         await ctx.limits.refresh(served.name)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # the features' classes import this module
     from services.api.batch.batches import BatchStore
     from services.api.batch.files import FileStore
     from services.api.limits import LimitsWatcher
+    from services.api.openai.generation import FinishHook
     from services.api.pipelines.deployments import DeploymentWatcher
     from services.api.pipelines.inference_log import InferenceLog
     from services.api.responses.store import ResponseStore
@@ -105,6 +107,20 @@ class ApiContext:
     responses: ResponseStore | None = None  # the Responses API's store (JetStream), made on first use
     batch: BatchState = field(default_factory=BatchState)
     pipelines: PipelineState = field(default_factory=PipelineState)
+    # what features hook onto each OpenAI request: given its model and body, a hook each of its
+    # generations calls at its end, or None (the pipelines feature registers its inference log)
+    request_hooks: list[Callable[[ServedModel, Any], FinishHook | None]] = field(default_factory=list)
+
+    def finish_hook(self, model: ServedModel, body: Any) -> FinishHook | None:
+        """What each generation of this request calls at its end (None: nothing asks)."""
+        hooks = [h for make in self.request_hooks if (h := make(model, body)) is not None]
+        if len(hooks) <= 1:
+            return hooks[0] if hooks else None
+
+        def each(gen) -> None:
+            for hook in hooks:
+                hook(gen)
+        return each
 
     def resolve(self, name: str) -> ServedModel | None:
         """A served model by its name, or by its pipeline's or model's name, or one of its LoRA

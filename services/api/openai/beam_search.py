@@ -14,9 +14,8 @@ import msgspec
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.openai.format import Usage
-from services.api.openai.generation import Delta, Generation
+from services.api.openai.generation import Delta, Generation, engine_request
 from services.api.openai.protocol import _Sampling
-from shared.detokenizer import IncrementalDetokenizer
 from shared.messages import SamplingParams
 
 # what a beam search takes beside n, max_tokens, temperature, seed, ignore_eos, length_penalty and
@@ -114,11 +113,7 @@ class BeamChoices:
 
     async def _one_token(self, ids: list[int], sampling: SamplingParams):
         """One engine request for one token and its 2n likeliest; the prefix cache holds the beam."""
-        gen = Generation(self.ctx.bus, self.model.engine, ids, sampling,
-                         IncrementalDetokenizer(self.model.tokenizer.tokenizer, []), self.ctx.metrics,
-                         cache_salt=self.body.cache_salt, idle_timeout_s=self.ctx.server.idle_timeout_s,
-                         request_timeout_s=self.ctx.server.request_timeout_s, arrival=self.arrived,
-                         user=self.body.user, priority=self.body.priority, lora=self.model.lora)
+        gen = engine_request(self.ctx, self.model, self.body, ids, sampling, self.arrived, stop=[])
         self._in_flight.append(gen)
         try:
             await gen.submit()

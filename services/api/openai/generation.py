@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.api.errors import APIError
 from services.api.metrics import ApiMetrics
@@ -13,6 +14,9 @@ from shared.client import BusClient, EngineUnavailable, RequestStream, SubmitRej
 from shared.detokenizer import IncrementalDetokenizer
 from shared.log import get_logger
 from shared.messages import FinishReason, Logprobs, RejectCode, SamplingParams
+
+if TYPE_CHECKING:
+    from services.api.context import ApiContext, ServedModel
 
 log = get_logger("api")
 _REJECT_STATUS = {RejectCode.INVALID: 400, RejectCode.QUEUE_FULL: 429, RejectCode.UNAVAILABLE: 503,
@@ -43,15 +47,21 @@ class Delta:
     stop_reason: str | int | None = None
 
 
+FinishHook = Callable[["Generation"], None]  # called with a generation at its end (a pipeline's inference log)
+
+
 class Generation:
     def __init__(self, bus: BusClient, model: str, prompt_ids: list[int], sampling: SamplingParams,
                  detokenizer: IncrementalDetokenizer, metrics: ApiMetrics, *, cache_salt: str | None,
                  idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float],
-                 user: str | None = None, priority: int = 0, lora: str | None = None):
+                 user: str | None = None, priority: int = 0, lora: str | None = None,
+                 on_finished: FinishHook | None = None, keeps_output: bool = False):
         """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival).
         user: OpenAI's end-user identifier, logged with the request for monitoring.
         priority: the scheduler serves lower first (vLLM's meaning).
-        lora: the LoRA adapter of `model` to run on (None: the base model)."""
+        lora: the LoRA adapter of `model` to run on (None: the base model).
+        on_finished: called at its end; keeps_output (implied by on_finished): output_ids and
+        output_text hold what the client was sent."""
         self.bus = bus
         self.priority = priority
         self.lora = lora
@@ -74,8 +84,8 @@ class Generation:
         self.stream: RequestStream | None = None
         self.num_cached_tokens = 0
         self.finish_reason = "abort"  # until the stream says otherwise: disconnect or timeout
-        self.on_finished = None  # called with this generation at its end (a pipeline's inference log)
-        self.keeps_output = False  # then output_ids and output_text hold what the client was sent
+        self.on_finished = on_finished
+        self.keeps_output = keeps_output or on_finished is not None
         self.held_ids: list[int] = []  # tokens with no text yet (a split character, a possible stop string)
         self.output_ids: list[int] = []
         self.output_text: list[str] = []
@@ -230,3 +240,15 @@ class Generation:
         log.info("request_finished", request_id=self.stream.request_id, model=self.model, user=self.user,
                  prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                  cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)
+
+
+def engine_request(ctx: ApiContext, model: ServedModel, body, prompt_ids: list[int], sampling: SamplingParams,
+                   arrival: tuple[float, float], *, stop: list[str] | None = None,
+                   on_finished: FinishHook | None = None) -> Generation:
+    """One engine request of an OpenAI request (body: its cache_salt, user, priority, stop strings)
+    on a served model, under the gateway's timeouts. stop: instead of the body's stop strings."""
+    detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings if stop is None else stop)
+    return Generation(ctx.bus, model.engine, prompt_ids, sampling, detokenizer, ctx.metrics,
+                      cache_salt=body.cache_salt, idle_timeout_s=ctx.server.idle_timeout_s,
+                      request_timeout_s=ctx.server.request_timeout_s, arrival=arrival, user=body.user,
+                      priority=body.priority, lora=model.lora, on_finished=on_finished)

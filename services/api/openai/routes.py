@@ -17,7 +17,7 @@ from services.api.off_loop import off_loop
 from services.api.openai.beam_search import BeamChoices, check_beam_request
 from services.api.openai.body import parse
 from services.api.openai.choices import Choices
-from services.api.openai.generation import Generation
+from services.api.openai.generation import Generation, engine_request
 from services.api.openai.params import (
     chat_logprobs,
     choice_seed,
@@ -34,8 +34,6 @@ from services.api.openai.responder import ChatResponder, CompletionResponder, Re
 from services.api.openai.thinking import ThinkingGeneration
 from services.api.openai.tools.choice import forced_grammar, plan_tools
 from services.api.openai.tools.parsers import resolve as resolve_parser
-from services.api.pipelines.inference_log import recorder
-from shared.detokenizer import IncrementalDetokenizer
 from shared.messages import SamplingParams
 
 router = APIRouter()
@@ -106,20 +104,15 @@ def thinking_choices(ctx: ApiContext, model: ServedModel, body: ChatCompletionRe
                      sampling: SamplingParams, arrived: tuple[float, float]) -> Choices:
     """Each choice thinks, then answers under the request's grammar (thinking.py)."""
     def make(ids: list[int], params: SamplingParams, stop: list[str]) -> Generation:
-        return Generation(ctx.bus, model.engine, ids, params, IncrementalDetokenizer(model.tokenizer.tokenizer, stop),
-                          ctx.metrics, cache_salt=body.cache_salt, idle_timeout_s=ctx.server.idle_timeout_s,
-                          request_timeout_s=ctx.server.request_timeout_s, arrival=arrived, user=body.user,
-                          priority=body.priority, lora=model.lora)
+        return engine_request(ctx, model, body, ids, params, arrived, stop=stop)
 
     ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
-    log = recorder(ctx.pipelines.inference_log, model, body)
-    generations = []
-    for j in range(body.n):
-        seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, j))
-        gen = ThinkingGeneration(make, prompt_ids, seeded, body.stop_strings, body.thinking_token_budget,
-                                 lambda text: model.tokenizer.encode(text, add_special_tokens=False))
-        gen.on_finished, gen.keeps_output = log, log is not None
-        generations.append(gen)
+    hook = ctx.finish_hook(model, body)
+    generations = [ThinkingGeneration(make, prompt_ids, msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, j)),
+                                      body.stop_strings, body.thinking_token_budget,
+                                      lambda text: model.tokenizer.encode(text, add_special_tokens=False),
+                                      on_finished=hook)
+                   for j in range(body.n)]
     return Choices(generations, [0] * body.n)
 
 
@@ -129,17 +122,12 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
         check_beam_request(body, model)
         return BeamChoices(ctx, model, body, prompts, samplings, arrived)
     generations, prompt_index = [], []
-    log = recorder(ctx.pipelines.inference_log, model, body)
+    hook = ctx.finish_hook(model, body)
     for p, (ids, sampling) in enumerate(zip(prompts, samplings, strict=True)):
         ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
         for j in range(body.n):
             seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, j))
-            detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings)
-            generations.append(Generation(
-                ctx.bus, model.engine, ids, seeded, detokenizer, ctx.metrics, cache_salt=body.cache_salt,
-                idle_timeout_s=ctx.server.idle_timeout_s, request_timeout_s=ctx.server.request_timeout_s, arrival=arrived,
-                user=body.user, priority=body.priority, lora=model.lora))
-            generations[-1].on_finished, generations[-1].keeps_output = log, log is not None
+            generations.append(engine_request(ctx, model, body, ids, seeded, arrived, on_finished=hook))
             prompt_index.append(p)
     return Choices(generations, prompt_index)
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import msgspec
 
-from services.api.openai.generation import Delta, Generation
+from services.api.openai.generation import Delta, FinishHook, Generation
 from services.api.openai.reasoning import END
 from shared.messages import SamplingParams
 
@@ -21,15 +21,16 @@ class ThinkingGeneration:
     starts, and its token count covers both."""
 
     def __init__(self, make: MakeGeneration, prompt_ids: list[int], sampling: SamplingParams,
-                 stop: list[str], budget: int | None, encode: Callable[[str], list[int]]):
+                 stop: list[str], budget: int | None, encode: Callable[[str], list[int]],
+                 on_finished: FinishHook | None = None):
         self.make, self.prompt_ids, self.sampling, self.stop, self.encode = make, prompt_ids, sampling, stop, encode
         thinking = msgspec.structs.replace(sampling, guided=None,
                                            max_tokens=min(budget or sampling.max_tokens, sampling.max_tokens))
         self.first = make(prompt_ids, thinking, [END])
         self.first.keeps_output = True  # its token ids go on to the answer's prompt
         self.second: Generation | None = None
-        self.on_finished = None
-        self.keeps_output = False
+        self.on_finished = on_finished  # handed on to the request's last generation
+        self.keeps_output = on_finished is not None
 
     @property
     def stream(self):

@@ -68,8 +68,7 @@ async def replay(request: Request) -> JSONResponse:
     gen = Generation(ctx.bus, model.name, record.prompt_token_ids, record.sampling,
                      IncrementalDetokenizer(model.tokenizer.tokenizer, record.stop), ctx.metrics, cache_salt=None,
                      idle_timeout_s=ctx.server.idle_timeout_s, request_timeout_s=ctx.server.request_timeout_s,
-                     arrival=arrival(request))
-    gen.keeps_output = True
+                     arrival=arrival(request), keeps_output=True)
     await gen.submit()
     async for _ in gen.deltas():
         pass
