@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import re
-import time
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -26,21 +24,18 @@ from services.api.responses.as_chat import (
     ResponsesRequest,
     assistant_messages,
     chat_body,
-    function_call_item,
     input_messages,
-    message_item,
     new_id,
     output_items,
-    reasoning_item,
     response_object,
 )
+from services.api.responses.events import ResponseEvents
 from services.api.responses.store import ResponseStore
 from shared import subjects
 
 router = APIRouter()
 CANCEL_TIMEOUT_S = 10.0
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
-_json = msgspec.json.Encoder()
 
 
 def _store(ctx: ApiContext) -> ResponseStore:
@@ -124,85 +119,18 @@ async def _keep(ctx: ApiContext, body: ResponsesRequest, response: dict, convers
 
 async def _events(ctx: ApiContext, choices: Choices, responder: ChatResponder, body: ResponsesRequest,
                   response_id: str, conversation: list[dict]):
-    """created, in_progress; per output item: added, its deltas, done; completed (or error)."""
-    numbers = itertools.count()
-    created = int(time.time())
-    output: list[dict] = []
-    text_id, texts, text_logprobs = None, [], []
-    reasoning_id, thoughts = None, []
-
-    def event(kind: str, **fields) -> bytes:
-        data = _json.encode({"type": kind, "sequence_number": next(numbers), **fields})
-        return f"event: {kind}\ndata: ".encode() + data + b"\n\n"
-
-    def close_text() -> list[bytes]:
-        text, index = "".join(texts), len(output)
-        item = message_item(text_id, text, "completed", text_logprobs)
-        output.append(item)
-        return [event("response.output_text.done", item_id=text_id, output_index=index, content_index=0, text=text,
-                      logprobs=text_logprobs),
-                event("response.content_part.done", item_id=text_id, output_index=index, content_index=0,
-                      part=item["content"][0]),
-                event("response.output_item.done", output_index=index, item=item)]
-
-    def close_reasoning() -> list[bytes]:
-        text, index = "".join(thoughts), len(output)
-        item = reasoning_item(reasoning_id, text, "completed")
-        output.append(item)
-        return [event("response.reasoning_text.done", item_id=reasoning_id, output_index=index, content_index=0,
-                      text=text),
-                event("response.output_item.done", output_index=index, item=item)]
-
-    started = response_object(response_id, body, [], "in_progress", None, created_at=created)
-    yield event("response.created", response=started)
-    yield event("response.in_progress", response=started)
+    writer = ResponseEvents(response_id, body)
+    for event in writer.start():
+        yield event
     try:
         async for index, delta in choices.deltas():
-            logprobs, content, calls, reasoning = responder.add(index, delta)
-            if reasoning:  # the thinking streams as a reasoning item of its own, before the answer's
-                if reasoning_id is None:
-                    reasoning_id, thoughts = new_id("rs"), []
-                    yield event("response.output_item.added", output_index=len(output),
-                                item=reasoning_item(reasoning_id, "", "in_progress"))
-                thoughts.append(reasoning)
-                yield event("response.reasoning_text.delta", item_id=reasoning_id, output_index=len(output),
-                            content_index=0, delta=reasoning)
-            if reasoning_id is not None and (content or calls or delta.finish_reason):
-                for e in close_reasoning():
-                    yield e
-                reasoning_id = None
-            if content:
-                if text_id is None:
-                    text_id, texts, text_logprobs = new_id("msg"), [], []
-                    yield event("response.output_item.added", output_index=len(output),
-                                item=message_item(text_id, "", "in_progress"))
-                    yield event("response.content_part.added", item_id=text_id, output_index=len(output),
-                                content_index=0, part={"type": "output_text", "text": "", "annotations": []})
-                texts.append(content)
-                text_logprobs.extend(logprobs or [])
-                yield event("response.output_text.delta", item_id=text_id, output_index=len(output), content_index=0,
-                            delta=content, logprobs=logprobs or [])
-            for call in calls:
-                if text_id is not None:
-                    for e in close_text():
-                        yield e
-                    text_id = None
-                item, k = function_call_item(call, "completed"), len(output)
-                yield event("response.output_item.added", output_index=k, item=function_call_item(call, "in_progress"))
-                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=k,
-                            delta=item["arguments"])
-                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=k,
-                            name=item["name"], arguments=item["arguments"])
-                output.append(item)
-                yield event("response.output_item.done", output_index=k, item=item)
-        if text_id is not None:
-            for e in close_text():
-                yield e
+            for event in writer.add(*responder.add(index, delta), finished=bool(delta.finish_reason)):
+                yield event
         choice = responder.choices[0]
-        response = response_object(response_id, body, output, "completed", choices.usage(), choice.finish_reason,
-                                   created_at=created)
+        response, closing = writer.finish(choices.usage(), choice.finish_reason)
+        for event in closing:
+            yield event
         await _keep(ctx, body, response, conversation + assistant_messages("".join(choice.text), choice.tool_calls))
-        yield event("response.completed", response=response)
-    except APIError as exc:  # the stream has started: the error goes in-band
-        error = exc.body()["error"]
-        yield event("error", code=error.get("code"), message=error["message"], param=error.get("param"))
+        yield writer.completed(response)
+    except APIError as exc:
+        yield writer.error(exc)
