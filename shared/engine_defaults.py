@@ -68,11 +68,12 @@ def pick(gguf_types: dict[str, int], *, kernels: str | None, dtype: str = "auto"
         num_scheduler_steps=_steps(num_scheduler_steps, kernels is None and picked_quant.value in QUANT_LINEAR))
 
 
-def pick_for_host(args, config, model_path: str, deterministic: bool, kernels: str | None) -> EngineDefaults:
-    """`pick` for the model file at `model_path`, with the worker's flags (`args`: --dtype, --compile)
-    and the engine's config (quantization, num_scheduler_steps)."""
+def pick_for_host(config, model_path: str, *, dtype: str, compile: bool | None, deterministic: bool,
+                  kernels: str | None) -> EngineDefaults:
+    """`pick` for the model file at `model_path`, with the worker's --dtype and --compile and the
+    engine's config (quantization, num_scheduler_steps)."""
     types = read_fields(model_path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(model_path) else {}
-    return pick(types, kernels=kernels, dtype=args.dtype, quantization=config.quantization, compile=args.compile,
+    return pick(types, kernels=kernels, dtype=dtype, quantization=config.quantization, compile=compile,
                 num_scheduler_steps=config.num_scheduler_steps, deterministic=deterministic)
 
 

@@ -283,7 +283,8 @@ def engine_defaults_lines(service_args: list[str], fetched_path: str | None = No
     try:
         config = engine_config_from_args(args)
         model_path = fetched_path or resolve_model_path(config.model_path, config.revision, config.download_dir)
-        defaults = pick_for_host(args, config, model_path, args.deterministic, kernels_unusable())
+        defaults = pick_for_host(config, model_path, dtype=args.dtype, compile=args.compile,
+                                 deterministic=args.deterministic, kernels=kernels_unusable())
     except (ConfigError, OSError) as exc:
         return [f"(the worker will refuse its settings: {exc})"]
     return defaults.lines()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import uuid
@@ -14,13 +13,14 @@ import torch
 from services.worker.backends import create_backend
 from services.worker.backends.spec import WorkerSpec
 from services.worker.custom_runtime import supervise
-from services.worker.deployment import drain_when_orphaned, fetch_deployment
+from services.worker.deployment import drain_when_orphaned
 from services.worker.guided import GrammarCompiler
 from services.worker.lora.adapter import LoraError
-from services.worker.lora.manager import LoraLimits, LoraManager
+from services.worker.lora.manager import LoraManager
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
 from services.worker.model_runner import ModelRunner
 from services.worker.service import WorkerService
+from services.worker.settings import WorkerSettings, resolve
 from shared import log as sylog
 from shared.bus import connect
 from shared.config import (
@@ -28,15 +28,12 @@ from shared.config import (
     add_engine_args,
     add_nats_arg,
     add_worker_args,
-    engine_config_from_args,
     resolve_max_model_len,
 )
-from shared.deploy_config import QaicConfig, convert
 from shared.engine_defaults import EngineDefaults, pick_for_host
 from shared.lifecycle import serve
-from shared.lora import parse_lora_modules
 from shared.messages import WorkerHello, WorkerKind
-from shared.model_files import cache_root, resolve_model_path
+from shared.model_files import cache_root
 from shared.tokenizer import load_tokenizer
 
 
@@ -54,33 +51,17 @@ def main() -> None:
     sylog.configure("worker")
     # compiled decode layers are cached beside the model cache, not in /tmp, so they outlive a reboot
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
-    deployed, custom = None, None
-    if args.pipeline:  # started by an agent for a deployed pipeline: its configs come from the registry
-        deployed, model_path, custom = fetch_deployment(args.nats_url, args.pipeline, args.generation)
-        config = deployed.engine_config()
-        args.threads = deployed.worker_threads
-    else:
-        config = engine_config_from_args(args)
-        model_path = resolve_model_path(config.model_path, config.revision, config.download_dir)
+    settings = resolve(args)
+    config, model_path, device = settings.config, settings.model_path, settings.device
     # set even when it is torch's own default: left implicit, the decode step ran ~20% slower here
     # (bench/profile_step.py, 2026-11-22)
-    torch.set_num_threads(args.threads or torch.get_num_threads())
-    if args.nice:
-        os.nice(args.nice)
-    device = deployed.version.accel.kind if deployed else args.device  # a deployment's accel picks it
-    if device != "qaic" and json.loads(args.qaic_config):
-        raise ConfigError(f"--qaic-config configures the qaic backend; this worker's device is {device!r}")
-    asked_deterministic = deployed.deployment_config.deterministic if deployed else args.deterministic
-    if device == "cuda" and asked_deterministic:  # qaic: its program runs the same fixed shapes whatever the batch
-        raise ConfigError("--deterministic (batch-invariant float32) runs on the cpu backend; "
-                          "the cuda backend computes in bfloat16 and is not batch-invariant")
-    if device != "cpu" and args.compile and deployed is None:  # a deployment's worker: the stack's flag is the CPU's
-        raise ConfigError(f"--compile compiles the cpu backend's decode steps; the {device} backend "
-                          + ("captures CUDA graphs of its own" if device == "cuda" else "runs its compiled program"))
-    defaults = engine_defaults(args, config, model_path, deployed) if device == "cpu" else None
+    torch.set_num_threads(settings.threads or torch.get_num_threads())
+    if settings.nice:
+        os.nice(settings.nice)
+    defaults = engine_defaults(settings) if device == "cpu" else None
     if defaults is not None:
         sylog.get_logger("worker").info("engine_defaults", **defaults.as_log())
-    spec = worker_spec(args, config, model_path, deployed, defaults)
+    spec = worker_spec(settings, defaults)
     if device == "qaic":  # the program's cores are the emulator's compute threads, as many as the host has
         from services.worker.backends.qaic.backend import compute_threads
 
@@ -97,7 +78,7 @@ def main() -> None:
     generates = config.load_format != "dummy" and backend.config.pooling is None  # an encoder samples nothing
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if generates else None
-    lora = lora_manager(args, backend, device, deployed)
+    lora = lora_manager(backend, settings)
     backend.warm_up()
     # sleep mode's wake builds the backend again from the file (a background compile would hold the old one)
     rebuild = None if spec.compile else lambda: create_backend(device, spec)
@@ -117,9 +98,9 @@ def main() -> None:
 
     async def serve_bus(signalled: asyncio.Event) -> None:
         nc = await connect(args.nats_url, f"worker-{worker_id}")
-        if deployed is not None:  # an agent's replica: it must not outlive the agent that counts it
+        if settings.is_deployment:  # an agent's replica: it must not outlive the agent that counts it
             asyncio.get_running_loop().create_task(drain_when_orphaned(signalled))
-        runtime = None
+        runtime, custom = None, settings.custom
         if custom is not None:  # the user's code, in a process and environment of its own; ready first
             ready, stopping = asyncio.Event(), asyncio.Event()
             runtime = asyncio.get_running_loop().create_task(supervise(custom.python, [
@@ -141,32 +122,18 @@ async def _set_when(first: asyncio.Event, then: asyncio.Event) -> None:
     then.set()
 
 
-def lora_manager(args: argparse.Namespace, backend, device: str, deployed=None) -> LoraManager | None:
-    """LoRA slots on the model's Linears and the --lora-modules in them (--enable-lora), or a deployed
-    pipeline's adapters; None: off."""
-    if deployed is not None:  # a deployment serves its pipeline's adapters, not the stack's flags
-        modules = deployed.lora_paths
-        if not modules:
-            return None
-    else:
-        if not (args.enable_lora or args.lora_modules):
-            return None
-        try:
-            modules = parse_lora_modules(args.lora_modules)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    if device == "qaic":
+def lora_manager(backend, settings: WorkerSettings) -> LoraManager | None:
+    """LoRA slots on the model's Linears and the adapters in them (--enable-lora and --lora-modules,
+    or a deployed pipeline's adapters); None: off."""
+    modules, limits = settings.lora_modules, settings.lora_limits
+    if modules is None:
+        return None
+    if settings.device == "qaic":
         raise ConfigError("LoRA adapters: the qaic backend runs one compiled program of the base model's weights "
                           "(docs/qaic.md); serve adapters on the cpu or cuda backend")
     if backend.encoder is not None:
         raise ConfigError(f"LoRA adapters: {backend.config.architecture} is an encoder; adapters are served for "
                           "decoders")
-    limits = LoraLimits(args.max_loras, args.max_lora_rank, args.max_cpu_loras)
-    if limits.max_loras < 1 or limits.max_lora_rank < 1:
-        raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
-    if limits.max_cpu_loras is not None and limits.max_cpu_loras < limits.max_loras:
-        raise ConfigError(f"--max-cpu-loras {limits.max_cpu_loras} must be at least --max-loras {limits.max_loras} "
-                          "(an adapter in a slot is held in host memory too)")
     manager = LoraManager(backend.model, backend.config, limits)
     try:
         for name, path in modules.items():
@@ -176,38 +143,30 @@ def lora_manager(args: argparse.Namespace, backend, device: str, deployed=None) 
     return manager
 
 
-def engine_defaults(args: argparse.Namespace, config, model_path: str, deployed) -> EngineDefaults:
-    """The CPU backend's settings left on auto, for this CPU and model file (shared/engine_defaults.py).
-    A deployment's own `deterministic` wins over the stack's flag; so does its own quantization."""
+def engine_defaults(settings: WorkerSettings) -> EngineDefaults:
+    """The CPU backend's settings left on auto, for this CPU and model file (shared/engine_defaults.py)."""
     from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 
-    deterministic = args.deterministic
-    if deployed is not None:
-        own = deployed.deployment_config.deterministic
-        deterministic = own if own is not None else deterministic and config.quantization in ("auto", "none")
     kernels = load_kernels()
-    return pick_for_host(args, config, model_path, deterministic, None if kernels.loaded else kernels.reason)
+    return pick_for_host(settings.config, settings.model_path, dtype=settings.dtype, compile=settings.compile,
+                         deterministic=settings.deterministic, kernels=None if kernels.loaded else kernels.reason)
 
 
-def worker_spec(args: argparse.Namespace, config, model_path: str, deployed,
-                defaults: EngineDefaults | None = None) -> WorkerSpec:
-    """The backend's settings: from the flags, or from a deployment's framework config; `defaults`
-    (the CPU backend) settles those left on auto."""
-    fixed_kv_bytes = int(config.kv_cache_memory_gib * 2**30)
+def worker_spec(settings: WorkerSettings, defaults: EngineDefaults | None = None) -> WorkerSpec:
+    """The backend's settings; `defaults` (the CPU backend) settles those left on auto."""
+    config = settings.config
     quantization = "none" if config.quantization == "auto" else config.quantization  # other backends: none
     return WorkerSpec(
-        model_path=model_path, load_format=config.load_format,
-        dtype=defaults.dtype.value if defaults else args.dtype,
+        model_path=settings.model_path, load_format=config.load_format,
+        dtype=defaults.dtype.value if defaults else settings.dtype,
         quantization=defaults.quantization.value if defaults else quantization,
         kv_cache_dtype=config.kv_cache_dtype, block_size=config.block_size,
         num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs,
-        compile=defaults.compile.value if defaults else bool(args.compile),
+        compile=defaults.compile.value if defaults else bool(settings.compile),
         deterministic=defaults.deterministic.value if defaults else False,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_bytes=deployed.kv_cache_bytes if deployed else (lambda _weights: fixed_kv_bytes),
+        max_num_batched_tokens=config.max_num_batched_tokens, kv_cache_bytes=settings.kv_cache_bytes,
         gpu_memory_utilization=config.gpu_memory_utilization, max_seq_len_to_capture=config.max_seq_len_to_capture,
-        qaic=((deployed.version.accel.qaic if deployed else
-               convert(json.loads(args.qaic_config), QaicConfig, "--qaic-config")) or QaicConfig()).validate(),
+        qaic=settings.qaic,
     )
 
 
