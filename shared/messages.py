@@ -351,7 +351,9 @@ class ModelLimits(msgspec.Struct, tag="limits"):
 
 
 class SchedulerStatsRequest(msgspec.Struct, tag="sched_stats"):
-    pass
+    # wait (a little) for the Steps out to come back first: a metrics scrape right after a response
+    # then counts the Step that made its last token, as vLLM's does
+    settled: bool = False
 
 
 class Sleep(msgspec.Struct, tag="sleep"):

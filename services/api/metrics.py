@@ -39,7 +39,7 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
                     7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
                 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
-SCRAPE_TIMEOUT_S = 0.5
+SCRAPE_TIMEOUT_S = 1.5  # the scheduler waits up to 1 s (STATS_SETTLE_S) for the Steps out
 disable_created_metrics()  # no *_created series: vLLM's dashboards do not expect them
 
 
@@ -120,7 +120,7 @@ class ApiMetrics:
 
 async def _ask_stats(nc: Client, model: str) -> SchedulerStats | None:
     try:
-        msg = await nc.request(subjects.scheduler_stats(model), encode(SchedulerStatsRequest()),
+        msg = await nc.request(subjects.scheduler_stats(model), encode(SchedulerStatsRequest(settled=True)),
                                timeout=SCRAPE_TIMEOUT_S)
         return SCHEDULER_STATS_DECODER.decode(msg.data)
     except Exception:  # a scheduler that does not answer is simply absent from this scrape

@@ -84,6 +84,8 @@ class PoolLoop:
         self.is_alive = True
         self._wake = asyncio.Event()
         self._park_asked = False  # sleep mode: the loop parks before its next step
+        self.between_steps = asyncio.Event()  # no Step out: every result taken into the metrics
+        self.between_steps.set()
         self._parked = asyncio.Event()
         self._resume = asyncio.Event()
         self._has_stepped = False
@@ -164,22 +166,29 @@ class PoolLoop:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            self.between_steps.clear()
             try:
                 result = await self._step(plan.step)
+                if result.error:
+                    await self._fail_step(plan.num_new_tokens, result.error)
+                else:
+                    await self._take(plan, result)
             except WorkerGone as exc:
                 await self._fail_over(str(exc))
                 return
-            if result.error:
-                await self._fail_step(plan.num_new_tokens, result.error)
-            else:
-                rows = [r for rid in plan.num_new_tokens if (r := self.scheduler.requests.get(rid)) is not None]
-                self.metrics.observe_step(rows, result)
-                for done in self.scheduler.update(plan, result):
-                    self.metrics.observe_finished(done.request)
-                    if done.error is not None:
-                        log.error("request_failed", request_id=done.request.request_id, error=done.error)
-                        await publish_error(self.nc, done.request, f"engine error: {done.error}")
+            finally:
+                self.between_steps.set()
             await self._publish_kv_events()
+
+    async def _take(self, plan, result: StepResult) -> None:
+        """A Step's result into the metrics and the scheduler's state; finished requests end."""
+        rows = [r for rid in plan.num_new_tokens if (r := self.scheduler.requests.get(rid)) is not None]
+        self.metrics.observe_step(rows, result)
+        for done in self.scheduler.update(plan, result):
+            self.metrics.observe_finished(done.request)
+            if done.error is not None:
+                log.error("request_failed", request_id=done.request.request_id, error=done.error)
+                await publish_error(self.nc, done.request, f"engine error: {done.error}")
 
     # ---- sleep mode ----------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from shared.messages import (
     ModelLimits,
     RejectCode,
     Rejected,
+    SchedulerStatsRequest,
     Sleep,
     SleepState,
     Submit,
@@ -48,6 +49,7 @@ from shared.messages import (
 
 log = get_logger("scheduler")
 WATCH_INTERVAL_S = 0.25  # how often silent workers and clients, and passed deadlines, are looked for
+STATS_SETTLE_S = 1.0  # a settled stats request waits this long at most for the Steps out
 
 
 class SchedulerService:
@@ -339,6 +341,16 @@ class SchedulerService:
             await msg.respond(b"")
 
     async def _on_stats(self, msg: Msg) -> None:
+        try:
+            settled = msgspec.msgpack.decode(msg.data, type=SchedulerStatsRequest).settled
+        except msgspec.DecodeError:
+            settled = False
+        if settled:
+            waits = [asyncio.ensure_future(p.between_steps.wait()) for p in self.pools]
+            if waits:
+                await asyncio.wait(waits, timeout=STATS_SETTLE_S)
+                for wait in waits:
+                    wait.cancel()
         await msg.respond(encode(scheduler_stats(
             self.model, self.pools, self.config, is_draining=self.is_draining,
             num_deadline_exceeded=self.num_deadline_exceeded, num_migrations=self.num_migrations,
