@@ -104,7 +104,22 @@ DEPLOYMENT_MAX_NUM_SEQS = 256
 
 
 def _env(name: str, default):
+    """A flag's default from the environment (SY_<NAME>), as a string argparse converts with the
+    flag's type, or `default` when unset."""
     return os.environ.get(f"SY_{name.upper()}", default)
+
+
+def _env_flag(name: str, default: bool | None) -> bool | None:
+    """A boolean flag's default from SY_<NAME>: 1/true/yes/on or 0/false/no/off, any case; unset or
+    empty: `default`."""
+    value = os.environ.get(f"SY_{name.upper()}", "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"SY_{name.upper()}={value!r}: expected 1/true/yes/on or 0/false/no/off")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -132,7 +147,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-kv-blocks", type=int, default=_env("num_kv_blocks", d.num_kv_blocks))
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=_env("enable_prefix_caching", "1") not in ("0", "false", "False"))
+                        default=_env_flag("enable_prefix_caching", True))
     parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
@@ -148,9 +163,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         default=_env("long_prefill_token_threshold", d.long_prefill_token_threshold),
                         help="while several prompts are being computed, each takes at most this many tokens a "
                              "step, so short ones get a first token beside a long one (0: a quarter of the budget)")
-    parser.add_argument("--engine-cpus", type=float, default=float(os.environ.get("SY_ENGINE_CPUS", os.cpu_count() or 1)),
+    parser.add_argument("--engine-cpus", type=float, default=float(_env("engine_cpus", os.cpu_count() or 1)),
                         help="CPUs the deployments' engines (deployment_config.cpus) may reserve in the scheduler")
-    parser.add_argument("--engine-memory", default=os.environ.get("SY_ENGINE_MEMORY", f"{_physical_memory_mib() // 4}Mi"),
+    parser.add_argument("--engine-memory", default=_env("engine_memory", f"{_physical_memory_mib() // 4}Mi"),
                         help="memory the deployments' engines (deployment_config.memory) may reserve in the scheduler")
     parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
     parser.add_argument("--max-migrations", type=int, default=_env("max_migrations", d.max_migrations),
@@ -177,13 +192,13 @@ WORKER_DEVICES = ("cpu", "cuda", "qaic")
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
     d = DEFAULTS
-    parser.add_argument("--worker-id", default=os.environ.get("SY_WORKER_ID"))
-    parser.add_argument("--device", default=os.environ.get("SY_DEVICE", "cpu"), choices=WORKER_DEVICES,
+    parser.add_argument("--worker-id", default=_env("worker_id", None))
+    parser.add_argument("--device", default=_env("device", "cpu"), choices=WORKER_DEVICES,
                         help="the worker's backend: cpu (torch, the reference), cuda (Triton kernels, CUDA graphs) "
                              "or qaic (Cloud AI 100's static-shape program; emulated without the cards)")
-    parser.add_argument("--qaic-config", default=os.environ.get("SY_QAIC_CONFIG", "{}"),
+    parser.add_argument("--qaic-config", default=_env("qaic_config", "{}"),
                         help="qaic: the QaicConfig as JSON, e.g. '{\"full_batch_size\": 8, \"ctx_len\": 256}'")
-    parser.add_argument("--dtype", default=os.environ.get("SY_DTYPE", "auto"), choices=WORKER_DTYPES,
+    parser.add_argument("--dtype", default=_env("dtype", "auto"), choices=WORKER_DTYPES,
                         help=f"the weights' dtype; auto: {CPU_AUTO_DTYPE} on the cpu backend, on every CPU (the "
                              "worker and the launcher print why), bfloat16 on cuda")
     parser.add_argument("--gpu-memory-utilization", type=float,
@@ -192,22 +207,22 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seq-len-to-capture", type=int,
                         default=int(_env("max_seq_len_to_capture", d.max_seq_len_to_capture)),
                         help="cuda: decode steps whose longest context exceeds this run without CUDA graphs")
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("SY_THREADS", "0")),
+    parser.add_argument("--threads", type=int, default=_env("threads", "0"),
                         help="torch intra-op threads (0 = torch's default)")
     parser.add_argument("--pipeline", default=None,
                         help="serve this deployed pipeline (its configs come from the registry); set by the agent")
     parser.add_argument("--generation", type=int, default=0, help="the pipeline's deployment generation")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        default={"1": True, "0": False}.get(os.environ.get("SY_COMPILE", "")),
+                        default=_env_flag("compile", None),
                         help="compile the decode step's layers with torch.compile (Inductor), in the background "
                              "while the worker serves eagerly (cached on disk); default: on unless the model "
                              "computes in dense float32 or --deterministic")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get("SY_DETERMINISTIC", "0") == "1",
+                        default=_env_flag("deterministic", False),
                         help="batch-invariant float32: a request's tokens do not depend on what else is in its "
                              "batch (dense weights, no compile); slower")
     add_lora_args(parser)
-    parser.add_argument("--nice", type=int, default=int(os.environ.get("SY_NICE", "0")),
+    parser.add_argument("--nice", type=int, default=_env("nice", "0"),
                         help="scheduling niceness of the worker (default 0). 10 lets the gateway, scheduler and bus "
                              "preempt the model's threads on shared cores, but any busy neighbour then starves the "
                              "model (9-10x slower beside two busy processes on 2 cores; docs/benchmarks.md)")
@@ -222,6 +237,8 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     max_body_bytes: int = 16 * 2**20
     max_logprobs: int = 20
     batch_concurrency: int = 16  # the Batch API's lines in flight at once
+    inference_log_max_age_s: float = 7 * 24 * 3600.0  # pipelines' inference logs: older records dropped
+    inference_log_max_bytes: int = 2**30  # and past this size, all together, the oldest
 
 
 GATEWAY_DEFAULTS = GatewayConfig()
@@ -229,51 +246,51 @@ GATEWAY_DEFAULTS = GatewayConfig()
 
 def add_api_args(parser: argparse.ArgumentParser) -> None:
     g = GATEWAY_DEFAULTS
-    parser.add_argument("--host", default=os.environ.get("SY_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
-    parser.add_argument("--api-processes", type=int, default=int(os.environ.get("SY_API_PROCESSES", "1")),
+    parser.add_argument("--host", default=_env("host", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=_env("port", "8000"))
+    parser.add_argument("--api-processes", type=int, default=_env("api_processes", "1"),
                         help="gateway processes sharing the port (SO_REUSEPORT), each with its own bus "
                              "client; they admit a burst of requests in parallel (default 1)")
     parser.add_argument("--reuse-port", action="store_true",
                         help="bind the port with SO_REUSEPORT, beside other gateway processes")
-    parser.add_argument("--idle-timeout-s", type=float, default=float(os.environ.get("SY_IDLE_TIMEOUT_S", g.idle_timeout_s)),
+    parser.add_argument("--idle-timeout-s", type=float, default=_env("idle_timeout_s", g.idle_timeout_s),
                         help="a request with no token for this long is aborted")
     parser.add_argument("--request-timeout-s", type=float,
-                        default=float(os.environ.get("SY_REQUEST_TIMEOUT_S", g.request_timeout_s)),
+                        default=_env("request_timeout_s", g.request_timeout_s),
                         help="server-side deadline of a request from its arrival (0: none)")
-    parser.add_argument("--ready-timeout-s", type=float, default=float(os.environ.get("SY_READY_TIMEOUT_S", g.ready_timeout_s)),
+    parser.add_argument("--ready-timeout-s", type=float, default=_env("ready_timeout_s", g.ready_timeout_s),
                         help="/ready: a model whose one-token probe gives no token in this long is not ready")
-    parser.add_argument("--api-key", default=os.environ.get("SY_API_KEY"),
+    parser.add_argument("--api-key", default=_env("api_key", None),
                         help="comma-separated keys; when set, every route but /health, /ready and /live needs one")
-    parser.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SY_MAX_BODY_BYTES", g.max_body_bytes)))
-    parser.add_argument("--max-logprobs", type=int, default=int(os.environ.get("SY_MAX_LOGPROBS", g.max_logprobs)))
+    parser.add_argument("--max-body-bytes", type=int, default=_env("max_body_bytes", g.max_body_bytes))
+    parser.add_argument("--max-logprobs", type=int, default=_env("max_logprobs", g.max_logprobs))
     parser.add_argument("--enable-per-request-metrics", action="store_true",
-                        default=os.environ.get("SY_ENABLE_PER_REQUEST_METRICS", "") not in ("", "0", "false"),
+                        default=_env_flag("enable_per_request_metrics", False),
                         help="vLLM's: a `metrics` object (time to first token, queue time, generation time, "
                              "mean inter-token latency, tokens per second) in each completion and chat answer of "
                              "one choice, and on a stream's final usage chunk")
-    parser.add_argument("--tool-call-parser", default=os.environ.get("SY_TOOL_CALL_PARSER", "auto"),
+    parser.add_argument("--tool-call-parser", default=_env("tool_call_parser", "auto"),
                         choices=("auto", "hermes", "json", "mistral"),
                         help="how a model's text becomes tool calls: hermes (<tool_call>{json}</tool_call>, "
                              "SmolLM2/Qwen/Hermes), json (Llama 3.x: the whole answer is a call or a list of "
                              "calls), mistral ([TOOL_CALLS][...]); auto (default): the chat template's own syntax")
-    parser.add_argument("--reasoning-parser", default=os.environ.get("SY_REASONING_PARSER") or None,
+    parser.add_argument("--reasoning-parser", default=_env("reasoning_parser", None) or None,
                         choices=("deepseek_r1", "qwen3"),
                         help="where a chat answer's thinking is (<think>...</think>): it becomes the message's "
                              "reasoning_content (deepseek_r1: the answer starts thinking; qwen3: when it opens "
                              "<think>, or the template did); default: none")
-    parser.add_argument("--batch-concurrency", type=int, default=int(os.environ.get("SY_BATCH_CONCURRENCY", g.batch_concurrency)),
+    parser.add_argument("--batch-concurrency", type=int, default=_env("batch_concurrency", g.batch_concurrency),
                         help="the Batch API: lines of one batch in flight at once, at low priority")
-    parser.add_argument("--oci-registry", default=os.environ.get("SY_OCI_REGISTRY"),
+    parser.add_argument("--oci-registry", default=_env("oci_registry", None),
                         help="where pipeline.publish() pushes: [http://|https://]host[:port][/namespace] "
                              "(https unless said; http for a local registry)")
     parser.add_argument("--inference-log-max-age-s", type=float,
-                        default=float(os.environ.get("SY_INFERENCE_LOG_MAX_AGE_S", 7 * 24 * 3600)),
+                        default=_env("inference_log_max_age_s", g.inference_log_max_age_s),
                         help="pipelines' inference logs: records older than this are dropped (default 7 days)")
     parser.add_argument("--inference-log-max-bytes", type=int,
-                        default=int(os.environ.get("SY_INFERENCE_LOG_MAX_BYTES", 2**30)),
+                        default=_env("inference_log_max_bytes", g.inference_log_max_bytes),
                         help="pipelines' inference logs, all together: past this the oldest are dropped (1 GiB)")
-    parser.add_argument("--openai-config", default=os.environ.get("SY_OPENAI_CONFIG"),
+    parser.add_argument("--openai-config", default=_env("openai_config", None),
                         help="per-model OpenAI defaults: JSON (or a JSON file) with completion_config "
                              "and chat_completion_config (which may carry chat_template)")
 
@@ -290,33 +307,32 @@ def _accels(value: str) -> str:
 
 
 def add_agent_args(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument("--accel", default=env("SY_ACCEL", "auto"), type=_accels,
+    parser.add_argument("--accel", default=_env("accel", "auto"), type=_accels,
                         help="the accelerators this host's workers run on, e.g. cpu or cpu,qaic; auto: cpu, cuda "
                              "when an NVIDIA GPU is present, and qaic (emulated on a host without Cloud AI 100 cards)")
     parser.add_argument("--label", action="append", dest="labels", metavar="KEY:VALUE",
-                        default=[label for label in env("SY_AGENT_LABELS", "").split(",") if label],
+                        default=[label for label in _env("agent_labels", "").split(",") if label],
                         help="a node label (repeatable) that deployment_config.deployment_label is matched against, "
                              "besides kubernetes.io/os, kubernetes.io/arch and kubernetes.io/hostname")
-    parser.add_argument("--qaic-socs", type=int, default=int(env("SY_QAIC_SOCS", "8")),
+    parser.add_argument("--qaic-socs", type=int, default=int(_env("qaic_socs", "8")),
                         help="Cloud AI 100 SoCs this host offers (emulated without the cards); a QAIC replica "
                              "takes its sidekick_gpus of them")
-    parser.add_argument("--agent-id", default=env("SY_AGENT_ID"))
-    parser.add_argument("--device-group", default=env("SY_DEVICE_GROUP"),
+    parser.add_argument("--agent-id", default=_env("agent_id", None))
+    parser.add_argument("--device-group", default=_env("device_group", None),
                         help="only deployments whose framework_config.device_group names it run here")
-    parser.add_argument("--agent-cpus", type=float, default=float(env("SY_AGENT_CPUS", os.cpu_count() or 1)),
+    parser.add_argument("--agent-cpus", type=float, default=float(_env("agent_cpus", os.cpu_count() or 1)),
                         help="CPUs the deployments on this host may reserve in all")
-    parser.add_argument("--agent-memory", default=env("SY_AGENT_MEMORY", f"{_physical_memory_mib() * 9 // 10}Mi"),
+    parser.add_argument("--agent-memory", default=_env("agent_memory", f"{_physical_memory_mib() * 9 // 10}Mi"),
                         help="memory the deployments on this host may reserve in all (default: 90%% of RAM)")
-    parser.add_argument("--agent-log-dir", default=env("SY_AGENT_LOG_DIR"))
-    parser.add_argument("--scale-up-after-s", type=float, default=float(env("SY_SCALE_UP_AFTER_S", "5")),
+    parser.add_argument("--agent-log-dir", default=_env("agent_log_dir", None))
+    parser.add_argument("--scale-up-after-s", type=float, default=float(_env("scale_up_after_s", "5")),
                         help="add a replica (up to replicas_max) when requests have waited this long")
-    parser.add_argument("--scale-down-after-s", type=float, default=float(env("SY_SCALE_DOWN_AFTER_S", "30")),
+    parser.add_argument("--scale-down-after-s", type=float, default=float(_env("scale_down_after_s", "30")),
                         help="remove a replica (down to replicas_min) when the engine has been idle this long")
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--leader-lease", default=os.environ.get("SY_LEADER_LEASE") or None,
+    parser.add_argument("--leader-lease", default=_env("leader_lease", None) or None,
                         help="leadership among scheduler processes by a JetStream KV lease of this name: one "
                              "leads, the others wait as standbys and take over its requests when it is gone "
                              "(docs/architecture.md); default: none, this scheduler serves at once")

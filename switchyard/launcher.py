@@ -263,11 +263,11 @@ def lock_store(store: Path):
 def check_service_args(service_args: list[str]) -> None:
     """Every flag meant for the services must be one some service reads: a typo is refused here."""
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="make run ARGS=...", description="flags passed to the services")
-    add_engine_args(parser)
-    add_worker_args(parser)
-    add_api_args(parser)
-    add_agent_args(parser)
-    add_scheduler_args(parser)
+    try:
+        for add in (add_engine_args, add_worker_args, add_api_args, add_agent_args, add_scheduler_args):
+            add(parser)
+    except ConfigError as exc:  # an SY_* variable that is not what its flag takes
+        parser.error(str(exc))
     parser.parse_args(service_args)  # exits with a usage message on an unknown flag
 
 

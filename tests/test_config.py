@@ -81,3 +81,29 @@ def test_worker_refuses_a_kv_pool_smaller_than_one_full_context():
         kv.check_capacity(num_blocks=127, max_model_len=2048)
     # the budget pays for the null block too: 129 blocks' bytes give 128 the scheduler can hand out
     assert kv.num_blocks_for_budget(129 * kv.bytes_per_block) == 128
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("TRUE", True), ("yes", True), ("on", True), ("0", False),
+                                            ("false", False), ("No", False), ("off", False), ("", None)])
+def test_a_boolean_flags_variable_reads_the_words_users_write(monkeypatch, value, expected):
+    """One parser for every boolean SY_* variable (SY_COMPILE, SY_DETERMINISTIC, ...); unset or empty: the flag's default."""
+    import argparse
+
+    from shared.config import add_worker_args
+
+    monkeypatch.setenv("SY_COMPILE", value)
+    monkeypatch.setenv("SY_DETERMINISTIC", value)
+    parser = argparse.ArgumentParser()
+    add_worker_args(parser)
+    args = parser.parse_args([])
+    assert args.compile is expected and args.deterministic is (False if expected is None else expected)
+
+
+def test_a_boolean_flags_variable_that_is_no_boolean_is_refused_by_name(monkeypatch):
+    import argparse
+
+    from shared.config import ConfigError, add_worker_args
+
+    monkeypatch.setenv("SY_DETERMINISTIC", "maybe")
+    with pytest.raises(ConfigError, match="SY_DETERMINISTIC='maybe'"):
+        add_worker_args(argparse.ArgumentParser())

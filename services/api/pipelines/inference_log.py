@@ -15,13 +15,14 @@ from nats.js.errors import NotFoundError
 
 from services.api.streams import RecordStream
 from shared import subjects
+from shared.config import GATEWAY_DEFAULTS
 from shared.log import get_logger
 from shared.messages import SamplingParams
 
 log = get_logger("api")
 STREAM = "SY_INFERENCE_LOGS"
-MAX_AGE_S = 7 * 24 * 3600  # the defaults of --inference-log-max-age-s and --inference-log-max-bytes
-MAX_BYTES = 2**30
+MAX_AGE_S = GATEWAY_DEFAULTS.inference_log_max_age_s  # --inference-log-max-age-s and --inference-log-max-bytes
+MAX_BYTES = GATEWAY_DEFAULTS.inference_log_max_bytes
 MAX_RECORD_BYTES = 2**20  # past it a record keeps its counts and timings, not its texts and token ids
 
 
