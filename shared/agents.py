@@ -1,6 +1,6 @@
 """Placing deployments on worker hosts: which host may run one, and what it has left.
 
-A worker host (an agent, `python -m services.worker.agent`) offers accelerator kinds (cpu, cuda,
+A worker host (an agent, `python -m services.agent`) offers accelerator kinds (cpu, cuda,
 qaic), an optional device group, and a budget of CPUs, memory and QAIC SoCs. A deployment reserves its sidekick's
 share (sidekick_cpus, sidekick_memory, and for QAIC sidekick_gpus SoCs) per running replica, the way a Kubernetes scheduler places
 pods. The engine (the deployment's scheduler queue) reserves its cpus/memory the same way in the

@@ -113,7 +113,7 @@ class Stack:
         for i in range(self.num_workers):
             self.services.append(Service(f"worker-{i}", py + ["services.worker", *common, "--worker-id", f"worker-{i}"]))
         agent_log_dir = ["--agent-log-dir", str(self.log_dir / "agent-workers")] if self.log_dir else []
-        self.services.append(Service("agent", py + ["services.worker.agent", *common, *agent_log_dir]))
+        self.services.append(Service("agent", py + ["services.agent", *common, *agent_log_dir]))
         lease = ["--leader-lease", "scheduler"] if self.num_schedulers > 1 else []
         for i in range(self.num_schedulers):
             name = "scheduler" if i == 0 else f"scheduler-{i}"

@@ -23,8 +23,8 @@ def test_compose_runs_every_service_module():
     gpu = services["worker-gpu"]  # only under `--profile gpu`, on an NVIDIA device
     assert gpu["profiles"] == ["gpu"] and gpu["command"][-2:] == ["--device", "cuda"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
-    assert services["agent"]["command"][:3] == ["python", "-m", "services.worker.agent"]
-    assert importlib.util.find_spec("services.worker.agent") is not None
+    assert services["agent"]["command"][:3] == ["python", "-m", "services.agent"]
+    assert importlib.util.find_spec("services.agent") is not None
     nodes = [f"nats-{i}" for i in (1, 2, 3)]
     for node in nodes:  # a cluster of three, each routed to the other two, each its own store
         command = services[node]["command"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.worker.replicas import Replica, Replicas
+from services.agent.replicas import Replica, Replicas
 from shared.agents import default_labels, fits, free_resources, host_accepts, needs
 from shared.config import DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, ConfigError
 from shared.deploy_config import (

@@ -32,7 +32,7 @@ PARSERS = {  # each service's flags, as its __main__ reads them
     "services.api": (add_api_args, add_engine_args, add_nats_arg),
     "services.scheduler": (add_engine_args, add_scheduler_args, add_nats_arg),
     "services.worker": (add_engine_args, add_worker_args, add_nats_arg),
-    "services.worker.agent": (add_engine_args, add_worker_args, add_agent_args, add_nats_arg),
+    "services.agent": (add_engine_args, add_worker_args, add_agent_args, add_nats_arg),
     "services.kvcache": (add_nats_arg,),
 }
 
@@ -80,7 +80,7 @@ def test_every_service_runs_its_module_with_flags_it_reads_and_its_own_bus_login
         module, _ = _parse(container["command"])
         env = _env(rendered, container)
         user = env["SY_NATS_USER"]
-        service = "agent" if module == "services.worker.agent" else module.split(".")[1]
+        service = module.split(".")[1]
         assert user == nats_auth.user_of(service) and user in nats_auth.PERMISSIONS, name
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         volumes = {v["name"]: v for v in spec["volumes"]}
