@@ -76,9 +76,9 @@ lint: install
 test: lint oci-registry kubectl
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# unit tests only: no services started
+# the inner loop: no services started, no compile or interpreted-Triton run (make test runs them all)
 test-fast: lint kubectl
-	$(BIN)/python -m pytest -m "not stack" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not stack and not slow" $(PYTEST_ARGS)
 
 bench-peers: install
 	@if [ -x $(PEERS)/bin/llama-cpp-server ] && [ "$$(cat $(PEERS)/.cmake-args 2>/dev/null)" = "$(LLAMA_CPP_CMAKE)" ]; \

@@ -185,6 +185,7 @@ def test_adapters_that_do_not_fit_are_refused_by_name(lora_model, tmp_path):
         load_adapter("none", str(tmp_path), cfg, max_rank=16)
 
 
+@pytest.mark.slow  # Triton interpreted on the CPU
 def test_the_cuda_backends_lora_kernels_give_the_torch_paths_tokens(lora_model):
     """The CUDA backend (its Triton kernels interpreted on the CPU, float32) with four adapters and the
     base in one batch: each request's greedy tokens equal the torch path's."""

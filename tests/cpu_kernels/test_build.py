@@ -17,6 +17,7 @@ LEVEL_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512
                "avx2": {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}}
 
 
+@pytest.mark.slow  # builds the kernels again, twice
 def test_a_build_is_kept_while_its_key_holds_and_says_what_it_was_built_with(tmp_path):
     library, built = build.build(tmp_path)
     assert built and library == tmp_path / build.LIBRARY

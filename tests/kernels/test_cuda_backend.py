@@ -21,7 +21,8 @@ from shared.messages import SamplingParams
 from tests.inproc_engine import BLOCK_SIZE, InProcessEngine
 from tests.model_helpers import greedy_generate, make_runner
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing"),
+              pytest.mark.slow]  # Triton interpreted on the CPU
 
 
 def cuda_runner(loaded, num_blocks: int) -> ModelRunner:
