@@ -14,6 +14,16 @@ from switchyard.nats_server import NatsServer
 from tests.clock import ManualClock
 
 pytestmark = pytest.mark.stack
+
+
+@pytest.fixture
+def server():
+    """A nats-server of the test's own, stopped even when the test fails (a paused one included)."""
+    started = NatsServer().start()
+    yield started
+    if started.proc.poll() is None:
+        os.kill(started.proc.pid, signal.SIGCONT)
+    started.stop()
 WINDOW_S = 10.0
 LOOK_S = 1.0  # a watch loop looks every fraction of the window
 
@@ -42,8 +52,7 @@ async def _connect(url: str) -> tuple[nats.aio.client.Client, asyncio.Event, asy
     return nc, down, up
 
 
-async def test_a_peer_falls_silent_after_the_window_and_an_outage_does_not_count():
-    server = NatsServer().start()
+async def test_a_peer_falls_silent_after_the_window_and_an_outage_does_not_count(server):
     nc, down, up = await _connect(server.url)
     clock = ManualClock()
     beats = Heartbeats(nc, WINDOW_S, clock)
@@ -63,11 +72,9 @@ async def test_a_peer_falls_silent_after_the_window_and_an_outage_does_not_count
     assert _watch(beats, clock, WINDOW_S * 2) == []  # after the outage: twice the window to be heard again
     assert beats.in_grace("worker") is False and _watch(beats, clock, LOOK_S) == ["worker"]
     await nc.close()
-    server.stop()
 
 
-async def test_a_stall_of_our_own_loop_is_not_the_peers_silence():
-    server = NatsServer().start()
+async def test_a_stall_of_our_own_loop_is_not_the_peers_silence(server):
     nc = await nats.connect(server.url)
     clock = ManualClock()
     beats = Heartbeats(nc, WINDOW_S, clock)
@@ -80,7 +87,6 @@ async def test_a_stall_of_our_own_loop_is_not_the_peers_silence():
     assert _watch(beats, clock, WINDOW_S * 2) == []
     assert _watch(beats, clock, LOOK_S) == ["scheduler"]  # and then its silence counts again
     await nc.close()
-    server.stop()
 
 
 async def _answered(probe: BusProbe, clock: ManualClock) -> None:
@@ -90,10 +96,9 @@ async def _answered(probe: BusProbe, clock: ManualClock) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_a_paused_server_is_our_outage_not_the_peers_silence():
+async def test_a_paused_server_is_our_outage_not_the_peers_silence(server):
     """SIGSTOP keeps our TCP connection open (we stay "connected"): only the probe's unanswered PING
     tells that the bus, not the peer, went quiet."""
-    server = NatsServer().start()
     nc = await nats.connect(server.url)
     clock = ManualClock()
     probe = BusProbe(nc, clock).start()
@@ -121,4 +126,3 @@ async def test_a_paused_server_is_our_outage_not_the_peers_silence():
     assert beats.silent() == ["scheduler"]  # the bus answers and the peer does not: silent
     probe.stop()
     await nc.close()
-    server.stop()
