@@ -112,14 +112,15 @@ def _env(name: str, default):
 def _env_flag(name: str, default: bool | None) -> bool | None:
     """A boolean flag's default from SY_<NAME>: 1/true/yes/on or 0/false/no/off, any case; unset or
     empty: `default`."""
-    value = os.environ.get(f"SY_{name.upper()}", "").strip().lower()
+    raw = os.environ.get(f"SY_{name.upper()}", "")
+    value = raw.strip().lower()
     if not value:
         return default
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"SY_{name.upper()}={value!r}: expected 1/true/yes/on or 0/false/no/off")
+    raise ConfigError(f"SY_{name.upper()}={raw!r}: expected 1/true/yes/on or 0/false/no/off")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

@@ -104,6 +104,6 @@ def test_a_boolean_flags_variable_that_is_no_boolean_is_refused_by_name(monkeypa
 
     from shared.config import ConfigError, add_worker_args
 
-    monkeypatch.setenv("SY_DETERMINISTIC", "maybe")
-    with pytest.raises(ConfigError, match="SY_DETERMINISTIC='maybe'"):
+    monkeypatch.setenv("SY_DETERMINISTIC", "Maybe")
+    with pytest.raises(ConfigError, match="SY_DETERMINISTIC='Maybe'"):
         add_worker_args(argparse.ArgumentParser())

@@ -50,6 +50,5 @@ def main() -> None:
     asyncio.run(run())
 
 
-
 if __name__ == "__main__":
     main()
