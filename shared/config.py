@@ -11,6 +11,7 @@ import os
 
 import msgspec
 
+from shared.checks import MAX_CONTEXT, ConfigError, in_range, one_of
 from shared.hub import is_hub_id
 from shared.lora import add_lora_args
 
@@ -20,10 +21,10 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", 
 # on the CPU: weight-only int8 / int4, or int8 activations too; mxfp6: the qaic backend only; auto: the
 # model file's own (shared/engine_defaults.py)
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "mxfp6")
-
-
-class ConfigError(ValueError):
-    """A configuration value a user must fix; the message says which and why."""
+KV_CACHE_DTYPES_REFUSED = ("fp8_e5m2", "int8")  # known, but no backend here has them
+QUANTIZATIONS_REFUSED = ("awq", "gptq", "fp8", "bitsandbytes", "gguf")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
 
 
 class EngineConfig(msgspec.Struct, kw_only=True):
@@ -55,46 +56,41 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_seq_len_to_capture: int = 8192  # cuda: decode steps with longer contexts run without CUDA graphs
 
     def validate(self) -> EngineConfig:
-        if not (8 <= self.block_size <= 128) or self.block_size & (self.block_size - 1):
-            raise ConfigError(f"block_size must be a power of two between 8 and 128, got {self.block_size}")
-        if self.long_prefill_token_threshold < 0:
-            raise ConfigError(f"long_prefill_token_threshold must be at least 0, got {self.long_prefill_token_threshold}")
-        if self.max_migrations < 0:
-            raise ConfigError(f"max_migrations must be at least 0, got {self.max_migrations}")
-        if self.worker_grace_s < 0:
-            raise ConfigError(f"worker_grace_s must be at least 0, got {self.worker_grace_s}")
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        for name in ENGINE_CHECKS:
+            check_engine_field(name, getattr(self, name))
         if self.max_num_batched_tokens < self.block_size:
-            raise ConfigError(
-                f"max_num_batched_tokens must be at least block_size ({self.block_size}), "
-                f"got {self.max_num_batched_tokens}"
-            )
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError(f"max_model_len must be at least 2, got {self.max_model_len}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        if self.load_format not in ("auto", "gguf", "hf", "dummy"):
-            raise ConfigError(f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}")
-        if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"quantization must be auto, none, int8, int4 or w8a8 (CPU), got {self.quantization!r}")
-        if self.batching not in ("continuous", "static"):
-            raise ConfigError(f"batching must be continuous or static, got {self.batching!r}")
-        if not 0 <= self.num_scheduler_steps <= 64:
-            raise ConfigError(f"num_scheduler_steps must be in 1..64 (0: the worker's pick), got {self.num_scheduler_steps}")
-        if self.max_concurrent_batch_size < 1:
-            raise ConfigError(f"max_concurrent_batch_size must be at least 1, got {self.max_concurrent_batch_size}")
-        if self.max_waiting < 0:
-            raise ConfigError(f"max_waiting must be at least 0, got {self.max_waiting}")
-        if self.drain_grace_s < 0:
-            raise ConfigError(f"drain_grace_s must be at least 0, got {self.drain_grace_s}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
-            raise ConfigError(f"num_kv_blocks must be at least 2, got {self.num_kv_blocks}")
-        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"gpu_memory_utilization must be in 0.05..1, got {self.gpu_memory_utilization}")
-        if self.max_seq_len_to_capture < 1:
-            raise ConfigError(f"max_seq_len_to_capture must be at least 1, got {self.max_seq_len_to_capture}")
+            raise ConfigError(f"max_num_batched_tokens = {self.max_num_batched_tokens} is out of range: "
+                              f"allowed block_size ({self.block_size}) or more")
         return self
+
+
+# each engine field's one check, whoever sets it: a flag or SY_* variable (EngineConfig above) or a
+# deployment's upload (shared/deploy_config.py's FrameworkConfig, with its accelerator's rules on top)
+ENGINE_CHECKS = {
+    "block_size": lambda f, v: one_of(f, v, BLOCK_SIZES),
+    "max_model_len": lambda f, v: in_range(f, v, 2, MAX_CONTEXT, allow_none=True),
+    "max_num_seqs": lambda f, v: in_range(f, v, 1, 1024),
+    "max_num_batched_tokens": lambda f, v: in_range(f, v, 1),
+    "long_prefill_token_threshold": lambda f, v: in_range(f, v, 0),
+    "max_migrations": lambda f, v: in_range(f, v, 0),
+    "worker_grace_s": lambda f, v: in_range(f, v, 0),
+    "drain_grace_s": lambda f, v: in_range(f, v, 0),
+    "max_waiting": lambda f, v: in_range(f, v, 0),
+    "max_concurrent_batch_size": lambda f, v: in_range(f, v, 1, 100_000),
+    "num_scheduler_steps": lambda f, v: in_range(f, v, 0, 64),  # 0: the worker's pick
+    "num_kv_blocks": lambda f, v: in_range(f, v, 2, allow_none=True),
+    "kv_cache_dtype": lambda f, v: one_of(f, v, KV_CACHE_DTYPES, KV_CACHE_DTYPES_REFUSED, "by any backend here"),
+    "quantization": lambda f, v: one_of(f, v, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend"),
+    "load_format": lambda f, v: one_of(f, v, LOAD_FORMATS),
+    "batching": lambda f, v: one_of(f, v, ("continuous", "static")),
+    "gpu_memory_utilization": lambda f, v: in_range(f, v, 0.05, 1.0),
+    "max_seq_len_to_capture": lambda f, v: in_range(f, v, 1, MAX_CONTEXT),
+}
+
+
+def check_engine_field(name: str, value, prefix: str = "") -> None:
+    """Raises ConfigError naming `prefix + name` when `value` is not allowed for that engine field."""
+    ENGINE_CHECKS[name](prefix + name, value)
 
 
 DEFAULTS = EngineConfig()  # the one owner of every engine default; other structs read theirs from it

@@ -12,14 +12,12 @@ import re
 
 import msgspec
 
-from shared.config import DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, KV_CACHE_DTYPES, QUANTIZATIONS, ConfigError
+from shared.checks import MAX_CONTEXT, ConfigError, in_range, is_bool, one_of
+from shared.config import DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, check_engine_field
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: also a NATS subject token
 ACCELS = ("cpu", "cuda", "qaic")
-KV_CACHE_DTYPES_REFUSED = ("fp8_e5m2", "int8")  # known, but no backend here has them
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")  # the cuda backend's
-QUANTIZATIONS_REFUSED = ("awq", "gptq", "fp8", "bitsandbytes", "gguf")
-MAX_CONTEXT = 1 << 20
 
 
 def check_name(kind: str, name: object) -> str:
@@ -27,21 +25,6 @@ def check_name(kind: str, name: object) -> str:
         raise ConfigError(f"{kind} name {name!r} is not allowed: use 1-63 lowercase letters, digits "
                           "and '-', starting and ending with a letter or digit")
     return name
-
-
-def _in_range(field: str, value, low, high, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
-        raise ConfigError(f"{field} = {value!r} is out of range: allowed {low} to {high}"
-                          + (" (or null)" if allow_none else ""))
-
-
-def _one_of(field: str, value, allowed: tuple, refused: tuple = (), why: str = "") -> None:
-    if value in refused:
-        raise ConfigError(f"{field} = {value!r} is not supported {why}: allowed {', '.join(map(repr, allowed))}")
-    if value not in allowed:
-        raise ConfigError(f"{field} = {value!r} is not allowed: allowed {', '.join(map(repr, allowed))}")
 
 
 LABEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?:[A-Za-z0-9._-]{0,63}$")
@@ -64,13 +47,8 @@ def workspace_id(value) -> int | None:
 
 
 def visibility(value) -> str:
-    _one_of("visibility", value, ("private", "public"))
+    one_of("visibility", value, ("private", "public"))
     return value
-
-
-def _is_bool(field: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{field} = {value!r} must be true or false")
 
 
 class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -87,22 +65,18 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def validate(self, accel: str) -> FrameworkConfig:
         p = "framework_config."
-        _in_range(p + "max_num_seqs", self.max_num_seqs, 1, 1024)
-        _in_range(p + "max_model_len", self.max_model_len, 2, MAX_CONTEXT, allow_none=True)
-        _in_range(p + "max_seq_len_to_capture", self.max_seq_len_to_capture, 1, MAX_CONTEXT)
-        _in_range(p + "gpu_memory_utilization", self.gpu_memory_utilization, 0.05, 1.0)
-        bs = self.block_size
-        if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs not in (8, 16, 32, 64, 128)):
-            raise ConfigError(f"{p}block_size = {bs!r} is not allowed: allowed 8, 16, 32, 64 or 128")
-        _one_of(p + "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES, KV_CACHE_DTYPES_REFUSED,
-                "by any backend here")
+        for name in ("max_num_seqs", "max_model_len", "max_seq_len_to_capture", "gpu_memory_utilization",
+                     "kv_cache_dtype"):
+            check_engine_field(name, getattr(self, name), p)
+        if self.block_size is not None:
+            check_engine_field("block_size", self.block_size, p)
         if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES and accel != "cuda":
             raise ConfigError(f"{p}kv_cache_dtype = {self.kv_cache_dtype!r} is not supported by the torch backend: "
                               f"fp8 KV caches run on accel 'cuda' only")
         if self.kv_cache_dtype == "mxint8" and accel != "qaic":
             raise ConfigError(f"{p}kv_cache_dtype = 'mxint8' runs on accel 'qaic' only, not on {accel!r}")
         quant = self.quantization or "none"
-        _one_of(p + "quantization", quant, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend")
+        check_engine_field("quantization", quant, p)
         if accel == "qaic" and quant not in ("none", "auto", "mxfp6"):
             raise ConfigError(f"{p}quantization = {quant!r} is not allowed on accel 'qaic': allowed 'mxfp6' or none")
         if accel != "qaic" and quant == "mxfp6":
@@ -132,13 +106,13 @@ class QaicConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def validate(self) -> QaicConfig:
         p = "accel.qaic."
-        _in_range(p + "num_cores", self.num_cores, 1, 16)
-        _in_range(p + "num_devices", self.num_devices, 1, 16)
-        _in_range(p + "ctx_len", self.ctx_len, 1, MAX_CONTEXT)
-        _in_range(p + "prefill_seq_len", self.prefill_seq_len, 1, self.ctx_len)
-        _in_range(p + "full_batch_size", self.full_batch_size, 1, 1024, allow_none=True)
+        in_range(p + "num_cores", self.num_cores, 1, 16)
+        in_range(p + "num_devices", self.num_devices, 1, 16)
+        in_range(p + "ctx_len", self.ctx_len, 1, MAX_CONTEXT)
+        in_range(p + "prefill_seq_len", self.prefill_seq_len, 1, self.ctx_len)
+        in_range(p + "full_batch_size", self.full_batch_size, 1, 1024, allow_none=True)
         for flag in ("mxfp6_matmul", "mxint8_kv_cache", "aic_enable_depth_first"):
-            _is_bool(p + flag, getattr(self, flag))
+            is_bool(p + flag, getattr(self, flag))
         return self
 
 
@@ -147,7 +121,7 @@ class Accel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     qaic: QaicConfig | None = None
 
     def validate(self) -> Accel:
-        _one_of("accel", self.kind, ACCELS)
+        one_of("accel", self.kind, ACCELS)
         if self.qaic is not None and self.kind != "qaic":
             raise ConfigError(f"accel = {self.kind!r} takes no QaicConfig")
         if self.kind == "qaic":
@@ -183,7 +157,7 @@ class ContinuousBatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fiel
     max_concurrent_batch_size: int = DEFAULTS.max_concurrent_batch_size
 
     def validate(self) -> ContinuousBatchingConfig:
-        _in_range("continuous_batching_config.max_concurrent_batch_size", self.max_concurrent_batch_size, 1, 100_000)
+        check_engine_field("max_concurrent_batch_size", self.max_concurrent_batch_size, "continuous_batching_config.")
         return self
 
 
@@ -213,19 +187,19 @@ class DeploymentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     deterministic: bool | None = None  # batch-invariant float32 workers; None: the stack's --deterministic
 
     def validate(self) -> DeploymentConfig:
-        _in_range("deployment_config.replicas_min", self.replicas_min, 1, 16)
-        _in_range("deployment_config.replicas_max", self.replicas_max, self.replicas_min, 16)
-        _in_range("deployment_config.cpus", self.cpus, 0.1, 256)
+        in_range("deployment_config.replicas_min", self.replicas_min, 1, 16)
+        in_range("deployment_config.replicas_max", self.replicas_max, self.replicas_min, 16)
+        in_range("deployment_config.cpus", self.cpus, 0.1, 256)
         parse_memory("deployment_config.memory", self.memory)
         for model, side in self.sidekicks.items():
             p = f"deployment_config.sidekick[{model}]."
-            _in_range(p + "cpus", side.cpus, 0.5, 256)
-            _in_range(p + "gpus", side.gpus, 0, 16)
+            in_range(p + "cpus", side.cpus, 0.5, 256)
+            in_range(p + "gpus", side.gpus, 0, 16)
             parse_memory(p + "memory", side.memory)
         if self.deployment_label is not None:
             check_label("deployment_config.deployment_label", self.deployment_label)
         if self.deterministic is not None:
-            _is_bool("deployment_config.deterministic", self.deterministic)
+            is_bool("deployment_config.deterministic", self.deterministic)
         return self
 
     def sidekick(self, model: str) -> SidekickResources:

@@ -8,14 +8,29 @@ from shared.config import ConfigError, EngineConfig, context_length_error, resol
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("block_size", 12, "block_size must be a power of two between 8 and 128, got 12"),
-    ("max_num_seqs", 0, "max_num_seqs must be at least 1, got 0"),
-    ("kv_cache_dtype", "int3", "kv_cache_dtype must be one of"),
-    ("num_kv_blocks", 1, "num_kv_blocks must be at least 2, got 1"),
+    ("block_size", 12, "block_size = 12 is not allowed: allowed 8, 16, 32, 64 or 128"),
+    ("max_num_seqs", 0, "max_num_seqs = 0 is out of range: allowed 1 to 1024"),
+    ("kv_cache_dtype", "int3", "kv_cache_dtype = 'int3' is not allowed: allowed 'auto', "),
+    ("kv_cache_dtype", "int8", "kv_cache_dtype = 'int8' is not supported by any backend here"),
+    ("num_kv_blocks", 1, r"num_kv_blocks = 1 is out of range: allowed 2 or more \(or null\)"),
+    ("max_num_batched_tokens", 8, r"max_num_batched_tokens = 8 is out of range: allowed block_size \(16\) or more"),
 ])
 def test_bad_values_are_refused_by_name(field, value, message):
     with pytest.raises(ConfigError, match=message):
         EngineConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("field,value", [("block_size", 12), ("max_num_seqs", 2000), ("quantization", "awq"),
+                                         ("gpu_memory_utilization", 1.5), ("max_model_len", 1)])
+def test_a_flag_and_an_upload_are_refused_in_the_same_words(field, value):
+    """One check per engine field: the flag's message is the upload's without its prefix."""
+    from shared.deploy_config import FrameworkConfig
+
+    with pytest.raises(ConfigError) as flag:
+        EngineConfig(**{field: value}).validate()
+    with pytest.raises(ConfigError) as upload:
+        FrameworkConfig(**{field: value}).validate("cpu")
+    assert str(upload.value) == "framework_config." + str(flag.value)
 
 
 def test_max_model_len_never_exceeds_the_model():
