@@ -19,7 +19,7 @@ from bench.dataset import CHAT_QUESTIONS
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.model_runner import ModelRunner
-from shared.model_files import default_model_path
+from shared.models.model_files import default_model_path
 from tests.model_helpers import greedy_generate
 
 BLOCKS = 64

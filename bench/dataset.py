@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from shared.model_files import resolve_model_path
-from shared.tokenizer import ModelTokenizer, load_tokenizer
+from shared.models.model_files import resolve_model_path
+from shared.models.tokenizer import ModelTokenizer, load_tokenizer
 
 # public-domain prose (Melville, Austen, Darwin, Dickens), varied enough that prompts differ
 ENGLISH = """Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench import serve
-from shared.model_files import default_model_path
+from shared.models.model_files import default_model_path
 from switchyard.launcher import Stack
 from switchyard.nats_server import free_port
 

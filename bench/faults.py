@@ -21,8 +21,8 @@ from pathlib import Path
 import nats
 import openai
 
-from shared import subjects
-from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from shared.wire import subjects
+from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 

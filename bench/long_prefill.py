@@ -23,9 +23,9 @@ from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
-from shared.hashing import root_hash
-from shared.messages import SamplingParams, StepResult
-from shared.model_files import default_model_path
+from shared.models.model_files import default_model_path
+from shared.wire.hashing import root_hash
+from shared.wire.messages import SamplingParams, StepResult
 
 BLOCK_SIZE = 16
 

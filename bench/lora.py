@@ -25,9 +25,9 @@ from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.lora.manager import LoraLimits, LoraManager
 from services.worker.model_runner import ModelRunner
 from shared.engine_defaults import pick
-from shared.gguf_fields import read_fields
-from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
-from shared.model_files import default_model_path
+from shared.models.gguf_fields import read_fields
+from shared.models.model_files import default_model_path
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -24,8 +24,8 @@ from services.worker.backends.torch_cpu.quantization import native_blocks, quant
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from shared.config import QUANTIZATIONS
-from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
-from shared.model_files import default_model_path
+from shared.models.model_files import default_model_path
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
 BLOCK_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

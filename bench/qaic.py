@@ -30,9 +30,9 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from services.worker.sequence import SeqState
-from shared.deploy_config import QaicConfig
-from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
-from shared.model_files import default_model_path
+from shared.control.deploy_config import QaicConfig
+from shared.models.model_files import default_model_path
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
 VARIANTS = {"static shapes, float32": {}, "+ mxfp6 weights": {"mxfp6_matmul": True},
             "+ mxint8 kv": {"mxfp6_matmul": True, "mxint8_kv_cache": True}}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench import hf_static, report, serve
 from shared.config import QUANTIZATIONS
-from shared.model_files import default_model_path
+from shared.models.model_files import default_model_path
 from switchyard.launcher import Stack
 from switchyard.nats_server import free_port, wait_for_port
 

@@ -29,7 +29,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from bench.vllm_verdicts import categorize, failure_lines
-from shared.model_files import cache_root
+from shared.models.model_files import cache_root
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = Path(__file__).resolve().parent / "vllm_shim"

@@ -1,4 +1,7 @@
-"""Switchyard's shared contract: wire schemas, subjects, config, hashing, logging, metrics.
+"""Switchyard's shared contract, in layers: wire/ (what travels on the bus), models/ (model files
+and tokenizers), bus/ (the client library: see shared/bus/client.py), control/ (registry,
+deployments, artifacts); config, checks, engine defaults and logging beside them."""
 
-Internal teams use this package as the client library for the bus (see shared/client.py).
-"""
+from shared import moved
+
+moved.install()

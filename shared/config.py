@@ -12,8 +12,8 @@ import os
 import msgspec
 
 from shared.checks import MAX_CONTEXT, ConfigError, in_range, one_of
-from shared.hub import is_hub_id
-from shared.lora import add_lora_args
+from shared.models.hub import is_hub_id
+from shared.wire.lora import add_lora_args
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # fp8: the cuda backend only; mxint8: the qaic backend only
@@ -29,7 +29,7 @@ LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
 
 class EngineConfig(msgspec.Struct, kw_only=True):
     model: str = DEFAULT_MODEL_NAME  # served name; also the subject token
-    model_path: str | None = None  # GGUF file, HF directory or Hub id (shared/hub.py); None = the default model
+    model_path: str | None = None  # GGUF file, HF directory or Hub id (shared/models/hub.py); None = the default model
     revision: str | None = None  # a Hub id's branch, tag or commit (default: main)
     download_dir: str | None = None  # where a Hub id is downloaded (default: huggingface_hub's cache, HF_HOME)
     load_format: str = "auto"  # auto | gguf | hf | dummy
@@ -65,7 +65,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
 
 # each engine field's one check, whoever sets it: a flag or SY_* variable (EngineConfig above) or a
-# deployment's upload (shared/deploy_config.py's FrameworkConfig, with its accelerator's rules on top)
+# deployment's upload (shared/control/deploy_config.py's FrameworkConfig, with its accelerator's rules on top)
 ENGINE_CHECKS = {
     "block_size": lambda f, v: one_of(f, v, BLOCK_SIZES),
     "max_model_len": lambda f, v: in_range(f, v, 2, MAX_CONTEXT, allow_none=True),

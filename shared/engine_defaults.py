@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.config import CPU_AUTO_DTYPE, ConfigError
-from shared.gguf_fields import is_gguf, read_fields
+from shared.models.gguf_fields import is_gguf, read_fields
 
 # the GGUF block formats the CPU backend keeps as they are (loader/gguf_blocks.py, gguf_kquants.py)
 KEPT_GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")

@@ -20,7 +20,8 @@ import zipfile
 import httpx
 import msgspec
 
-from shared import arrow_schema, hub
+from shared.control import arrow_schema
+from shared.models import hub
 from switchyard.config import Acceleration, AccelerationWithConfig, FrameworkConfig
 from switchyard.inference_logs import either, inference_log_frame, unix_seconds
 

@@ -1,7 +1,7 @@
 """The SDK's configuration objects, with the seed product's names.
 
 FrameworkConfig, QaicConfig, ContinuousBatchingConfig and OpenaiConfig are the wire types the
-server validates (`shared/deploy_config.py`); Acceleration and DeploymentConfigBuilder build the
+server validates (`shared/control/deploy_config.py`); Acceleration and DeploymentConfigBuilder build the
 rest. Every value is checked again by the server, which names the field and range it refuses.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from shared.deploy_config import (
+from shared.control.deploy_config import (
     ContinuousBatchingConfig,
     DeploymentConfig,
     FrameworkConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 
-from shared.deploy_config import FrameworkConfig
+from shared.control.deploy_config import FrameworkConfig
 
 # vLLM's engine arguments as the product's VLLMConfig carries them (validated by the server)
 VLLMConfig = FrameworkConfig

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.worker.backends.torch_cpu.kernels.build import why_unusable as kernels_unusable
-from shared import nats_auth
+from shared.bus import nats_auth
 from shared.config import (
     ConfigError,
     add_agent_args,
@@ -32,7 +32,7 @@ from shared.config import (
     engine_config_from_args,
 )
 from shared.engine_defaults import pick_for_host
-from shared.model_files import cache_root, resolve_model_path
+from shared.models.model_files import cache_root, resolve_model_path
 from switchyard import model_fetch
 from switchyard.nats_server import NatsCluster, NatsServer
 
@@ -71,7 +71,7 @@ class Stack:
     nats: NatsServer | NatsCluster | None = None
     nats_cluster: int = 1  # nats-servers it starts when it has no NATS_URL (more than one: a cluster)
     nats_replicas: int = 1  # SY_NATS_REPLICAS for every service: copies of each JetStream store
-    auth_dir: str | None = None  # the locked bus's users (shared/nats_auth.py); None: an open bus
+    auth_dir: str | None = None  # the locked bus's users (shared/bus/nats_auth.py); None: an open bus
     bus_file: Path | None = None  # written while the stack runs on a bus of its own
     store_lock: object | None = field(default=None, repr=False)  # held while it runs on its store
     services: list[Service] = field(default_factory=list)
@@ -104,7 +104,7 @@ class Stack:
             else:
                 self.nats = NatsServer(store_dir=str(store), auth=True).start()
             self.nats_url, self.auth_dir = self.nats.url, self.nats.auth_dir
-            self.bus_file = store.parent / BUS_FILE  # where a script finds this bus (shared/bus.py)
+            self.bus_file = store.parent / BUS_FILE  # where a script finds this bus (shared/bus/connection.py)
             self.bus_file.write_text(json.dumps({"url": self.nats_url, "auth_file": str(
                 Path(self.auth_dir) / nats_auth.USERS_FILE)}))
         py = [sys.executable, "-m"]
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     if args.nats_cluster < 1 or args.schedulers < 1 or args.gateways < 1:
         parser.error("--nats-cluster, --schedulers and --gateways must be at least 1")
     check_service_args(service_args)
-    users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/nats_auth.py's users
+    users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/bus/nats_auth.py's users
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
                   service_args=service_args, auth_dir=os.path.dirname(users) if users else None,
                   nats_cluster=args.nats_cluster, num_schedulers=args.schedulers, num_gateways=args.gateways,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from shared.config import add_engine_args
-from shared.hub import is_hub_id
+from shared.models.hub import is_hub_id
 
 
 class FetchFailed(RuntimeError):
@@ -29,9 +29,9 @@ def hub_model(service_args: list[str]) -> tuple[str, list[str]] | None:
 
 
 def fetch(model_id: str, flags: list[str], env: dict) -> str:
-    """`python -m shared.hub` in a process of its own (huggingface_hub reads its environment at import),
+    """`python -m shared.models.hub` in a process of its own (huggingface_hub reads its environment at import),
     its progress passed through to this terminal; FetchFailed with its message if it stops."""
-    proc = subprocess.Popen([sys.executable, "-m", "shared.hub", model_id, *flags], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "shared.models.hub", model_id, *flags], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     tail = b""
     while chunk := os.read(proc.stderr.fileno(), 4096):

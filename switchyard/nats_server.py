@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import nats_auth
+from shared.bus import nats_auth
 
 
 def free_port() -> int:
@@ -46,7 +46,7 @@ class NatsServer:
                  host: str = "127.0.0.1", auth_dir: str | None = None, cluster: ClusterRole | None = None,
                  wrapper: list[str] | None = None, log_file: str | None = None):
         """store_dir: where JetStream keeps the registry; a temporary folder (removed at stop) if None.
-        auth: one user per service with only its subjects (shared/nats_auth.py); the passwords are
+        auth: one user per service with only its subjects (shared/bus/nats_auth.py); the passwords are
         made once, at the first start, so a restart keeps them (auth_dir: a cluster's shared ones).
         host: the address it listens on. cluster: a node of a routed cluster (JetStream clustered).
         wrapper: a command it runs under (`ip netns exec h1`: a test's host)."""

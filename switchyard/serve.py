@@ -8,9 +8,9 @@ import sys
 
 import msgspec
 
-from shared import pipeline_artifact
-from shared.model_files import cache_root
-from shared.oci import Reference, Registry
+from shared.control import pipeline_artifact
+from shared.control.oci import Reference, Registry
+from shared.models.model_files import cache_root
 from switchyard import launcher
 from switchyard.client import Client
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from shared import subjects
-from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest, encode
+from shared.wire import subjects
+from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest, encode
 
 
 async def scheduler_stats(nc, model: str) -> SchedulerStats:

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter on th
 # so tokens do not depend on the batch); a test that compares with transformers or with the
 # reference's exact bits asks for --deterministic itself
 
-from shared.model_files import default_model_path as _default_model_path
+from shared.models.model_files import default_model_path as _default_model_path
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,7 @@ from pathlib import Path
 import nats
 
 from services.scheduler.lease import LEASES_BUCKET
-from shared import nats_auth
-from shared.bus import servers
+from shared.bus import nats_auth, servers
 from switchyard.nats_server import NatsCluster
 from tests.bus_helpers import scheduler_stats
 from tests.hosts import Hosts

@@ -8,8 +8,8 @@ from __future__ import annotations
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
-from shared.hashing import root_hash
-from shared.messages import SamplingParams, StepResult
+from shared.wire.hashing import root_hash
+from shared.wire.messages import SamplingParams, StepResult
 from tests.model_helpers import make_runner
 
 BLOCK_SIZE = 16

@@ -7,7 +7,7 @@ import torch
 from services.worker.backends.kv_pool import KVSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
 from services.worker.model_runner import ModelRunner
-from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
 BLOCK_SIZE = 16
 

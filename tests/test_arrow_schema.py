@@ -8,8 +8,8 @@ import base64
 import pyarrow as pa
 import pytest
 
-from shared.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row, to_wire
 from shared.config import ConfigError
+from shared.control.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row, to_wire
 
 # the continuous-batching guide's upload_and_convert call, verbatim
 DOC_INPUT = ("/////7AAAAAQAAAAAAAKAAwABgAFAAgACgAAAAABBAAMAAAACAAIAAAABAAIAAAABAAAAAIAAABUAAAABAAAAMT///8AAAECEAAAACQ"

@@ -54,7 +54,7 @@ def test_decode_graphs_take_decode_steps_up_to_max_seq_len_to_capture():
     from services.worker.backends.cuda.inputs import build_inputs
     from services.worker.lora.layers import LoraRows, LoraState
     from services.worker.sequence import SeqState
-    from shared.messages import SamplingParams
+    from shared.wire.messages import SamplingParams
 
     assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     assert capture_sizes(12) == [1, 2, 4, 8, 12]

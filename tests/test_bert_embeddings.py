@@ -20,7 +20,7 @@ import torch
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model, refuse_encoder
 from shared.config import ConfigError
-from shared.messages import Pooling
+from shared.wire.messages import Pooling
 
 transformers = pytest.importorskip("transformers")
 TEXTS = [f"Document {i}: the capital of country number {i} is city {i * 7}, by the river {i % 3}." for i in range(12)]
@@ -125,7 +125,7 @@ def test_encoder_rows_chunked_and_preempted_give_their_lone_vectors(tmp_path):
 def test_a_cross_encoder_scores_pairs_as_transformers_does(tmp_path, activation):
     """Each (query, document) pair read together, the document as segment 1: the sigmoid of the
     classifier's logit (or the logit, where sentence-transformers' config says Identity)."""
-    from shared.tokenizer import load_tokenizer
+    from shared.models.tokenizer import load_tokenizer
 
     theirs, tokenizer = _save_cross_encoder(tmp_path, activation)
     loaded = load_model(str(tmp_path), ops=TORCH_OPS)
@@ -140,7 +140,7 @@ def test_a_cross_encoder_scores_pairs_as_transformers_does(tmp_path, activation)
 def test_the_paged_backends_refuse_an_encoder_by_name(tmp_path):
     from services.worker.backends.qaic.backend import QaicBackend
     from services.worker.backends.spec import WorkerSpec
-    from shared.deploy_config import QaicConfig
+    from shared.control.deploy_config import QaicConfig
 
     _save(tmp_path, None)
     spec = WorkerSpec(model_path=str(tmp_path), kv_cache_bytes=lambda _: 0,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
-from shared.hashing import hash_block_chain, root_hash
-from shared.kv_events import BlockRemoved, BlockStored
-from shared.messages import SamplingParams
+from shared.wire.hashing import hash_block_chain, root_hash
+from shared.wire.kv_events import BlockRemoved, BlockStored
+from shared.wire.messages import SamplingParams
 
 ROOT = root_hash("m", "auto")
 

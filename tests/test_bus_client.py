@@ -8,8 +8,8 @@ import signal
 import nats
 import pytest
 
-from shared.client import BusClient, RequestStream
-from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
+from shared.bus.client import BusClient, RequestStream
+from shared.wire.messages import FinishReason, TokenBatch, TokenEntry, encode
 from tests.bus_helpers import until
 
 pytestmark = pytest.mark.stack
@@ -73,8 +73,8 @@ async def test_the_schedulers_verdict_ends_the_stream_whatever_its_offset(stack)
 async def test_after_an_outage_duplicates_are_dropped_overlaps_trimmed_and_a_gap_is_asked_for(stack):
     """Entries sent again by a worker (Resend) can repeat, overlap or fill a gap: the reader sees
     each token once, in order, and asks for a gap's tokens itself."""
-    from shared import subjects
-    from shared.messages import RESEND_DECODER
+    from shared.wire import subjects
+    from shared.wire.messages import RESEND_DECODER
 
     bus = await _client(stack)
     asked = asyncio.Queue()
@@ -108,7 +108,7 @@ def test_a_mid_stream_token_entry_is_small_on_the_wire():
     """Per-request constants ride only in a stream's first entry, and the hot-path structs are
     arrays whose trailing defaults cost a byte each: one token of a 32-hex request id, 57 bytes (the
     pooling requests' embedding added the last)."""
-    from shared.messages import TOKEN_BATCH_DECODER, Logprobs
+    from shared.wire.messages import TOKEN_BATCH_DECODER, Logprobs
 
     request_id = "0123456789abcdef0123456789abcdef"
     mid = TokenEntry(request_id, 17, [4093], produced_at=1763900000.123)
@@ -123,8 +123,8 @@ def test_a_mid_stream_token_entry_is_small_on_the_wire():
 async def test_a_caller_cancelled_while_its_submit_is_answered_leaves_nothing_running(stack, model_name, hf_tokenizer):
     """The Submit is accepted after its caller gave up (a client gone, a cancelled background
     response): the client aborts it then, so the engine does not generate for no one."""
-    from shared import subjects
-    from shared.messages import TOKEN_BATCH_DECODER, SamplingParams
+    from shared.wire import subjects
+    from shared.wire.messages import TOKEN_BATCH_DECODER, SamplingParams
 
     bus = await _client(stack)
     spy = await nats.connect(stack.admin_url)

@@ -18,11 +18,11 @@ from bench.chaos.faults import FAULTS, FIXED
 from bench.chaos.report import table, verdict
 from bench.chaos.run import run_load, start_stack
 from services.scheduler.lease import LEASES_BUCKET
-from shared import subjects
 from shared.bus import servers
-from shared.client import BusClient
-from shared.messages import STEP_RESULT_DECODER, SamplingParams, Step, encode
-from shared.registry import AGENTS_BUCKET, ARTIFACTS_BUCKET, REGISTRY_BUCKET
+from shared.bus.client import BusClient
+from shared.control.registry import AGENTS_BUCKET, ARTIFACTS_BUCKET, REGISTRY_BUCKET
+from shared.wire import subjects
+from shared.wire.messages import STEP_RESULT_DECODER, SamplingParams, Step, encode
 from tests.streaming import stream_completion
 
 pytestmark = pytest.mark.stack

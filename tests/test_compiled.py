@@ -15,7 +15,7 @@ from services.worker.backends.torch_cpu.quantization import native_blocks, quant
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from services.worker.models.llama import run_layers
-from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 from tests.model_helpers import BLOCK_SIZE, make_runner
 from tests.test_llama_vs_hf import PROMPTS
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from shared import nats_auth
-from shared.deploy_config import QaicConfig, convert
+from shared.bus import nats_auth
+from shared.control.deploy_config import QaicConfig, convert
 
 
 def test_compose_runs_every_service_module():
@@ -51,7 +51,7 @@ def test_compose_binds_to_localhost_drains_and_builds_small():
     for node in ("nats-1", "nats-2", "nats-3"):
         assert services[node]["command"][:2] == ["-c", "/auth/nats-auth.conf"]
         assert services[node]["depends_on"]["nats-auth"]["condition"] == "service_completed_successfully"
-    assert services["nats-auth"]["command"] == ["python", "-m", "shared.nats_auth", "/auth"]
+    assert services["nats-auth"]["command"] == ["python", "-m", "shared.bus.nats_auth", "/auth"]
     grace = {name: int(services[name]["stop_grace_period"].rstrip("s")) for name in ("worker", "agent", "api")}
     assert grace["worker"] >= 45 and grace["agent"] >= 45 and grace["api"] >= 35  # past drain_grace_s (30 s)
     assert ".venv" in (root / ".dockerignore").read_text().split()
@@ -64,9 +64,9 @@ def test_nats_auth_keeps_what_compose_already_made(tmp_path):
     import subprocess
     import sys
 
-    first = subprocess.run([sys.executable, "-m", "shared.nats_auth", str(tmp_path)], capture_output=True, check=True)
+    first = subprocess.run([sys.executable, "-m", "shared.bus.nats_auth", str(tmp_path)], capture_output=True, check=True)
     users = (tmp_path / nats_auth.USERS_FILE).read_text()
-    subprocess.run([sys.executable, "-m", "shared.nats_auth", str(tmp_path)], capture_output=True, check=True)
+    subprocess.run([sys.executable, "-m", "shared.bus.nats_auth", str(tmp_path)], capture_output=True, check=True)
     assert (tmp_path / nats_auth.USERS_FILE).read_text() == users and first.stdout
     assert oct((tmp_path / nats_auth.USERS_FILE).stat().st_mode)[-3:] == "600"
     assert set(json.loads(users)) == set(nats_auth.PERMISSIONS)

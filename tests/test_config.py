@@ -24,7 +24,7 @@ def test_bad_values_are_refused_by_name(field, value, message):
                                          ("gpu_memory_utilization", 1.5), ("max_model_len", 1)])
 def test_a_flag_and_an_upload_are_refused_in_the_same_words(field, value):
     """One check per engine field: the flag's message is the upload's without its prefix."""
-    from shared.deploy_config import FrameworkConfig
+    from shared.control.deploy_config import FrameworkConfig
 
     with pytest.raises(ConfigError) as flag:
         EngineConfig(**{field: value}).validate()

@@ -17,7 +17,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 
 from services.custom_runtime.predictor import columns, records  # noqa: E402
-from shared.custom_artifact import requirements_in  # noqa: E402
+from shared.models.custom_artifact import requirements_in  # noqa: E402
 
 
 def test_what_the_engine_does_not_carry_out_is_refused_by_name():

@@ -12,8 +12,8 @@ import nats
 import pytest
 
 from bench.dataset import CHAT_QUESTIONS as QUESTIONS
-from shared import subjects
-from shared.messages import WORKER_ANNOUNCE_DECODER, Discover, WorkerHello, encode
+from shared.wire import subjects
+from shared.wire.messages import WORKER_ANNOUNCE_DECODER, Discover, WorkerHello, encode
 from tests.conftest import _start_stack
 from tests.test_quantization import TEXT
 

@@ -9,9 +9,9 @@ import msgspec
 import pytest
 
 from services.agent.replicas import Replica, Replicas
-from shared.agents import default_labels, fits, free_resources, host_accepts, needs
 from shared.config import DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, ConfigError
-from shared.deploy_config import (
+from shared.control.agents import default_labels, fits, free_resources, host_accepts, needs
+from shared.control.deploy_config import (
     Accel,
     ContinuousBatchingConfig,
     FrameworkConfig,
@@ -20,9 +20,9 @@ from shared.deploy_config import (
     parse_accel,
     parse_memory,
 )
-from shared.deployment import DeployedModel
-from shared.messages import SchedulerStats
-from shared.registry import AgentRecord, ModelVersion, Pipeline, PipelineStep
+from shared.control.deployment import DeployedModel
+from shared.control.registry import AgentRecord, ModelVersion, Pipeline, PipelineStep
+from shared.wire.messages import SchedulerStats
 from switchyard.config import Acceleration, DeploymentConfigBuilder
 from tests.clock import ManualClock
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.detokenizer import IncrementalDetokenizer
-from shared.tokenizer import load_tokenizer
+from shared.models.detokenizer import IncrementalDetokenizer
+from shared.models.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
-from shared.messages import NewSeq, Pooling, SamplingParams, ScheduledSeq, Step
+from shared.wire.messages import NewSeq, Pooling, SamplingParams, ScheduledSeq, Step
 from tests.model_helpers import make_runner
 
 transformers = pytest.importorskip("transformers")

@@ -8,8 +8,8 @@ import json
 import nats
 import pytest
 
-from shared import subjects
-from shared.endpoints import ERROR_CODE_HEADER, error_of
+from shared.bus.endpoints import ERROR_CODE_HEADER, error_of
+from shared.wire import subjects
 from tests.bus_helpers import scheduler_stats
 
 pytestmark = pytest.mark.stack

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from shared.config import ConfigError, EngineConfig
-from shared.deploy_config import DeploymentConfig
+from shared.control.deploy_config import DeploymentConfig
 from shared.engine_defaults import pick
 
 Q4_1_FILE = {"Q4_1": 210, "Q8_0": 1, "F32": 61}  # the default GGUF's tensor types

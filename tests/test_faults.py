@@ -13,8 +13,8 @@ import msgspec
 import nats
 import pytest
 
-from shared.client import BusClient
-from shared.messages import SamplingParams
+from shared.bus.client import BusClient
+from shared.wire.messages import SamplingParams
 from tests.bus_helpers import scheduler_stats
 
 pytestmark = pytest.mark.stack
@@ -134,9 +134,9 @@ async def test_a_worker_whose_step_fails_on_the_bus_strands_no_request(fault_sta
     headers (as a handler that raised does): the scheduler's loop for it must not die with the
     request on it (before: the request waited forever). Its requests move to the real worker and
     end with their lone run's tokens; the failed pool is dropped."""
-    from shared import subjects
-    from shared.endpoints import ERROR_CODE_HEADER, ERROR_HEADER
-    from shared.messages import WORKER_ANNOUNCE_DECODER, Discover, WorkerHeartbeat, WorkerHello, encode
+    from shared.bus.endpoints import ERROR_CODE_HEADER, ERROR_HEADER
+    from shared.wire import subjects
+    from shared.wire.messages import WORKER_ANNOUNCE_DECODER, Discover, WorkerHeartbeat, WorkerHello, encode
 
     nc = await nats.connect(fault_stack.admin_url)
     hellos = await nc.subscribe(subjects.WORKERS_HELLO)

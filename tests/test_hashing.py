@@ -8,7 +8,7 @@ import sys
 
 import msgspec
 
-from shared.hashing import hash_block_chain, max_cacheable_blocks, root_hash
+from shared.wire.hashing import hash_block_chain, max_cacheable_blocks, root_hash
 
 ROOT = root_hash("SmolLM2-135M-Instruct", "auto")
 
@@ -46,7 +46,7 @@ def test_lookup_never_covers_the_last_token():
 
 
 def test_same_hash_in_another_process():
-    code = ("from shared.hashing import hash_block_chain, root_hash;"
+    code = ("from shared.wire.hashing import hash_block_chain, root_hash;"
             "print(hash_block_chain(root_hash('SmolLM2-135M-Instruct', 'auto'), list(range(48)), 16)[-1].hex())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PYTHONPATH": "."}).stdout.strip()

@@ -11,7 +11,7 @@ import pytest
 from bench import fuzz
 from services.api.openai.chat_template import ChatTemplateError, render_chat
 from shared.config import ConfigError
-from shared.deploy_config import check_name
+from shared.control.deploy_config import check_name
 
 MESSAGES = [{"role": "user", "content": "a" * 3000}]
 

@@ -1,4 +1,4 @@
-"""Hub ids as model paths (shared/hub.py) against a local server speaking the Hub's HTTP API
+"""Hub ids as model paths (shared/models/hub.py) against a local server speaking the Hub's HTTP API
 (tests/hub_server.py): a GGUF picked by tag, a transformers checkpoint, the offline cache, each
 failure's message, and a stack and the SDK serving a Hub id."""
 
@@ -61,7 +61,7 @@ def hf_env(hub, tmp_path) -> dict:
 
 
 def fetch(env: dict, *args: str, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shared.hub", *args], env=env | extra, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "shared.models.hub", *args], env=env | extra, capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
 
 

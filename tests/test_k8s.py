@@ -16,7 +16,7 @@ import yaml
 
 from services.api.metrics import _ENGINE_SERIES
 from services.api.routes_server import router
-from shared import nats_auth
+from shared.bus import nats_auth
 from shared.config import (
     add_agent_args,
     add_api_args,
@@ -25,7 +25,7 @@ from shared.config import (
     add_scheduler_args,
     add_worker_args,
 )
-from shared.deploy_config import QaicConfig, convert
+from shared.control.deploy_config import QaicConfig, convert
 
 BASE = Path(__file__).parent.parent / "deploy" / "k8s" / "base"
 PARSERS = {  # each service's flags, as its __main__ reads them
@@ -44,7 +44,7 @@ def rendered(tmp_path_factory) -> dict[tuple[str, str], dict]:
         pytest.skip("kubectl is not installed (`make test` installs Debian's kubernetes-client)")
     copy = tmp_path_factory.mktemp("k8s") / "base"
     shutil.copytree(BASE, copy)
-    subprocess.run([sys.executable, "-m", "shared.nats_auth", str(copy / "auth")], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "shared.bus.nats_auth", str(copy / "auth")], check=True, capture_output=True)
     out = subprocess.run([kubectl, "kustomize", str(copy)], check=True, capture_output=True, text=True).stdout
     return {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(out) if doc}
 
@@ -153,7 +153,7 @@ def monitored(tmp_path_factory) -> dict[tuple[str, str], dict]:
         pytest.skip("kubectl is not installed (`make test` installs Debian's kubernetes-client)")
     root = tmp_path_factory.mktemp("k8s-monitored")
     shutil.copytree(BASE.parent, root / "k8s")
-    subprocess.run([sys.executable, "-m", "shared.nats_auth", str(root / "k8s" / "base" / "auth")], check=True,
+    subprocess.run([sys.executable, "-m", "shared.bus.nats_auth", str(root / "k8s" / "base" / "auth")], check=True,
                    capture_output=True)
     overlay = root / "k8s" / "overlay"
     overlay.mkdir()

@@ -25,8 +25,8 @@ def children_of(pid: int) -> list[int]:
 async def submit_as_a_script(bus_file) -> str:
     """The README's bus snippet: make run's locked bus, found through its bus file, as a "client"."""
     from shared.bus import connect_running
-    from shared.client import BusClient
-    from shared.messages import SamplingParams
+    from shared.bus.client import BusClient
+    from shared.wire.messages import SamplingParams
 
     nc = await connect_running(bus_file=bus_file)
     bus = BusClient(nc)

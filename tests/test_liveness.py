@@ -9,7 +9,7 @@ import signal
 import nats
 import pytest
 
-from shared.liveness import BusProbe, Heartbeats
+from shared.bus.liveness import BusProbe, Heartbeats
 from switchyard.nats_server import NatsServer
 from tests.clock import ManualClock
 

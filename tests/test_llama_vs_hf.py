@@ -39,7 +39,7 @@ def test_greedy_continuations_match_transformers(loaded_model, hf_model, hf_toke
 def test_prompt_logprobs_match_transformers(loaded_model, hf_model, hf_tokenizer):
     """Echo's prompt logprobs (what lm-evaluation-harness scores) against transformers' log-softmax,
     with the prompt split over two prefill chunks."""
-    from shared.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+    from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
     runner = make_runner(loaded_model)
     ids = hf_tokenizer.encode(PROMPTS[3])

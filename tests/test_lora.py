@@ -13,7 +13,7 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.lora.adapter import LoraError, load_adapter
 from services.worker.lora.manager import LoraLimits, LoraManager
-from shared.messages import NewSeq, SamplingParams, Step
+from shared.wire.messages import NewSeq, SamplingParams, Step
 from tests.inproc_engine import InProcessEngine
 from tests.model_helpers import BLOCK_SIZE, make_runner
 

@@ -336,6 +336,6 @@ def test_a_gguf_tensor_the_loader_does_not_read_is_refused_by_name():
 
 def test_the_upload_checks_the_architectures_the_worker_implements():
     from services.worker.models.registry import _REGISTRY
-    from shared.architectures import GGUF_ARCHITECTURES, HF_ARCHITECTURES
+    from shared.models.architectures import GGUF_ARCHITECTURES, HF_ARCHITECTURES
 
     assert set(_REGISTRY) == HF_ARCHITECTURES and set(GGUF_ARCHITECTURES.values()) <= HF_ARCHITECTURES

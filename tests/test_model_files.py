@@ -5,7 +5,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from shared.model_files import unpacked
+from shared.models.model_files import unpacked
 
 
 def test_two_processes_extracting_one_zip_both_get_the_folder(tmp_path, monkeypatch):

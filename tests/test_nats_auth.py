@@ -7,9 +7,10 @@ import asyncio
 import nats
 import pytest
 
-from shared import nats_auth, subjects
-from shared.client import BusClient
-from shared.messages import TOKEN_BATCH_DECODER, Abort, FinishReason, SamplingParams, encode
+from shared.bus import nats_auth
+from shared.bus.client import BusClient
+from shared.wire import subjects
+from shared.wire.messages import TOKEN_BATCH_DECODER, Abort, FinishReason, SamplingParams, encode
 from switchyard.nats_server import NatsServer
 
 pytestmark = pytest.mark.stack
@@ -139,11 +140,11 @@ def test_the_users_command_takes_help_and_refuses_a_flag_for_a_folder(tmp_path):
     import sys
 
     def run(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "shared.nats_auth", *argv], cwd=tmp_path, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "shared.bus.nats_auth", *argv], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60)
 
     shown = run("--help")
-    assert shown.returncode == 0 and "usage: python -m shared.nats_auth" in shown.stdout
+    assert shown.returncode == 0 and "usage: python -m shared.bus.nats_auth" in shown.stdout
     refused = run("--users")
     assert refused.returncode == 2 and "error" in refused.stderr
     assert list(tmp_path.iterdir()) == []

@@ -23,8 +23,8 @@ import pytest
 
 # the tutorial's imports, with only the package name changed
 import switchyard
-from shared.client import BusClient
-from shared.messages import SamplingParams
+from shared.bus.client import BusClient
+from shared.wire.messages import SamplingParams
 from switchyard.continuous_batching_config import ContinuousBatchingConfig
 from switchyard.deployment_config import DeploymentConfigBuilder
 from switchyard.engine_config import Acceleration, QaicConfig

@@ -19,7 +19,7 @@ from services.api.openai.protocol import ChatCompletionRequest
 from services.api.openai.reasoning import ReasoningSplitter
 from services.api.openai.responder import ChatResponder
 from services.api.openai.tools.choice import plan_tools
-from shared.tokenizer import load_tokenizer
+from shared.models.tokenizer import load_tokenizer
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n"

@@ -14,7 +14,7 @@ import time
 import nats
 import pytest
 
-from shared.registry import AgentRecord, ModelVersion, Registry, WorkerState
+from shared.control.registry import AgentRecord, ModelVersion, Registry, WorkerState
 from switchyard.nats_server import NatsServer
 
 pytestmark = pytest.mark.stack  # starts a nats-server: not part of `make test-fast`

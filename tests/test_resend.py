@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.worker.resend import MAX_FINISHED, SentTokens
 from services.worker.sequence import SeqState
-from shared.messages import FinishReason, Logprobs, NewSeq, SamplingParams
+from shared.wire.messages import FinishReason, Logprobs, NewSeq, SamplingParams
 
 
 def _seq(request_id: str, outputs: list[int], num_sent: int, logprobs: bool = False, **fields) -> SeqState:
@@ -60,7 +60,7 @@ def test_the_memory_of_finished_sequences_is_bounded():
 
 def test_only_a_bounded_tail_of_logprobs_is_kept_and_earlier_offsets_say_so():
     from services.worker.resend import KEEP_LOGPROBS
-    from shared.messages import TokenEntry
+    from shared.wire.messages import TokenEntry
 
     seq = _seq("long", [], num_sent=0, logprobs=True)
     sent = SentTokens({"long": seq})

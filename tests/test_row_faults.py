@@ -9,8 +9,8 @@ import nats
 import pytest
 
 from services.scheduler.validate import submit_error
-from shared.client import BusClient, SubmitRejected
-from shared.messages import Guided, GuidedKind, RejectCode, SamplingParams, Submit
+from shared.bus.client import BusClient, SubmitRejected
+from shared.wire.messages import Guided, GuidedKind, RejectCode, SamplingParams, Submit
 from tests.inproc_engine import InProcessEngine
 
 VOCAB = 49152
@@ -99,9 +99,9 @@ async def test_a_request_moves_off_a_dead_worker_at_most_max_migrations_times():
     moved max_migrations times already: then its client gets the error (on a real bus)."""
     from services.scheduler.pool import PoolLoop
     from services.scheduler.request import Request
+    from shared.bus.liveness import Heartbeats
     from shared.config import EngineConfig
-    from shared.liveness import Heartbeats
-    from shared.messages import TOKEN_BATCH_DECODER, BackendName, FinishReason, WorkerHello, WorkerKind
+    from shared.wire.messages import TOKEN_BATCH_DECODER, BackendName, FinishReason, WorkerHello, WorkerKind
     from switchyard.nats_server import NatsServer
 
     server = NatsServer().start()

@@ -9,7 +9,7 @@ import torch
 
 from services.worker.logits_processors import SampleRow, apply_logits_processors
 from services.worker.sampler import apply_top_k_top_p, sample
-from shared.messages import SamplingParams
+from shared.wire.messages import SamplingParams
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5, -1.0]])
 

@@ -6,8 +6,8 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.static_scheduler import StaticScheduler
-from shared.hashing import root_hash
-from shared.messages import FinishReason, Sampled, SamplingParams, StepResult
+from shared.wire.hashing import root_hash
+from shared.wire.messages import FinishReason, Sampled, SamplingParams, StepResult
 
 
 def make(num_blocks=16, block_size=4, max_num_seqs=4, budget=8) -> Scheduler:
@@ -94,7 +94,7 @@ def test_preemption_takes_the_youngest_and_recomputes_it_first():
 
 def test_worker_forgets_everything_on_a_reset_step():
     from services.worker.model_runner import ModelRunner
-    from shared.messages import Step
+    from shared.wire.messages import Step
 
     runner = ModelRunner(backend=None, max_model_len=64, eos_token_ids=[])
     runner.seqs["stale"] = object()
@@ -115,7 +115,7 @@ def test_prefix_cache_stats_count_each_request_once():
 
 def test_scheduler_refuses_a_worker_whose_kv_geometry_differs_from_the_models_other_workers():
     from services.scheduler.pools import worker_mismatch
-    from shared.messages import BackendName, WorkerHello, WorkerKind
+    from shared.wire.messages import BackendName, WorkerHello, WorkerKind
 
     def hello(worker_id="w", **fields):
         base = dict(worker_id=worker_id, model="m", backend=BackendName.TORCH_CPU, kind=WorkerKind.PAGED,

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from shared.tokenizer import load_tokenizer
+from shared.models.tokenizer import load_tokenizer
 from tests import gguf_writer
 
 transformers = pytest.importorskip("transformers")
@@ -85,7 +85,7 @@ def test_a_sentencepiece_gguf_tokenizes_as_transformers_does(tmp_path, arch):
 def test_byte_pieces_that_are_not_utf8_do_not_break_incremental_detokenization(tmp_path):
     """A random model emits byte tokens that are no UTF-8 (the tokenizers stream then refuses its
     own changed prefix): the detokenizer goes on by offsets, and the text after them is whole."""
-    from shared.detokenizer import IncrementalDetokenizer
+    from shared.models.detokenizer import IncrementalDetokenizer
 
     path = str(tmp_path / "phi3.gguf")
     _write(path, "phi3", _pieces())

@@ -16,7 +16,7 @@ from services.api.openai.protocol import ChatCompletionRequest
 from services.api.openai.tools.choice import forced_grammar, plan_tools
 from services.api.openai.tools.parsers import HermesParser, JsonParser, MistralParser, resolve
 from services.api.openai.tools.prompt import HERMES_CHATML, template_messages, template_tools
-from shared.guided import grammar_for
+from shared.wire.guided import grammar_for
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -103,8 +103,8 @@ def test_tool_choice_is_validated_as_openai_does():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from shared.model_files import default_model_path
-    from shared.tokenizer import load_tokenizer
+    from shared.models.model_files import default_model_path
+    from shared.models.tokenizer import load_tokenizer
 
     return load_tokenizer(default_model_path()).tokenizer
 

@@ -9,11 +9,11 @@ import asyncio
 import nats
 import pytest
 
-from shared import subjects
-from shared.client import BusClient
-from shared.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
-from shared.lora import LORA_STATE_DECODER, LoadLora
-from shared.messages import (
+from shared.bus.client import BusClient
+from shared.wire import subjects
+from shared.wire.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
+from shared.wire.lora import LORA_STATE_DECODER, LoadLora
+from shared.wire.messages import (
     FinishReason,
     SamplingParams,
     encode,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pools import WorkerPools
 from services.scheduler.request import Request
-from shared.lora import LoraInfo
-from shared.messages import SamplingParams
+from shared.wire.lora import LoraInfo
+from shared.wire.messages import SamplingParams
 
 
 @dataclass

@@ -53,7 +53,7 @@ def make_adapters(folder: Path, model_path: str) -> dict[str, str]:
 def start_stack(log_dir: Path, kv_cache_gib: float = 0.25) -> ChaosStack:
     """The platform's layout on `make run`'s defaults, with two adapters from start, a KV pool small
     enough for a burst of long prompts to preempt, and a context that fits it."""
-    from shared.model_files import default_model_path
+    from shared.models.model_files import default_model_path
 
     adapters = make_adapters(log_dir / "adapters", default_model_path())
     stack = ChaosStack(log_dir, ["--kv-cache-memory-gib", str(kv_cache_gib), "--max-model-len", "2048",

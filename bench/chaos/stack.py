@@ -18,8 +18,8 @@ import nats
 
 from bench.chaos.load import MODEL
 from services.scheduler.lease import LEASES_BUCKET
-from shared import subjects
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.messages import (
     SCHEDULER_STATS_DECODER,
     WORKER_ANNOUNCE_DECODER,
     SchedulerStats,

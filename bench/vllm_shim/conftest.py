@@ -68,7 +68,7 @@ def _our_tokenizer(**kwargs):
     """The stack serves the default GGUF under each file's model name; its tokenizer answers for that name."""
     import transformers
 
-    from shared.model_files import default_model_path
+    from shared.models.model_files import default_model_path
 
     folder, name = os.path.split(default_model_path())
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)

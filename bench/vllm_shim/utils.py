@@ -70,7 +70,7 @@ def split_flags(args: list[str]) -> list[list[str]]:
 
 def model_context() -> int:
     """The default model's context length: a file's --max-model-len for a longer model is cut to it."""
-    from shared.model_files import default_model_path, inspect_artifact
+    from shared.models.model_files import default_model_path, inspect_artifact
 
     return inspect_artifact(default_model_path())[1]
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from services.agent.agent import Agent
 from shared import log as sylog
-from shared.agents import default_labels, host_accels, host_address, qaic_runtime
 from shared.bus import connect
+from shared.bus.lifecycle import serve_until_signalled
 from shared.config import add_agent_args, add_nats_arg, add_worker_args
-from shared.deploy_config import check_label, parse_memory
-from shared.lifecycle import serve_until_signalled
-from shared.registry import AgentRecord
+from shared.control.agents import default_labels, host_accels, host_address, qaic_runtime
+from shared.control.deploy_config import check_label, parse_memory
+from shared.control.registry import AgentRecord
 
 
 def main() -> None:

@@ -20,17 +20,22 @@ from nats.aio.client import Client
 
 from services.agent.replicas import Replicas
 from shared import log as sylog
-from shared import subjects
-from shared.agents import (
+from shared.config import ConfigError
+from shared.control.agents import (
     fits,
     free_resources,
     host_accepts,
     needs,
 )
-from shared.config import ConfigError
-from shared.deployment import load_deployed
-from shared.messages import SCHEDULER_STATS_DECODER, WORKER_ANNOUNCE_DECODER, SchedulerStatsRequest, encode
-from shared.registry import AgentRecord, Pipeline, Registry
+from shared.control.deployment import load_deployed
+from shared.control.registry import AgentRecord, Pipeline, Registry
+from shared.wire import subjects
+from shared.wire.messages import (
+    SCHEDULER_STATS_DECODER,
+    WORKER_ANNOUNCE_DECODER,
+    SchedulerStatsRequest,
+    encode,
+)
 
 log = sylog.get_logger("agent")
 TICK_S = 1.0

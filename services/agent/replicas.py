@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.deployment import DeployedModel
-from shared.messages import SchedulerStats
-from shared.registry import WorkerState
+from shared.control.deployment import DeployedModel
+from shared.control.registry import WorkerState
+from shared.wire.messages import SchedulerStats
 
 RESTART_BACKOFF_S = 5.0
 

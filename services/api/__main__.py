@@ -21,16 +21,16 @@ from services.api.server import DrainingServer
 from shared import bus
 from shared import log as sylog
 from shared.bus import connect
-from shared.client import BusClient
+from shared.bus.client import BusClient
 from shared.config import (
     add_api_args,
     add_engine_args,
     add_nats_arg,
     engine_config_from_args,
 )
-from shared.model_files import resolve_model_path
-from shared.registry import Registry
-from shared.tokenizer import load_tokenizer
+from shared.control.registry import Registry
+from shared.models.model_files import resolve_model_path
+from shared.models.tokenizer import load_tokenizer
 
 
 def main() -> None:

@@ -12,13 +12,13 @@ from nats.aio.client import Client
 from services.api.metrics import ApiMetrics
 from services.api.openai.defaults import OpenaiDefaults
 from services.api.readiness import Readiness
-from shared.client import BusClient
+from shared.bus.client import BusClient
 from shared.config import GATEWAY_DEFAULTS
-from shared.deployment import DeployedModel
-from shared.lora import LoraInfo
-from shared.messages import EmbeddingSpec
-from shared.registry import Registry
-from shared.tokenizer import ModelTokenizer
+from shared.control.deployment import DeployedModel
+from shared.control.registry import Registry
+from shared.models.tokenizer import ModelTokenizer
+from shared.wire.lora import LoraInfo
+from shared.wire.messages import EmbeddingSpec
 
 if TYPE_CHECKING:  # the features' classes import this module
     from services.api.batch.batches import BatchStore

@@ -6,10 +6,10 @@ from __future__ import annotations
 from nats.aio.msg import Msg
 
 from services.api.context import ApiContext
-from shared import subjects
 from shared.log import get_logger
-from shared.lora import LoraInfo
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.lora import LoraInfo
+from shared.wire.messages import (
     MODEL_LIMITS_DECODER,
     SCHEDULER_STATS_DECODER,
     EmbeddingSpec,

@@ -25,10 +25,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from shared import subjects
-from shared.histogram import HistogramCounts
-from shared.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.histogram import HistogramCounts
+from shared.wire.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
+from shared.wire.messages import (
     SCHEDULER_STATS_DECODER,
     SchedulerStats,
     SchedulerStatsRequest,

@@ -7,7 +7,7 @@ import msgspec
 
 from services.api.context import ApiContext
 from services.api.errors import APIError
-from shared.messages import encode
+from shared.wire.messages import encode
 
 
 async def order_scheduler(ctx: ApiContext, subject: str, order: msgspec.Struct, model: str, timeout_s: float) -> bytes:

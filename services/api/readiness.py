@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.client import EngineUnavailable, SubmitRejected
+from shared.bus.client import EngineUnavailable, SubmitRejected
 from shared.config import GATEWAY_DEFAULTS
-from shared.messages import FinishReason, Pooling, SamplingParams
+from shared.wire.messages import FinishReason, Pooling, SamplingParams
 
 if TYPE_CHECKING:
     from services.api.context import ApiContext, ServedModel

@@ -12,8 +12,8 @@ from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai.body import read_json, validate
 from services.api.orders import order_scheduler
-from shared import subjects
-from shared.lora import LORA_STATE_DECODER, LoadLora, LoraOrder, UnloadLora
+from shared.wire import subjects
+from shared.wire.lora import LORA_STATE_DECODER, LoadLora, LoraOrder, UnloadLora
 
 router = APIRouter()
 ORDER_TIMEOUT_S = 120.0  # every worker reads and checks the adapter's files

@@ -13,8 +13,8 @@ from services.api.openai.body import parse, read_json
 from services.api.openai.params import check_token_ids, encode_text, render_messages
 from services.api.openai.protocol import DetokenizeRequest, TokenizeRequest
 from services.api.openai.routes import chat, complete
-from shared import subjects
-from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from shared.wire import subjects
+from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
 
 router = APIRouter()
 VERSION = "0.2.0"

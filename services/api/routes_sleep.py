@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.orders import order_scheduler
-from shared import subjects
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.messages import (
     SCHEDULER_STATS_DECODER,
     SLEEP_STATE_DECODER,
     SchedulerStatsRequest,

@@ -14,11 +14,11 @@ import msgspec
 from services.custom_runtime import context
 from services.custom_runtime.predictor import load_inference, predict
 from shared import log as sylog
-from shared import subjects
 from shared.bus import close, connect
-from shared.client import BusClient
-from shared.custom_environment import READY_LINE
-from shared.tokenizer import load_tokenizer
+from shared.bus.client import BusClient
+from shared.models.custom_environment import READY_LINE
+from shared.models.tokenizer import load_tokenizer
+from shared.wire import subjects
 
 log = sylog.get_logger("custom-runtime")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.client import BusClient
-from shared.tokenizer import ModelTokenizer
+from shared.bus.client import BusClient
+from shared.models.tokenizer import ModelTokenizer
 
 
 @dataclass

@@ -13,7 +13,7 @@ from mac.config.inference import CustomInferenceConfig
 from mac.inference import Inference
 from mac.inference.creation import InferenceBuilder
 
-from shared.custom_artifact import scripts_in
+from shared.models.custom_artifact import scripts_in
 
 
 def load_inference(root: Path) -> Inference:

@@ -8,8 +8,8 @@ import asyncio
 from services.kvcache.service import KvCacheService
 from shared import log as sylog
 from shared.bus import connect
+from shared.bus.lifecycle import serve_until_signalled
 from shared.config import add_nats_arg
-from shared.lifecycle import serve_until_signalled
 
 
 async def main() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from shared.kv_events import BlockRemoved, BlockStored, KvEventBatch, PoolCleared
+from shared.wire.kv_events import BlockRemoved, BlockStored, KvEventBatch, PoolCleared
 
 
 class KvIndex:

@@ -8,11 +8,17 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.kvcache.index import KvIndex
-from shared import subjects
-from shared.endpoints import Endpoints
-from shared.kv_events import KV_EVENT_BATCH_DECODER, KV_LOOKUP_DECODER, KvLookupReply, KvStatsReply, Resync
+from shared.bus.endpoints import Endpoints
 from shared.log import get_logger
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.kv_events import (
+    KV_EVENT_BATCH_DECODER,
+    KV_LOOKUP_DECODER,
+    KvLookupReply,
+    KvStatsReply,
+    Resync,
+)
+from shared.wire.messages import (
     encode,
 )
 

@@ -11,12 +11,12 @@ import socket
 from services.scheduler.host import SchedulerHost
 from services.scheduler.lease import Lease
 from shared import log as sylog
-from shared.agents import ENGINE_HOST, host_address
 from shared.bus import connect
+from shared.bus.lifecycle import serve_until_signalled
 from shared.config import add_engine_args, add_nats_arg, add_scheduler_args, engine_config_from_args
-from shared.deploy_config import parse_memory
-from shared.lifecycle import serve_until_signalled
-from shared.registry import AgentRecord
+from shared.control.agents import ENGINE_HOST, host_address
+from shared.control.deploy_config import parse_memory
+from shared.control.registry import AgentRecord
 
 
 async def main() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.kv_events import BlockRemoved, BlockStored, KvEvent
+from shared.wire.kv_events import BlockRemoved, BlockStored, KvEvent
 
 
 class KVBlock:

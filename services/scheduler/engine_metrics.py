@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from services.scheduler.request import Request
-from shared.histogram import HistogramCounts
-from shared.messages import (
+from shared.wire.histogram import HistogramCounts
+from shared.wire.messages import (
     ITERATION_TOKEN_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
     StepResult,

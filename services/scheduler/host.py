@@ -2,7 +2,7 @@
 
 Each model has its own SchedulerService (its own queue, pools and admission limits) on its own
 subjects. The host watches the registry's pipelines: a deploy starts a SchedulerService with the
-engine settings derived from the model's configs (`shared/deployment.py`); an undeploy drains it
+engine settings derived from the model's configs (`shared/control/deployment.py`); an undeploy drains it
 and stops it; a redeploy (new generation) replaces it. Each engine reserves its deployment's
 `cpus`/`memory` from the host's budget (`--engine-cpus`, `--engine-memory`); one that does not fit
 is not started, and the host's record in `sy-agents` says why (pipelines/status shows it).
@@ -18,14 +18,14 @@ from nats.aio.client import Client
 
 from services.scheduler.lease import Lease
 from services.scheduler.service import SchedulerService
-from shared import subjects
-from shared.agents import fits, free_resources
+from shared.bus.liveness import SCHEDULER_HEARTBEAT_S
 from shared.config import ConfigError, EngineConfig
-from shared.deployment import load_deployed
-from shared.liveness import SCHEDULER_HEARTBEAT_S
+from shared.control.agents import fits, free_resources
+from shared.control.deployment import load_deployed
+from shared.control.registry import AGENT_TTL_S, AgentRecord, Pipeline, Registry
 from shared.log import get_logger
-from shared.messages import SchedulerHeartbeat, encode
-from shared.registry import AGENT_TTL_S, AgentRecord, Pipeline, Registry
+from shared.wire import subjects
+from shared.wire.messages import SchedulerHeartbeat, encode
 
 log = get_logger("scheduler")
 UNDEPLOY_GRACE_S = 5.0  # in-flight requests of an undeployed pipeline get this long to finish

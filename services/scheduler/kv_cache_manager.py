@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.scheduler.block_pool import BlockPool, KVBlock
 from services.scheduler.request import Request
-from shared.hashing import hash_block_chain, max_cacheable_blocks
+from shared.wire.hashing import hash_block_chain, max_cacheable_blocks
 
 
 def cdiv(a: int, b: int) -> int:

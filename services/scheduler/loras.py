@@ -9,7 +9,7 @@ import asyncio
 from services.scheduler.pool import PoolLoop
 from services.scheduler.request import Request
 from shared.log import get_logger
-from shared.lora import LoraInfo, LoraOrder, LoraState, UnloadLora
+from shared.wire.lora import LoraInfo, LoraOrder, LoraState, UnloadLora
 
 log = get_logger("scheduler.loras")
 

@@ -22,14 +22,14 @@ from services.scheduler.scheduler import Scheduler
 from services.scheduler.slot_manager import SlotManager
 from services.scheduler.slot_scheduler import SlotScheduler
 from services.scheduler.static_scheduler import StaticScheduler
-from shared import subjects
+from shared.bus.liveness import Heartbeats
 from shared.config import EngineConfig
-from shared.hashing import root_hash
-from shared.kv_events import BlockStored, KvEventBatch, PoolCleared
-from shared.liveness import Heartbeats
 from shared.log import get_logger
-from shared.lora import LORA_STATE_DECODER, LoraOrder, LoraState
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.hashing import root_hash
+from shared.wire.kv_events import BlockStored, KvEventBatch, PoolCleared
+from shared.wire.lora import LORA_STATE_DECODER, LoraOrder, LoraState
+from shared.wire.messages import (
     SLEEP_STATE_DECODER,
     STEP_RESULT_DECODER,
     Sleep,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.request import Request
-from shared.messages import EmbeddingSpec, WorkerHello
+from shared.wire.messages import EmbeddingSpec, WorkerHello
 
 
 def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:

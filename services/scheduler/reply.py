@@ -7,7 +7,7 @@ import time
 from nats.aio.client import Client
 
 from services.scheduler.request import Request
-from shared.messages import FinishReason, TokenBatch, TokenEntry, encode
+from shared.wire.messages import FinishReason, TokenBatch, TokenEntry, encode
 
 
 async def publish_error(nc: Client, request: Request, error: str | None,

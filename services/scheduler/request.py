@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.messages import SamplingParams, Submit
+from shared.wire.messages import SamplingParams, Submit
 
 
 class RequestStatus(enum.IntEnum):

@@ -6,10 +6,10 @@ from __future__ import annotations
 from nats.aio.client import Client
 
 from services.scheduler.pool import PoolLoop
-from shared import subjects
-from shared.kv_events import KV_LOOKUP_REPLY_DECODER, KvLookup
 from shared.log import get_logger
-from shared.messages import WorkerKind, encode
+from shared.wire import subjects
+from shared.wire.kv_events import KV_LOOKUP_REPLY_DECODER, KvLookup
+from shared.wire.messages import WorkerKind, encode
 
 log = get_logger("scheduler.router")
 LOOKUP_TIMEOUT_S = 0.05

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from services.scheduler.kv_manager import KVManager
 from services.scheduler.request import Request, RequestStatus
-from shared.messages import FinishReason, NewSeq, ScheduledSeq, Step, StepResult
+from shared.wire.messages import FinishReason, NewSeq, ScheduledSeq, Step, StepResult
 
 
 @dataclass

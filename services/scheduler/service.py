@@ -18,14 +18,14 @@ from services.scheduler.router import Router
 from services.scheduler.sleep_mode import put_to_sleep, wake_up
 from services.scheduler.stats import scheduler_stats
 from services.scheduler.validate import submit_error
-from shared import subjects
+from shared.bus.endpoints import Endpoints
+from shared.bus.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, BusProbe, Heartbeats
 from shared.config import EngineConfig, context_length_error
-from shared.endpoints import Endpoints
-from shared.hashing import max_cacheable_blocks
-from shared.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, BusProbe, Heartbeats
 from shared.log import get_logger
-from shared.lora import LORA_ORDER_DECODER, LoraInfo
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.hashing import max_cacheable_blocks
+from shared.wire.lora import LORA_ORDER_DECODER, LoraInfo
+from shared.wire.messages import (
     ABORT_DECODER,
     CLIENT_HEARTBEAT_DECODER,
     SLEEP_ORDER_DECODER,

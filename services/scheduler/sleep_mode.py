@@ -7,7 +7,7 @@ import asyncio
 
 from services.scheduler.pool import PoolLoop
 from shared.log import get_logger
-from shared.messages import Sleep, SleepState, WakeUp
+from shared.wire.messages import Sleep, SleepState, WakeUp
 
 log = get_logger("scheduler.sleep")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler import Scheduler, SchedulerOutput, _always
 from services.scheduler.slot_manager import SlotManager
-from shared.messages import Step
+from shared.wire.messages import Step
 
 
 class SlotScheduler(Scheduler):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from services.scheduler.pools import WorkerPools
 from shared.config import EngineConfig
-from shared.histogram import HistogramCounts
-from shared.lora import LoraInfo
-from shared.messages import (
+from shared.wire.histogram import HistogramCounts
+from shared.wire.lora import LoraInfo
+from shared.wire.messages import (
     ITERATION_TOKEN_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
     SchedulerStats,

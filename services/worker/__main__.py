@@ -23,6 +23,7 @@ from services.worker.service import WorkerService
 from services.worker.settings import WorkerSettings, resolve
 from shared import log as sylog
 from shared.bus import connect
+from shared.bus.lifecycle import serve
 from shared.config import (
     ConfigError,
     add_engine_args,
@@ -31,10 +32,9 @@ from shared.config import (
     resolve_max_model_len,
 )
 from shared.engine_defaults import EngineDefaults, pick_for_host
-from shared.lifecycle import serve
-from shared.messages import WorkerHello, WorkerKind
-from shared.model_files import cache_root
-from shared.tokenizer import load_tokenizer
+from shared.models.model_files import cache_root
+from shared.models.tokenizer import load_tokenizer
+from shared.wire.messages import WorkerHello, WorkerKind
 
 
 def parse_args() -> argparse.Namespace:

@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shared import nats_auth
-from shared.custom_environment import READY_LINE
+from shared.bus import nats_auth
 from shared.log import get_logger
+from shared.models.custom_environment import READY_LINE
 
 log = get_logger("worker")
 RESTART_S = 2.0

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from shared.bus import close, connect
 from shared.config import ConfigError
-from shared.custom_environment import python_for
-from shared.deployment import DeployedModel, load_deployed
-from shared.model_files import artifact_root, cache_root
-from shared.registry import Registry
+from shared.control.deployment import DeployedModel, load_deployed
+from shared.control.registry import Registry
+from shared.models.custom_environment import python_for
+from shared.models.model_files import artifact_root, cache_root
 
 
 @dataclass

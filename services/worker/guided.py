@@ -10,8 +10,8 @@ from __future__ import annotations
 import llguidance
 import torch
 
-from shared.guided import GuidedError, grammar_for
-from shared.messages import Guided
+from shared.wire.guided import GuidedError, grammar_for
+from shared.wire.messages import Guided
 
 # the bit order of llguidance's mask: token 32*w + b is bit b of little-endian 32-bit word w
 _BITS = torch.arange(8, dtype=torch.uint8)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shared.messages import SamplingParams
+from shared.wire.messages import SamplingParams
 
 
 @dataclass

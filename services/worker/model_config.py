@@ -12,9 +12,9 @@ from pathlib import Path
 import msgspec
 
 from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope, partial_rotary_factor
-from shared.architectures import ENCODER_ARCHITECTURES, GGUF_ARCHITECTURES
 from shared.config import ConfigError
-from shared.messages import EmbeddingSpec
+from shared.models.architectures import ENCODER_ARCHITECTURES, GGUF_ARCHITECTURES
+from shared.wire.messages import EmbeddingSpec
 
 # read below (or fixed by the architecture: `architectures`)
 _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

@@ -19,7 +19,7 @@ from services.worker.guided import GrammarCompiler
 from services.worker.lora.manager import LoraManager
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
-from shared.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
+from shared.wire.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
 
 
 class SequenceDrift(RuntimeError):

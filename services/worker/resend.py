@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from services.worker.sequence import SeqState
-from shared.messages import FinishReason, TokenEntry
+from shared.wire.messages import FinishReason, TokenEntry
 
 MAX_FINISHED = 1024  # finished sequences remembered for a late Resend
 KEEP_LOGPROBS = 256  # the latest tokens' logprobs kept per sequence (top-20 alternatives are ~1 KB a token)

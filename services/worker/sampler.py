@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from services.worker.logits_processors import SampleRow, apply_logits_processors
-from shared.messages import Logprobs
+from shared.wire.messages import Logprobs
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads consecutive indices apart
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from services.worker.guided import GuidedMatcher
 from services.worker.logits_processors import SampleRow
-from shared.messages import FinishReason, Logprobs, NewSeq, SamplingParams
+from shared.wire.messages import FinishReason, Logprobs, NewSeq, SamplingParams
 
 
 @dataclass

@@ -19,11 +19,11 @@ from services.worker import memory
 from services.worker.lora.adapter import LoraError
 from services.worker.model_runner import ModelRunner, StepOutput
 from services.worker.resend import SentTokens
-from shared import subjects
-from shared.endpoints import Endpoints
+from shared.bus.endpoints import Endpoints
 from shared.log import get_logger
-from shared.lora import LORA_ORDER_DECODER, LoadLora, LoraState
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.lora import LORA_ORDER_DECODER, LoadLora, LoraState
+from shared.wire.messages import (
     DISCOVER_DECODER,
     RESEND_DECODER,
     SLEEP_ORDER_DECODER,

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from services.worker.deployment import CustomRuntime, fetch_deployment
 from services.worker.lora.manager import LoraLimits
 from shared.config import ConfigError, EngineConfig, engine_config_from_args
-from shared.deploy_config import QaicConfig, convert
-from shared.deployment import DeployedModel
-from shared.lora import parse_lora_modules
-from shared.model_files import resolve_model_path
+from shared.control.deploy_config import QaicConfig, convert
+from shared.control.deployment import DeployedModel
+from shared.models.model_files import resolve_model_path
+from shared.wire.lora import parse_lora_modules
 
 
 @dataclass(frozen=True)

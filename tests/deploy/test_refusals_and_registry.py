@@ -221,7 +221,7 @@ def test_a_published_pipeline_is_served_elsewhere_from_the_registry(wl, smollm2,
 def test_upload_takes_every_family_and_refuses_an_architecture_it_cannot_serve(wl, tmp_path):
     """Each architecture the engine serves is taken at upload (its config.json read, the architecture
     recorded); one it does not serve is refused there by name, not at deploy."""
-    from shared.architectures import HF_ARCHITECTURES
+    from shared.models.architectures import HF_ARCHITECTURES
 
     for arch in sorted(HF_ARCHITECTURES) + ["T5EncoderModel"]:
         folder = tmp_path / arch

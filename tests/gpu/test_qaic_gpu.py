@@ -14,7 +14,7 @@ from services.scheduler.slot_scheduler import SlotScheduler
 from services.worker.backends.qaic.backend import QaicBackend
 from services.worker.backends.spec import WorkerSpec
 from services.worker.model_runner import ModelRunner
-from shared.deploy_config import QaicConfig
+from shared.control.deploy_config import QaicConfig
 from tests.inproc_engine import InProcessEngine
 from tests.test_llama_vs_hf import PROMPTS
 

@@ -17,7 +17,7 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.model_runner import ModelRunner
-from shared.messages import SamplingParams
+from shared.wire.messages import SamplingParams
 from tests.inproc_engine import BLOCK_SIZE, InProcessEngine
 from tests.model_helpers import greedy_generate, make_runner
 

@@ -17,8 +17,8 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from shared.config import ConfigError
-from shared.deploy_config import QaicConfig
-from shared.messages import WorkerKind
+from shared.control.deploy_config import QaicConfig
+from shared.wire.messages import WorkerKind
 from tests.inproc_engine import InProcessEngine
 
 CTX_LEN, CHUNK, SLOTS = 96, 16, 3

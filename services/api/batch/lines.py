@@ -7,7 +7,7 @@ import msgspec
 from nats.aio.client import Client
 
 from services.api.streams import RecordStream
-from shared import subjects
+from shared.wire import subjects
 
 STREAM = "SY_BATCH_LINES"
 MAX_AGE_S = 3 * 24 * 3600  # longer than a batch may run (its 24 h completion window)

@@ -16,7 +16,7 @@ from services.api.errors import APIError
 from services.api.openai.format import Usage
 from services.api.openai.generation import Delta, Generation, engine_request
 from services.api.openai.protocol import _Sampling
-from shared.messages import SamplingParams
+from shared.wire.messages import SamplingParams
 
 # what a beam search takes beside n, max_tokens, temperature, seed, ignore_eos, length_penalty and
 # stream: each of these would change what one token of a beam is, which vLLM's search ignores

@@ -23,9 +23,9 @@ from services.api.openai.body import parse
 from services.api.openai.generation import submit_error
 from services.api.openai.params import check_ready, check_token_ids, encode_text
 from services.api.openai.protocol import _Request
-from shared.client import EngineUnavailable, RequestStream, SubmitRejected
+from shared.bus.client import EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
-from shared.messages import FinishReason, Pooling, SamplingParams
+from shared.wire.messages import FinishReason, Pooling, SamplingParams
 
 router = APIRouter()
 log = get_logger("api")

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from services.api.errors import APIError
 from services.api.metrics import ApiMetrics
 from services.api.openai.format import Usage
-from shared.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
-from shared.detokenizer import IncrementalDetokenizer
+from shared.bus.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
-from shared.messages import FinishReason, Logprobs, RejectCode, SamplingParams
+from shared.models.detokenizer import IncrementalDetokenizer
+from shared.wire.messages import FinishReason, Logprobs, RejectCode, SamplingParams
 
 if TYPE_CHECKING:
     from services.api.context import ApiContext, ServedModel

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.messages import Logprobs
-from shared.tokenizer import ModelTokenizer
+from shared.models.tokenizer import ModelTokenizer
+from shared.wire.messages import Logprobs
 
 
 @dataclass

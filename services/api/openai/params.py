@@ -22,7 +22,7 @@ from services.api.openai.protocol import (
 from services.api.openai.structured import guided
 from services.api.openai.tools.prompt import template_messages, template_tools, tool_template, uses_tools
 from shared.config import context_length_error
-from shared.messages import SamplingParams
+from shared.wire.messages import SamplingParams
 
 _TOKEN_ID = re.compile(r"-?[0-9]{1,20}")  # ASCII digits: isdigit() and int() take other scripts too
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI's values range over [-100, 100]

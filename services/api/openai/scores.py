@@ -20,7 +20,7 @@ from services.api.openai.body import parse
 from services.api.openai.embeddings import embed, embedding_prompts, no_defaults
 from services.api.openai.params import check_ready
 from services.api.openai.protocol import _Request
-from shared.messages import Pooling
+from shared.wire.messages import Pooling
 
 router = APIRouter()
 

@@ -8,8 +8,8 @@ import json
 
 from services.api.errors import APIError
 from services.api.openai.protocol import _Sampling
-from shared.guided import GuidedError, grammar_for
-from shared.messages import Guided, GuidedKind
+from shared.wire.guided import GuidedError, grammar_for
+from shared.wire.messages import Guided, GuidedKind
 
 
 def _json_schema(schema: dict | str, param: str) -> Guided:

@@ -10,7 +10,7 @@ import msgspec
 
 from services.api.openai.generation import Delta, FinishHook, Generation
 from services.api.openai.reasoning import END
-from shared.messages import SamplingParams
+from shared.wire.messages import SamplingParams
 
 CLOSE = "\n" + END + "\n\n"  # what a thinking cut by its budget is closed with, as Qwen3's guide does
 MakeGeneration = Callable[[list[int], SamplingParams, list[str]], Generation]

@@ -9,8 +9,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
-from shared import subjects
-from shared.arrow_schema import check_row, fields_of, shape_row
+from shared.control.arrow_schema import check_row, fields_of, shape_row
+from shared.wire import subjects
 
 
 async def custom_records(ctx: ApiContext, model: ServedModel, rows: list) -> list[dict]:

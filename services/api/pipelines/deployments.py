@@ -15,10 +15,10 @@ import msgspec
 
 from services.api.context import ApiContext, ServedModel
 from services.api.openai.defaults import OpenaiDefaults, openai_defaults_from
-from shared.deployment import load_deployed
+from shared.control.deployment import load_deployed
+from shared.control.registry import Pipeline
 from shared.log import get_logger
-from shared.registry import Pipeline
-from shared.tokenizer import load_tokenizer
+from shared.models.tokenizer import load_tokenizer
 
 log = get_logger("api")
 

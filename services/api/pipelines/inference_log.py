@@ -14,10 +14,10 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from services.api.streams import RecordStream
-from shared import subjects
 from shared.config import GATEWAY_DEFAULTS
 from shared.log import get_logger
-from shared.messages import SamplingParams
+from shared.wire import subjects
+from shared.wire.messages import SamplingParams
 
 log = get_logger("api")
 STREAM = "SY_INFERENCE_LOGS"

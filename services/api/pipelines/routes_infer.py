@@ -29,7 +29,7 @@ from services.api.openai.routes import chat, choices_for, complete
 from services.api.openai.scores import rerank, score
 from services.api.pipelines.custom_records import custom_records
 from services.api.pipelines.steps import step_model
-from shared.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row
+from shared.control.arrow_schema import INPUTS, OUTPUTS, check_row, fields_of, shape_row
 
 router = APIRouter(prefix="/v1/api/pipelines/infer/{deployment}/{pipeline}")
 MULTI_ROW_ERROR = ("Continuous batching is not supported with more than one batch at a time, please send "

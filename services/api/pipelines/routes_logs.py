@@ -11,7 +11,7 @@ from services.api.errors import APIError
 from services.api.guards import arrival
 from services.api.openai.generation import Generation
 from services.api.pipelines.routes_pipelines import find_pipeline, read_body
-from shared.detokenizer import IncrementalDetokenizer
+from shared.models.detokenizer import IncrementalDetokenizer
 
 router = APIRouter(prefix="/v1/api/pipelines")
 MAX_LIMIT = 10_000

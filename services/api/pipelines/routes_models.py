@@ -23,12 +23,9 @@ from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.openai.body import decode_json, read_json
 from services.api.openai.defaults import openai_defaults_from
-from shared.architectures import servable_error
-from shared.arrow_schema import INPUTS, OUTPUTS, fields_of
 from shared.config import ConfigError
-from shared.custom_artifact import scripts_in
-from shared.custom_environment import python_for
-from shared.deploy_config import (
+from shared.control.arrow_schema import INPUTS, OUTPUTS, fields_of
+from shared.control.deploy_config import (
     ContinuousBatchingConfig,
     FrameworkConfig,
     OpenaiConfig,
@@ -39,10 +36,13 @@ from shared.deploy_config import (
     visibility,
     workspace_id,
 )
-from shared.gguf_fields import is_gguf
-from shared.lora import peft_lora_rank
-from shared.model_files import artifact_root, cache_root, inspect_artifact, model_in, unpacked
-from shared.registry import ModelVersion, PipelineStep
+from shared.control.registry import ModelVersion, PipelineStep
+from shared.models.architectures import servable_error
+from shared.models.custom_artifact import scripts_in
+from shared.models.custom_environment import python_for
+from shared.models.gguf_fields import is_gguf
+from shared.models.model_files import artifact_root, cache_root, inspect_artifact, model_in, unpacked
+from shared.wire.lora import peft_lora_rank
 
 router = APIRouter(prefix="/v1/api/models")
 MAX_METADATA_BYTES = 1 << 20

@@ -18,13 +18,13 @@ from services.api.errors import APIError
 from services.api.openai.body import read_json
 from services.api.pipelines.routes_models import as_json, config_error, registry_of
 from services.api.pipelines.steps import aggregate, deploy_steps, undeploy_steps
-from shared import subjects
-from shared.agents import ENGINE_HOST, fits, free_resources, host_accepts, host_address, needs
 from shared.config import ConfigError
-from shared.deploy_config import DeploymentConfig, check_name, convert
-from shared.deployment import load_deployed
-from shared.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
-from shared.registry import Pipeline, PipelineStep, Registry
+from shared.control.agents import ENGINE_HOST, fits, free_resources, host_accepts, host_address, needs
+from shared.control.deploy_config import DeploymentConfig, check_name, convert
+from shared.control.deployment import load_deployed
+from shared.control.registry import Pipeline, PipelineStep, Registry
+from shared.wire import subjects
+from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
 
 router = APIRouter(prefix="/v1/api/pipelines")
 

@@ -1,5 +1,5 @@
 """Publish for edge: a pipeline, its model files and every config pushed to an OCI registry as one
-artifact (shared/pipeline_artifact.py), which `switchyard serve --from <reference>` serves elsewhere."""
+artifact (shared/control/pipeline_artifact.py), which `switchyard serve --from <reference>` serves elsewhere."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.pipelines.routes_models import as_json, config_error
 from services.api.pipelines.routes_pipelines import find_pipeline, read_body
-from shared import pipeline_artifact
 from shared.config import ConfigError
-from shared.deploy_config import DeploymentConfig, convert
-from shared.model_files import cache_root
-from shared.oci import OciError, Reference, Registry
-from shared.registry import Publish
+from shared.control import pipeline_artifact
+from shared.control.deploy_config import DeploymentConfig, convert
+from shared.control.oci import OciError, Reference, Registry
+from shared.control.registry import Publish
+from shared.models.model_files import cache_root
 
 router = APIRouter(prefix="/v1/api/pipelines")
 

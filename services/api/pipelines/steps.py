@@ -12,9 +12,9 @@ import msgspec
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from shared.config import ConfigError
-from shared.deploy_config import DeploymentConfig
-from shared.deployment import DeployedModel, load_deployed
-from shared.registry import Pipeline, Registry
+from shared.control.deploy_config import DeploymentConfig
+from shared.control.deployment import DeployedModel, load_deployed
+from shared.control.registry import Pipeline, Registry
 
 FIRST_STEP_ROUTES = ("embeddings", "score", "rerank")  # the embedder's; completions and chat: the last step's
 

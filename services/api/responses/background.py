@@ -13,8 +13,8 @@ from services.api.errors import APIError
 from services.api.openai.choices import Choices
 from services.api.openai.responder import ChatResponder
 from services.api.responses.as_chat import ResponsesRequest, assistant_messages, output_items, response_object
-from shared import subjects
 from shared.log import get_logger
+from shared.wire import subjects
 
 log = get_logger("api")
 _TASKS: set[asyncio.Task] = set()

@@ -31,7 +31,7 @@ from services.api.responses.as_chat import (
 )
 from services.api.responses.events import ResponseEvents
 from services.api.responses.store import ResponseStore
-from shared import subjects
+from shared.wire import subjects
 
 router = APIRouter()
 CANCEL_TIMEOUT_S = 10.0

@@ -12,8 +12,8 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from services.api.streams import RecordStream
-from shared import subjects
 from shared.log import get_logger
+from shared.wire import subjects
 
 log = get_logger("api")
 STREAM = "SY_RESPONSES"

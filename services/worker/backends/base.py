@@ -17,7 +17,7 @@ from services.worker.backends.kv_pool import KVSpec
 from services.worker.logits_processors import SampleRow
 from services.worker.model_config import ModelConfig
 from services.worker.sequence import SeqState
-from shared.messages import BackendName, Logprobs, WorkerKind
+from shared.wire.messages import BackendName, Logprobs, WorkerKind
 
 # one scheduled row: the sequence and how many of its tokens this iteration computes
 BatchRow = tuple[SeqState, int]

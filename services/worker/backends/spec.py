@@ -10,7 +10,7 @@ import torch
 
 from services.worker.backends.kv_pool import DTYPES, kv_dtype_for
 from shared.config import DEFAULTS
-from shared.deploy_config import QaicConfig
+from shared.control.deploy_config import QaicConfig
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -18,8 +18,8 @@ from tqdm import tqdm
 
 from services.worker.model_config import ModelConfig
 from services.worker.rope import RopeScaling
-from shared.gguf_fields import read_fields
-from shared.model_files import cache_dir_for
+from shared.models.gguf_fields import read_fields
+from shared.models.model_files import cache_dir_for
 
 _LAYER_NAMES = {
     "attn_q": "attention.wq", "attn_k": "attention.wk", "attn_v": "attention.wv",

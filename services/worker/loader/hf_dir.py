@@ -9,7 +9,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from services.worker.model_config import ModelConfig
-from shared.architectures import ENCODER_ARCHITECTURES
+from shared.models.architectures import ENCODER_ARCHITECTURES
 
 _LAYER_NAMES = {
     "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",

@@ -15,7 +15,7 @@ from services.worker.loader.gguf_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
 from shared.config import ConfigError
-from shared.gguf_fields import is_gguf
+from shared.models.gguf_fields import is_gguf
 
 
 @dataclass

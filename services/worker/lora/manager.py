@@ -13,7 +13,7 @@ from services.worker.lora.adapter import TARGETS, LoraAdapter, LoraError, load_a
 from services.worker.lora.layers import LoraLinear, LoraRows, LoraState
 from services.worker.model_config import ModelConfig
 from shared.log import get_logger
-from shared.lora import LoraInfo
+from shared.wire.lora import LoraInfo
 
 log = get_logger("worker.lora")
 

@@ -19,8 +19,8 @@ import jsonschema
 
 from services.api.errors import APIError
 from services.api.openai.protocol import ChatCompletionRequest, Tool
-from shared.guided import GuidedError, grammar_for, json_layout
-from shared.messages import Guided, GuidedKind
+from shared.wire.guided import GuidedError, grammar_for, json_layout
+from shared.wire.messages import Guided, GuidedKind
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_CALLS = "[TOOL_CALLS]"

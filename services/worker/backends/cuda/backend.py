@@ -22,9 +22,9 @@ from services.worker.backends.spec import WorkerSpec
 from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
 from shared.config import ConfigError
-from shared.deploy_config import FP8_KV_CACHE_DTYPES
+from shared.control.deploy_config import FP8_KV_CACHE_DTYPES
 from shared.log import get_logger
-from shared.messages import BackendName, Logprobs, WorkerKind
+from shared.wire.messages import BackendName, Logprobs, WorkerKind
 
 log = get_logger("worker.cuda")
 

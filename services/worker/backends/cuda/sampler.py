@@ -15,7 +15,7 @@ import torch
 from services.worker.backends.cuda.inputs import to_device
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample as cpu_sample
-from shared.messages import Logprobs
+from shared.wire.messages import Logprobs
 
 _MASK64 = (1 << 64) - 1
 

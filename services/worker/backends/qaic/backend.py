@@ -23,9 +23,9 @@ from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
 from shared.config import ConfigError
-from shared.deploy_config import QaicConfig
+from shared.control.deploy_config import QaicConfig
 from shared.log import get_logger
-from shared.messages import BackendName, Logprobs, WorkerKind
+from shared.wire.messages import BackendName, Logprobs, WorkerKind
 
 log = get_logger("worker.qaic")
 

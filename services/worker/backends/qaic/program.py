@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from services.worker.backends.qaic.mx import MXFP6Tensor
 from services.worker.backends.qaic.mx_linear import encode_weights
-from shared.deploy_config import QaicConfig
-from shared.model_files import cache_dir_for
+from shared.control.deploy_config import QaicConfig
+from shared.models.model_files import cache_dir_for
 
 FORMAT = "qaic-program-v1"
 

@@ -10,8 +10,8 @@ its logs, `/v1/models` and the pipeline status.
 
 from __future__ import annotations
 
-from shared.agents import qaic_runtime
 from shared.config import ConfigError
+from shared.control.agents import qaic_runtime
 
 
 def detect() -> str | None:

@@ -18,8 +18,8 @@ from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
 from shared.config import ConfigError
-from shared.messages import BackendName, Logprobs, WorkerKind
-from shared.model_files import cache_root
+from shared.models.model_files import cache_root
+from shared.wire.messages import BackendName, Logprobs, WorkerKind
 
 
 class TorchCpuBackend:

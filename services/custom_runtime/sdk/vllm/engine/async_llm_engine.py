@@ -8,9 +8,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from services.custom_runtime import context
-from shared.detokenizer import IncrementalDetokenizer
-from shared.messages import FinishReason
-from shared.messages import SamplingParams as EngineSampling
+from shared.models.detokenizer import IncrementalDetokenizer
+from shared.wire.messages import FinishReason
+from shared.wire.messages import SamplingParams as EngineSampling
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingParams

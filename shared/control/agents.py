@@ -17,8 +17,8 @@ import platform
 import socket
 from pathlib import Path
 
-from shared.deployment import DeployedModel
-from shared.registry import AgentRecord
+from shared.control.deployment import DeployedModel
+from shared.control.registry import AgentRecord
 
 ENGINE_HOST = "engine"  # the `accel` of the scheduler process's record
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees

@@ -1,7 +1,7 @@
 """A Hugging Face Hub id as a model path: `org/name` (a transformers checkpoint) or `org/name:Q4_K_M`
 (one GGUF of a repo, as llama.cpp's `-hf` picks it), fetched through `huggingface_hub`.
 
-    python -m shared.hub org/name[:TAG] [--revision R] [--download-dir D]   # prints the local path
+    python -m shared.models.hub org/name[:TAG] [--revision R] [--download-dir D]   # prints the local path
 
 `huggingface_hub` reads its own environment: HF_ENDPOINT, HF_TOKEN, HF_HOME / HF_HUB_CACHE,
 HF_HUB_OFFLINE, HF_HUB_DOWNLOAD_TIMEOUT. Offline, or with the Hub unreachable, a repo fetched
@@ -144,7 +144,7 @@ def _explain(exc: Exception, repo: str, where: str, constants) -> str:
     if isinstance(exc, errors.LocalEntryNotFoundError):  # offline (or unreachable) and not in the cache
         why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else f"the Hub ({constants.ENDPOINT}) cannot be reached"
         return (f"{where} is not in the cache ({constants.HF_HUB_CACHE}) and {why}: fetch it once with the Hub "
-                f"reachable (`python -m shared.hub {repo}`), or point HF_HOME / --download-dir at a cache that has it")
+                f"reachable (`python -m shared.models.hub {repo}`), or point HF_HOME / --download-dir at a cache that has it")
     if isinstance(exc, errors.HfHubHTTPError):
         return f"{where}: the Hub answered {kind}: {str(exc).splitlines()[0]}"
     return (f"{where}: the download from {constants.ENDPOINT} stopped ({kind}: "
@@ -159,7 +159,7 @@ def _has_token() -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m shared.hub", description="Fetch a Hub id into the cache "
+    parser = argparse.ArgumentParser(prog="python -m shared.models.hub", description="Fetch a Hub id into the cache "
                                      "(as a worker would at its start) and print its local path")
     parser.add_argument("model", help="org/name (a transformers checkpoint) or org/name:TAG (one GGUF, e.g. Q4_K_M)")
     parser.add_argument("--revision", default=None, help="a branch, tag or commit (default: main)")

@@ -25,7 +25,7 @@ from nats.js.api import StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from shared.bus import replicas
-from shared.deploy_config import (
+from shared.control.deploy_config import (
     NAME_RE,
     Accel,
     ContinuousBatchingConfig,
@@ -34,7 +34,7 @@ from shared.deploy_config import (
     OpenaiConfig,
 )
 from shared.log import get_logger
-from shared.model_files import artifact_root, cache_root, model_in, unpacked
+from shared.models.model_files import artifact_root, cache_root, model_in, unpacked
 
 ARTIFACTS_BUCKET = "sy-artifacts"
 REGISTRY_BUCKET = "sy-registry"
@@ -64,7 +64,7 @@ class ModelVersion(msgspec.Struct, kw_only=True):
     visibility: str = "private"
     workspace_id: int | None = None
     python_version: str | None = None  # recorded; the model runs in the server's own environment
-    input_schema: str | None = None  # base64 Arrow schemas (shared/arrow_schema.py): the records route's
+    input_schema: str | None = None  # base64 Arrow schemas (shared/control/arrow_schema.py): the records route's
     output_schema: str | None = None
     architecture: str = ""  # read from the artifact at upload
     context_length: int = 0

@@ -8,7 +8,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from shared.oci import MANIFEST_TYPE, Reference, Registry, descriptor
+from shared.control.oci import MANIFEST_TYPE, Reference, Registry, descriptor
 
 ARTIFACT_TYPE = "application/vnd.switchyard.pipeline.v1"
 CONFIG_TYPE = "application/vnd.switchyard.pipeline.config.v1+json"

@@ -19,10 +19,11 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from shared import subjects
-from shared.liveness import CLIENT_HEARTBEAT_S, SCHEDULER_SILENCE_S, BusProbe, Heartbeats
+from shared.bus.liveness import CLIENT_HEARTBEAT_S, SCHEDULER_SILENCE_S, BusProbe, Heartbeats
+from shared.bus.stream import RequestStream
 from shared.log import get_logger
-from shared.messages import (
+from shared.wire import subjects
+from shared.wire.messages import (
     SCHEDULER_HEARTBEAT_DECODER,
     SUBMIT_REPLY_DECODER,
     TOKEN_BATCH_DECODER,
@@ -38,7 +39,6 @@ from shared.messages import (
     TokenEntry,
     encode,
 )
-from shared.stream import RequestStream
 
 log = get_logger("bus")
 WATCH_INTERVAL_S = 0.25

@@ -31,7 +31,7 @@ def default_model_path() -> str:
 
 def resolve_model_path(model_path: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
     """A local GGUF file or model directory: the default model, a path, or a Hub id's download."""
-    from shared import hub
+    from shared.models import hub
 
     if model_path is None:
         return default_model_path()
@@ -79,7 +79,7 @@ def unpacked(path: str) -> str:
 
 def inspect_artifact(path: str) -> tuple[str, int]:
     """(architecture, context length) of a GGUF file or HF directory; ValueError if it is neither."""
-    from shared.gguf_fields import is_gguf, read_fields
+    from shared.models.gguf_fields import is_gguf, read_fields
 
     if is_gguf(path):
         try:

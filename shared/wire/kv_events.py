@@ -7,7 +7,7 @@ from typing import Union
 
 import msgspec
 
-BlockHash = bytes  # shared/hashing.py's sha256 digests
+BlockHash = bytes  # shared/wire/hashing.py's sha256 digests
 
 
 class BlockStored(msgspec.Struct, tag="stored"):

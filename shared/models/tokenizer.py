@@ -14,10 +14,10 @@ from pathlib import Path
 import msgspec
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from shared import spm_tokenizer
-from shared.architectures import ENCODER_ARCHITECTURES
-from shared.gguf_fields import is_gguf, read_fields
-from shared.model_files import cache_dir_for
+from shared.models import spm_tokenizer
+from shared.models.architectures import ENCODER_ARCHITECTURES
+from shared.models.gguf_fields import is_gguf, read_fields
+from shared.models.model_files import cache_dir_for
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types that are special tokens
 

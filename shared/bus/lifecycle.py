@@ -13,7 +13,7 @@ from typing import Protocol
 
 from nats.aio.client import Client
 
-from shared.bus import close
+from shared.bus.connection import close
 
 
 class Service(Protocol):

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import llguidance
 
-from shared.messages import Guided, GuidedKind
+from shared.wire.messages import Guided, GuidedKind
 
 # json.dumps' layout: no free whitespace, so a small model cannot wander off into blank lines
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

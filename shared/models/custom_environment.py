@@ -13,8 +13,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from shared.custom_artifact import requirements_in
-from shared.model_files import cache_root
+from shared.models.custom_artifact import requirements_in
+from shared.models.model_files import cache_root
 
 REPO = Path(__file__).resolve().parents[1]
 SDK = REPO / "services" / "custom_runtime" / "sdk"  # a path on the environment's sys.path, not an import

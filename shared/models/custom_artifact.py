@@ -1,4 +1,4 @@
-"""What a custom model's artifact holds besides its model (shared/model_files.py): script(s), requirements.txt."""
+"""What a custom model's artifact holds besides its model (shared/models/model_files.py): script(s), requirements.txt."""
 
 from __future__ import annotations
 

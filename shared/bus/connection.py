@@ -11,9 +11,9 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
+from shared.bus.nats_auth import credentials
 from shared.log import get_logger
-from shared.model_files import cache_root
-from shared.nats_auth import credentials
+from shared.models.model_files import cache_root
 
 log = get_logger("bus")
 
@@ -47,7 +47,7 @@ async def connect(url: str, name: str) -> Client:
     async def on_error(exc: Exception) -> None:
         log.warning("nats_error", service=name, error=str(exc))
 
-    login = credentials()  # SY_NATS_USER's password from SY_NATS_AUTH_FILE (shared/nats_auth.py)
+    login = credentials()  # SY_NATS_USER's password from SY_NATS_AUTH_FILE (shared/bus/nats_auth.py)
     extra = {"user": login[0], "password": login[1]} if login else {}
     if (ca := os.environ.get("SY_NATS_TLS_CA")) is not None:  # the bus leaves the host: verify its server
         tls = ssl.create_default_context(cafile=ca)

@@ -2,7 +2,7 @@
 
 `write(folder)` makes `nats-auth.conf` (the server's accounts and users) and `nats-users.json`
 (what each service connects as), both 0600. A service finds its password through
-SY_NATS_AUTH_FILE and SY_NATS_USER (shared/bus.py), never on a command line. `make run` and
+SY_NATS_AUTH_FILE and SY_NATS_USER (shared/bus/connection.py), never on a command line. `make run` and
 compose generate them; docs/configuration.md lists who may do what.
 """
 
@@ -14,7 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
-from shared import subjects
+from shared.wire import subjects
 
 P = subjects.PREFIX
 INBOX = "_INBOX.>"  # replies to a client's own requests
@@ -24,7 +24,7 @@ REPLIES = "allow_responses"  # may answer requests sent to it (the reply subject
 
 
 def stats_of(service: str) -> list[str]:
-    """A service answers micro's stats requests (shared/endpoints.py)."""
+    """A service answers micro's stats requests (shared/bus/endpoints.py)."""
     return [subjects.service_stats(service, ""), subjects.service_stats(service)]
 
 
@@ -38,7 +38,7 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
         "sub": [f"{P}.background.>", f"{P}.out.>", subjects.SCHEDULERS_HEARTBEAT, subjects.MODEL_LIMITS, INBOX, *JETSTREAM],
         REPLIES: True,  # a gateway answers the cancel of a background response it runs
     },
-    "client": {  # an internal team's process on the bus (shared/client.py): submit, read its tokens
+    "client": {  # an internal team's process on the bus (shared/bus/client.py): submit, read its tokens
         "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", subjects.WORKERS_RESEND,
                 subjects.CLIENTS_HEARTBEAT],
         "sub": [f"{P}.out.>", subjects.SCHEDULERS_HEARTBEAT, subjects.MODEL_LIMITS, INBOX],
@@ -130,9 +130,9 @@ def user_of(service: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """compose's init step and deploy/k8s's first: `python -m shared.nats_auth FOLDER` writes the bus's
+    """compose's init step and deploy/k8s's first: `python -m shared.bus.nats_auth FOLDER` writes the bus's
     users there (kept if already there) and prints its nats-server config file."""
-    parser = argparse.ArgumentParser(prog="python -m shared.nats_auth", allow_abbrev=False,
+    parser = argparse.ArgumentParser(prog="python -m shared.bus.nats_auth", allow_abbrev=False,
                                      description="Write one NATS user per service, with its subjects, into FOLDER "
                                                  "(nats-users.json and nats-auth.conf); an existing one is kept.")
     parser.add_argument("folder", help="where the users go (made if missing)")

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field
 
 from shared.config import DEFAULTS, ConfigError, EngineConfig
-from shared.deploy_config import DeploymentConfig, parse_memory
-from shared.registry import ModelVersion, Pipeline, Registry
+from shared.control.deploy_config import DeploymentConfig, parse_memory
+from shared.control.registry import ModelVersion, Pipeline, Registry
 
 
 @dataclass

@@ -12,8 +12,8 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared import subjects
 from shared.log import get_logger
+from shared.wire import subjects
 
 log = get_logger("endpoints")
 ERROR_HEADER = "Nats-Service-Error"  # micro's: the error's description

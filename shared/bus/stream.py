@@ -12,11 +12,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from shared.messages import Submit, TokenEntry
+from shared.wire.messages import Submit, TokenEntry
 
 
 class StreamOwner(Protocol):
-    """What a stream asks of the client it belongs to (shared/client.py's BusClient)."""
+    """What a stream asks of the client it belongs to (shared/bus/client.py's BusClient)."""
 
     async def resend(self, offsets: dict[str, int]) -> None:
         """Ask the workers for each request's tokens from the given offset on."""

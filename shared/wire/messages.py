@@ -13,8 +13,8 @@ from typing import NewType, Union
 
 import msgspec
 
-from shared.histogram import HistogramCounts
-from shared.lora import LoraInfo
+from shared.wire.histogram import HistogramCounts
+from shared.wire.lora import LoraInfo
 
 RequestId = NewType("RequestId", str)
 WorkerId = NewType("WorkerId", str)
