@@ -44,3 +44,17 @@ def test_python_dash_m_at_an_old_path_runs_the_new_module():
 def test_a_path_that_never_existed_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("shared.no_such_module")
+
+
+def test_what_shared_finds_beside_it_is_still_found_from_its_packages():
+    """Modules that read the repository around them (the version a published pipeline carries, the
+    custom runtime's SDK) look one folder further up since the move."""
+    import tomllib
+    from pathlib import Path
+
+    from shared.control.pipeline_artifact import engine_version
+    from shared.models.custom_environment import SDK
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] in engine_version()
+    assert SDK.is_dir()

@@ -16,7 +16,7 @@ MODEL_FILE_TYPE = "application/vnd.switchyard.model.file.v1"
 
 
 def engine_version() -> str:
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     return "switchyard " + tomllib.loads(pyproject.read_text())["project"]["version"]
 
 

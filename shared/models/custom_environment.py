@@ -16,7 +16,7 @@ from pathlib import Path
 from shared.models.custom_artifact import requirements_in
 from shared.models.model_files import cache_root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SDK = REPO / "services" / "custom_runtime" / "sdk"  # a path on the environment's sys.path, not an import
 PIP_TIMEOUT_S = 900
 READY_LINE = b"[switchyard] custom runtime ready"  # the runtime prints it once it takes predicts
