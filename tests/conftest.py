@@ -186,12 +186,3 @@ def model_name() -> str:
 
     return DEFAULT_MODEL_NAME
 
-
-def pytest_collection_modifyitems(config, items):
-    """The modules that start stacks or run for minutes first, then the rest: `make test` runs the
-    suite on two pytest-xdist workers, a module to a worker, and the short modules fill in the end
-    (longest first). Within a module the order is the file's."""
-    heavy = {item.module.__name__ for item in items if item.get_closest_marker("stack") or item.get_closest_marker("slow")}
-    modules = list(dict.fromkeys(item.module.__name__ for item in items))
-    rank = {name: (name not in heavy, i) for i, name in enumerate(modules)}
-    items.sort(key=lambda item: rank[item.module.__name__])
