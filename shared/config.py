@@ -19,10 +19,12 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # fp8: the cuda backend only; mxint8: the qaic backend only
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "mxint8")
 # on the CPU: weight-only int8 / int4, or int8 activations too; mxfp6: the qaic backend only; auto: the
-# model file's own (shared/engine_defaults.py)
-QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "mxfp6")
+# model file's own (shared/engine_defaults.py); awq, gptq, compressed-tensors: a checkpoint's own, as
+# vLLM names them (a checkpoint of another kind is refused)
+CHECKPOINT_QUANTIZATIONS = ("awq", "gptq", "compressed-tensors")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "mxfp6", *CHECKPOINT_QUANTIZATIONS)
 KV_CACHE_DTYPES_REFUSED = ("fp8_e5m2", "int8")  # known, but no backend here has them
-QUANTIZATIONS_REFUSED = ("awq", "gptq", "fp8", "bitsandbytes", "gguf")
+QUANTIZATIONS_REFUSED = ("fp8", "bitsandbytes", "gguf")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
 

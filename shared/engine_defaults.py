@@ -6,15 +6,18 @@ The worker applies them and logs them; the launcher prints them at start-up (the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
-from shared.config import CPU_AUTO_DTYPE, ConfigError
+from shared.config import CHECKPOINT_QUANTIZATIONS, CPU_AUTO_DTYPE, ConfigError
 from shared.models.gguf_fields import is_gguf, read_fields
 
 # the GGUF block formats the CPU backend keeps as they are (loader/gguf_blocks.py, gguf_kquants.py)
 KEPT_GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 MULTI_STEP = 4  # decode iterations per Step when the steps are short (on the C kernels)
-QUANT_LINEAR = ("gguf", "int4", "int8")  # the quantizations whose Linears are the C kernels' quant_linear
+# the quantizations whose Linears are the C kernels' quant_linear
+QUANT_LINEAR = ("gguf", "int4", "int8", *CHECKPOINT_QUANTIZATIONS)
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,10 @@ class EngineDefaults:
 
 
 def pick(gguf_types: dict[str, int], *, kernels: str | None, dtype: str = "auto", quantization: str = "auto",
-         compile: bool | None = None, num_scheduler_steps: int = 0, deterministic: bool = False) -> EngineDefaults:
+         compile: bool | None = None, num_scheduler_steps: int = 0, deterministic: bool = False,
+         checkpoint: str | None = None) -> EngineDefaults:
     """`gguf_types`: the model file's tensor types and their counts ({} for a Hugging Face folder);
+    `checkpoint`: a Hugging Face folder's quantization_config.quant_method (None: not quantized);
     `kernels`: None where the worker's C kernels are built for this checkout, else why they are not.
     A value given explicitly is kept; `deterministic` refuses one that would break it."""
     if deterministic:
@@ -60,7 +65,7 @@ def pick(gguf_types: dict[str, int], *, kernels: str | None, dtype: str = "auto"
             quantization=Choice("none", "deterministic: the file's weights dequantized once, exactly, to float32"),
             compile=Choice(False, "deterministic: torch's eager ops"),
             num_scheduler_steps=_steps(num_scheduler_steps, False))
-    picked_quant = _quantization(quantization, gguf_types, kernels)
+    picked_quant = _quantization(quantization, gguf_types, kernels, checkpoint)
     return EngineDefaults(
         deterministic=Choice(False, "the fast path: the C kernels, each row computed alone, so a request's tokens "
                                     "do not depend on its batch (docs/configuration.md says where they still may)"),
@@ -74,7 +79,8 @@ def pick_for_host(config, model_path: str, *, dtype: str, compile: bool | None, 
     engine's config (quantization, num_scheduler_steps)."""
     types = read_fields(model_path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(model_path) else {}
     return pick(types, kernels=kernels, dtype=dtype, quantization=config.quantization, compile=compile,
-                num_scheduler_steps=config.num_scheduler_steps, deterministic=deterministic)
+                num_scheduler_steps=config.num_scheduler_steps, deterministic=deterministic,
+                checkpoint=None if config.load_format == "dummy" else checkpoint_quantization(model_path))
 
 
 def _dtype(asked: str) -> Choice:
@@ -84,7 +90,31 @@ def _dtype(asked: str) -> Choice:
                              "another order; bfloat16 rows changed 14 of 20 greedy answers (--dtype bfloat16)")
 
 
-def _quantization(asked: str, gguf_types: dict[str, int], kernels: str | None) -> Choice:
+def checkpoint_quantization(model_path: str) -> str | None:
+    """A Hugging Face folder's quantization_config.quant_method, lower case (None: none, or not a folder)."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return None
+    raw = json.loads(config.read_text())
+    quant = raw.get("quantization_config") or raw.get("compression_config") or {}
+    return str(quant.get("quant_method", "")).lower() or None
+
+
+def refuse_other_checkpoint(asked: str, checkpoint: str | None) -> None:
+    """--quantization awq (gptq, compressed-tensors) names the checkpoint's format, as vLLM's does: it must be it."""
+    if asked in CHECKPOINT_QUANTIZATIONS and asked != checkpoint:
+        raise ConfigError(f"--quantization {asked} names the checkpoint's own format, and this checkpoint's "
+                          f"quantization_config names {checkpoint or 'none'}: use --quantization auto")
+
+
+def _quantization(asked: str, gguf_types: dict[str, int], kernels: str | None, checkpoint: str | None) -> Choice:
+    refuse_other_checkpoint(asked, checkpoint)
+    if checkpoint in CHECKPOINT_QUANTIZATIONS and asked in ("auto", checkpoint):
+        if kernels is not None:
+            return Choice("none", f"the {checkpoint} checkpoint's integers need the C kernels, and {kernels}: its "
+                                  "weights dequantized")
+        return Choice(checkpoint, f"the {checkpoint} checkpoint's own integers and scales kept as they are on the C "
+                                  "kernels' quant_linear; --quantization none computes with them dequantized")
     if asked != "auto":
         return Choice(asked, "asked for")
     kept = {t: n for t, n in gguf_types.items() if t in KEPT_GGUF_TYPES}

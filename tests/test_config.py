@@ -20,7 +20,7 @@ def test_bad_values_are_refused_by_name(field, value, message):
         EngineConfig(**{field: value}).validate()
 
 
-@pytest.mark.parametrize("field,value", [("block_size", 12), ("max_num_seqs", 2000), ("quantization", "awq"),
+@pytest.mark.parametrize("field,value", [("block_size", 12), ("max_num_seqs", 2000), ("quantization", "fp8"),
                                          ("gpu_memory_utilization", 1.5), ("max_model_len", 1)])
 def test_a_flag_and_an_upload_are_refused_in_the_same_words(field, value):
     """One check per engine field: the flag's message is the upload's without its prefix."""

@@ -78,7 +78,7 @@ def test_a_ggufs_own_blocks_are_kept_and_its_perplexity(loaded_model, default_mo
     from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.backends.torch_cpu.quantization import native_blocks
     from services.worker.loader import load_model
-    from services.worker.loader.gguf_blocks import for_module
+    from services.worker.loader.quant_blocks import for_module
     from tests.model_helpers import make_runner
 
     quant = load_model(default_model_path, dtype=dtype, ops=TORCH_OPS)

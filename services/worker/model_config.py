@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 
+from services.worker.quant_scheme import scheme_of
 from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope, partial_rotary_factor
 from shared.config import ConfigError
 from shared.models.architectures import ENCODER_ARCHITECTURES, GGUF_ARCHITECTURES
@@ -25,7 +26,8 @@ _READ = {"architectures", "vocab_size", "hidden_size", "intermediate_size", "num
          "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
          "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
          "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention",
-         "is_matryoshka", "matryoshka_dimensions", "partial_rotary_factor"}
+         "is_matryoshka", "matryoshka_dimensions", "partial_rotary_factor", "quantization_config",
+         "compression_config"}
 # no effect on inference: training settings, the file's own metadata
 _INERT = {"model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "use_cache",
           "initializer_range", "attention_dropout", "pad_token_id", "pretraining_tp", "output_attentions",
@@ -54,6 +56,7 @@ def _refuse_unknown(raw: dict, known: set[str], where: str) -> None:
 
 def _check_implemented(raw: dict, where: str) -> None:
     _refuse_unknown(raw, _READ | _INERT, where)
+    scheme_of(raw, where)  # a quantized checkpoint's scheme: refused by name where it is not implemented
     act = _activation(raw)
     if act not in ACTIVATIONS:
         key = "hidden_activation" if raw.get("hidden_activation") else "hidden_act"

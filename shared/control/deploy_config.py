@@ -13,7 +13,7 @@ import re
 import msgspec
 
 from shared.checks import MAX_CONTEXT, ConfigError, in_range, is_bool, one_of
-from shared.config import DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, check_engine_field
+from shared.config import CHECKPOINT_QUANTIZATIONS, DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, check_engine_field
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: also a NATS subject token
 ACCELS = ("cpu", "cuda", "qaic")
@@ -81,7 +81,7 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"{p}quantization = {quant!r} is not allowed on accel 'qaic': allowed 'mxfp6' or none")
         if accel != "qaic" and quant == "mxfp6":
             raise ConfigError(f"{p}quantization = 'mxfp6' runs on accel 'qaic' only, not on {accel!r}")
-        if quant not in ("none", "auto", "mxfp6") and accel != "cpu":
+        if quant not in ("none", "auto", "mxfp6", *CHECKPOINT_QUANTIZATIONS) and accel != "cpu":
             raise ConfigError(f"{p}quantization = {quant!r} runs on torch's CPU kernels only, not on {accel!r}")
         if self.device_group is not None:
             check_name(p + "device_group", self.device_group)

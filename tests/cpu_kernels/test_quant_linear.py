@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from services.worker.backends.torch_cpu.quantization import QuantLinear
-from services.worker.loader.gguf_blocks import QuantBlocks
+from services.worker.loader.quant_blocks import QuantBlocks
 
 # m: 1-4 (4 panels a block), up to 12 (2 panels, weights decoded in registers), more (a buffer of
 # decoded weights per 128 inputs, blocks of 12 rows); n: 48 has a panel past the last pair; k: 96
@@ -109,9 +109,42 @@ def test_arguments_that_do_not_fit_are_refused_before_the_kernel_runs(cpu_kernel
         ((x, layer.qweight, layer.scales, None, 4, None), "4 bits need lows"),
         ((x, layer.qweight, layer.scales, layer.lows, 4, torch.zeros(47)), "bias must have shape"),
         ((x, layer.qweight, layer.scales, layer.lows, 3, None), "bits must be 4 or 8"),
-        ((torch.randn(2, 95), layer.qweight, layer.scales, layer.lows, 4, None), "32 or 16 times"),
+        ((torch.randn(2, 95), layer.qweight, layer.scales, layer.lows, 4, None), "16, 32, 64 or 128 times"),
     ]:
         with pytest.raises(RuntimeError, match=message):
             op(*args)
     with pytest.raises(ValueError, match="a multiple of 16"):
         QuantLinear(random_blocks(40, 96, 4, torch.Generator()), None)
+
+
+# the checkpoints' formats (loader/hf_quant.py): AWQ, GPTQ and compressed-tensors groups of 64 or 128
+# inputs, float32 scales and lows, and GPTQ's act-order (the inputs gathered into their groups' order)
+@pytest.mark.parametrize(("bits", "group", "low", "act_order"), [(4, 64, True, False), (4, 128, True, False),
+                                                                  (4, 128, True, True), (8, 128, True, False),
+                                                                  (8, 128, False, False)])
+def test_a_checkpoints_groups_and_act_order(variant, bits, group, low, act_order):
+    generator = torch.Generator().manual_seed(bits + group)
+    n, k = 64, 512
+    scale = (torch.rand(n, k // group, generator=generator) * 0.02 + 1e-3).bfloat16().float()
+    zero = torch.randint(0, 16 if bits == 4 else 256, (n, k // group), generator=generator).float()
+    if bits == 4:
+        q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8)
+        lows = -zero * scale
+    else:
+        q = torch.randint(-128, 128, (n, k), generator=generator, dtype=torch.int8)
+        lows = (128 - zero) * scale if low else None
+    perm = torch.randperm(k, generator=generator) if act_order else None
+    blocks = QuantBlocks(q, scale, lows, bits, group, torch.float32, perm)
+    layer = QuantLinear(blocks, None)
+    assert torch.equal(layer.dequantized, blocks.dequantized)
+    x = torch.randn(13, k, generator=generator)
+    alone = layer(x[:1])
+    for m in (1, 4, 13):
+        out = layer(x[:m])
+        expected = reference(x[:m], blocks, None)
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        assert torch.equal(out[0], alone[0])
+    if act_order:  # input perm[j] is the kernel's column j: the weights are the file's, in the file's order
+        dense = blocks.dequantized
+        in_kernel_order = torch.addcmul(lows.repeat_interleave(group, 1), q.float(), scale.repeat_interleave(group, 1))
+        assert torch.equal(dense[:, perm], in_kernel_order)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.stack
     ({"gpu_memory_utilization": 1.5}, "framework_config.gpu_memory_utilization = 1.5 is out of range"),
     ({"block_size": 12}, "framework_config.block_size = 12 is not allowed: allowed 8, 16, 32, 64 or 128"),
     ({"kv_cache_dtype": "fp8"}, "framework_config.kv_cache_dtype = 'fp8' is not supported"),
-    ({"quantization": "awq"}, "framework_config.quantization = 'awq' is not supported"),
+    ({"quantization": "fp8"}, "framework_config.quantization = 'fp8' is not supported"),
     ({"max_seq_len_to_capture": 0}, "framework_config.max_seq_len_to_capture = 0 is out of range"),
     ({"device_group": "Bad Group"}, "device_group name 'Bad Group' is not allowed"),
     ({"max_model_len": 9000}, "framework_config.max_model_len = 9000 is out of range: allowed 2 to 8192"),

@@ -11,61 +11,17 @@ products of two of the file's numbers, exact in float32.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from gguf import GGUFReader
 
 from services.worker.loader import gguf_kquants
 from services.worker.loader.gguf_file import fused_rows, our_name, rows_permuted, split_rows, unpermute_rotary
+from services.worker.loader.quant_blocks import BLOCK, QuantBlocks
 from services.worker.model_config import ModelConfig
 
-BLOCK = 32
 _HEADER = {"Q4_0": 2, "Q4_1": 4}  # bytes before the 16 bytes of nibbles: d, or d and m
 KEPT = (*_HEADER, "Q8_0", *gguf_kquants.DECODERS)
-# after load_model fuses projections (models/llama.py), a Linear's rows are these weights' rows in order
-FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
-         "feed_forward.w13": ("feed_forward.w1", "feed_forward.w3")}
-
-
-@dataclass
-class QuantBlocks:
-    q: torch.Tensor  # [out, in]: uint8 0..15 (4 bits) or int8 (8 bits)
-    scale: torch.Tensor  # [out, in / group] float32, each exact in scale_dtype
-    low: torch.Tensor | None  # [out, in / group] float32, exact in scale_dtype: w = q * scale + low; or None
-    bits: int = 0  # 4 or 8; 0: 4 with a low, 8 without (Q4_0 / Q4_1 / Q8_0)
-    group: int = BLOCK  # inputs per scale: 32, or 16 (Q6_K, Q3_K, Q2_K)
-    scale_dtype: torch.dtype = torch.float16  # how the kernel keeps scales and lows: float16 or float32
-
-    def __post_init__(self):
-        if not self.bits:
-            self.bits = 8 if self.low is None else 4
-
-    @property
-    def format(self) -> tuple[int, int, torch.dtype, bool]:
-        return self.bits, self.group, self.scale_dtype, self.low is not None
-
-    @property
-    def dequantized(self) -> torch.Tensor:
-        """[out, in] float32: the file's weights, exactly as gguf's own dequantize computes them."""
-        n, k = self.q.shape
-        q = self.q.view(n, k // self.group, self.group).float()
-        if self.low is None:
-            return (q * self.scale[..., None]).view(n, k)
-        return torch.addcmul(self.low[..., None], q, self.scale[..., None]).view(n, k)  # one rounding, as an FMA
-
-    def with_tensors(self, q, scale, low) -> QuantBlocks:
-        return dataclasses.replace(self, q=q, scale=scale, low=low)
-
-    @staticmethod
-    def cat(parts: list[QuantBlocks]) -> QuantBlocks | None:
-        """Fused weights' rows in order; None where their formats differ."""
-        if len({p.format for p in parts}) != 1:
-            return None
-        low = None if parts[0].low is None else torch.cat([p.low for p in parts])
-        return parts[0].with_tensors(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), low)
 
 
 def decode(kind: str, raw: np.ndarray) -> QuantBlocks:
@@ -115,20 +71,3 @@ def read(path: str, config: ModelConfig) -> dict[str, QuantBlocks]:
     if config.tie_word_embeddings and "tok_embeddings.weight" in out:
         out.setdefault("output.weight", out["tok_embeddings.weight"])
     return out
-
-
-def parts_of(blocks: dict[str, QuantBlocks], path: str) -> list[QuantBlocks] | None:
-    """The blocks of a Linear at `path`, a fused one's parts in row order; None if a part is not kept."""
-    for fused, parts in FUSED.items():
-        if path.endswith(fused):
-            prefix = path[: -len(fused)]
-            found = [blocks.get(f"{prefix}{p}.weight") for p in parts]
-            return None if any(b is None for b in found) else found
-    found = blocks.get(f"{path}.weight")
-    return None if found is None else [found]
-
-
-def for_module(blocks: dict[str, QuantBlocks], path: str) -> QuantBlocks | None:
-    """The blocks of a Linear at `path` (fused ones joined), or None if a part is not kept or their formats differ."""
-    parts = parts_of(blocks, path)
-    return None if parts is None else QuantBlocks.cat(parts)

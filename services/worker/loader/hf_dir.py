@@ -1,14 +1,19 @@
-"""A Hugging Face directory: config.json + *.safetensors, renamed to our weight names."""
+"""A Hugging Face directory: config.json + *.safetensors, renamed to our weight names (a quantized
+checkpoint's Linears dequantized, or kept as the file has them: hf_quant.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from services.worker.loader import hf_quant
+from services.worker.loader.quant_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
+from services.worker.quant_scheme import scheme_of
 from shared.models.architectures import ENCODER_ARCHITECTURES
 
 _LAYER_NAMES = {
@@ -31,9 +36,9 @@ _FUSED = {"self_attn.qkv_proj": ("attention.wq", "attention.wk", "attention.wv")
           "mlp.gate_up_proj": ("feed_forward.w1", "feed_forward.w3")}
 
 
-def _split(hf_name: str, f, config: ModelConfig) -> dict[str, torch.Tensor] | None:
-    """'model.layers.3.self_attn.qkv_proj.weight' -> its q, k and v rows by our names, read from the
-    open safetensors file `f` (None: not fused, and nothing read)."""
+def _split(hf_name: str, tensor, config: ModelConfig) -> dict | None:
+    """'model.layers.3.self_attn.qkv_proj.weight' -> its q, k and v rows by our names (None: not
+    fused). `tensor` is the weight, or its QuantBlocks."""
     stem, kind = hf_name.rsplit(".", 1)
     if not stem.startswith("model.layers."):
         return None
@@ -42,7 +47,9 @@ def _split(hf_name: str, f, config: ModelConfig) -> dict[str, torch.Tensor] | No
         return None
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     sizes = [q, kv, kv] if rest == "self_attn.qkv_proj" else [config.intermediate_size] * 2
-    parts = f.get_tensor(hf_name).split(sizes, dim=0)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    parts = [tensor[a:a + n] if isinstance(tensor, torch.Tensor) else tensor.rows(a, a + n)
+             for a, n in zip(starts, sizes, strict=True)]
     return {f"layers.{idx}.{ours}.{kind}": part for ours, part in zip(_FUSED[rest], parts, strict=True)}
 
 
@@ -89,22 +96,71 @@ def _stacked(experts: dict[str, dict[int, torch.Tensor]], num_experts: int) -> d
     return out
 
 
-def load(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _module_tensors(f, parts: dict[str, str]) -> dict[str, torch.Tensor]:
+    return {suffix: f.get_tensor(name) for suffix, name in parts.items()}
+
+
+def read_blocks(path: str) -> dict[str, QuantBlocks]:
+    """A quantized checkpoint's (AWQ, GPTQ, compressed-tensors int) Linears as QuantBlocks by our
+    weight names, a fused projection's parts split by rows ({} where it has none, or is not
+    quantized; the experts' stay dense)."""
     root = Path(path)
     config = ModelConfig.from_hf_config(root / "config.json")
+    scheme = scheme_of(json.loads((root / "config.json").read_text()), str(root / "config.json"))
+    if scheme is None:
+        return {}
+    out = {}
+    for file in sorted(root.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for module, parts in hf_quant.quantized_modules(list(f.keys())).items():
+                name = f"{module}.weight"
+                if _expert(name) is not None:
+                    continue
+                blocks = hf_quant.decode(_module_tensors(f, parts), scheme, f"{file.name}: {module}")
+                if blocks is None:
+                    continue
+                split = _split(name, blocks, config)
+                if split is not None:
+                    out.update(split)
+                elif (ours := our_name(name, config.architecture)) is not None:
+                    out[ours] = blocks
+    if config.tie_word_embeddings and "tok_embeddings.weight" in out:
+        out.setdefault("output.weight", out["tok_embeddings.weight"])
+    return out
+
+
+def load(path: str, unloaded: frozenset[str] = frozenset()) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Every weight by our name in float32 (a quantized checkpoint's dequantized as its format does),
+    but those in `unloaded` (kept as read_blocks gives them)."""
+    root = Path(path)
+    config = ModelConfig.from_hf_config(root / "config.json")
+    scheme = scheme_of(json.loads((root / "config.json").read_text()), str(root / "config.json"))
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path}: no *.safetensors files")
     state_dict, experts = {}, {}
+
+    def place(name: str, tensor: torch.Tensor) -> None:
+        if (expert := _expert(name)) is not None:
+            experts.setdefault(expert[0], {})[expert[1]] = tensor.float()
+        elif (parts := _split(name, tensor, config)) is not None:
+            state_dict.update((k, v.float()) for k, v in parts.items() if k not in unloaded)
+        elif (ours := our_name(name, config.architecture)) is not None and ours not in unloaded:
+            state_dict[ours] = tensor.float()
+
     for file in tqdm(files, desc="loading safetensors", unit="file"):
         with safe_open(str(file), framework="pt") as f:
+            quantized = hf_quant.quantized_modules(list(f.keys())) if scheme is not None else {}
+            taken = {name for parts in quantized.values() for name in parts.values()}
+            for module, parts in quantized.items():
+                name = f"{module}.weight"
+                ours = list(_split(name, torch.empty(0, 0), config) or [our_name(name, config.architecture)])
+                if all(o in unloaded for o in ours):
+                    continue
+                place(name, hf_quant.dequantize(_module_tensors(f, parts), scheme, f"{file.name}: {module}"))
             for name in f.keys():
-                if (expert := _expert(name)) is not None:
-                    experts.setdefault(expert[0], {})[expert[1]] = f.get_tensor(name).float()
-                elif (parts := _split(name, f, config)) is not None:
-                    state_dict.update((k, v.float()) for k, v in parts.items())
-                elif (ours := our_name(name, config.architecture)) is not None:
-                    state_dict[ours] = f.get_tensor(name).float()
+                if name not in taken:
+                    place(name, f.get_tensor(name))
     if is_gemma(config.architecture):
         state_dict = {name: _gemma_norm(name, t) for name, t in state_dict.items()}
     return config, state_dict | _stacked(experts, config.num_experts)

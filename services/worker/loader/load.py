@@ -11,7 +11,7 @@ import torch
 
 from services.worker.backends.base import LayerOps
 from services.worker.loader import dummy, gguf_blocks, gguf_file, hf_dir
-from services.worker.loader.gguf_blocks import QuantBlocks
+from services.worker.loader.quant_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
 from services.worker.models import model_class_for
 from shared.config import ConfigError
@@ -23,7 +23,7 @@ class LoadedModel:
     model: torch.nn.Module
     config: ModelConfig
     source: str
-    blocks: dict[str, QuantBlocks] | None = None  # a GGUF's blocks, kept (load_model's `keep`)
+    blocks: dict[str, QuantBlocks] | None = None  # a GGUF's or a quantized checkpoint's blocks, kept (`keep`)
     unloaded: frozenset[str] = frozenset()  # weights left on `meta`: the caller builds their modules from `blocks`
 
 
@@ -48,18 +48,18 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
                ops: LayerOps, device: torch.device | str = "cpu",
                keep: Callable[[dict[str, QuantBlocks]], frozenset[str]] | None = None) -> LoadedModel:
     """The model with its weights in `dtype` on `device`, its layers calling `ops` (the backend's).
-    keep (a GGUF): given the file's blocks (gguf_blocks.read), the weights the caller will build from
-    them; those are never dequantized, and stay on `meta` in the model returned."""
+    keep (a GGUF, a quantized checkpoint): given the file's blocks (gguf_blocks.read, hf_dir.read_blocks),
+    the weights the caller will build from them; those are never dequantized, and stay on `meta` in the model returned."""
     fmt = detect_format(path, load_format)
     blocks, unloaded = None, frozenset()
-    if fmt == "gguf" and keep is not None:
+    if fmt in ("gguf", "hf") and keep is not None:
         assert torch.device(device).type == "cpu", "the file's blocks are kept on the CPU backend only"
-        blocks = gguf_blocks.read(path, gguf_file.config_of(path)) or None
+        blocks = (gguf_blocks.read(path, gguf_file.config_of(path)) if fmt == "gguf" else hf_dir.read_blocks(path)) or None
         unloaded = keep(blocks) if blocks else frozenset()
     if fmt == "gguf":
         config, state_dict = gguf_file.load(path, unloaded)
     elif fmt == "hf":
-        config, state_dict = hf_dir.load(path)
+        config, state_dict = hf_dir.load(path, unloaded)
     else:
         config, state_dict = dummy.load(path, dtype, device)
     cls = model_class_for(config.architecture)

@@ -21,8 +21,9 @@ from services.worker.backends.kv_pool import KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
 from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
-from shared.config import ConfigError
+from shared.config import CHECKPOINT_QUANTIZATIONS, ConfigError
 from shared.control.deploy_config import FP8_KV_CACHE_DTYPES
+from shared.engine_defaults import checkpoint_quantization, refuse_other_checkpoint
 from shared.log import get_logger
 from shared.wire.messages import BackendName, Logprobs, WorkerKind
 
@@ -55,8 +56,10 @@ class CudaBackend:
     def create(cls, spec: WorkerSpec) -> CudaBackend:
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: this machine has no CUDA GPU that torch can use")
-        if spec.quantization != "none":
+        if spec.quantization not in ("none", *CHECKPOINT_QUANTIZATIONS):
             raise ConfigError(f"quantization {spec.quantization!r} runs on the torch CPU backend only")
+        # a checkpoint's own format (awq, gptq, compressed-tensors) loads dequantized to the model's dtype here
+        refuse_other_checkpoint(spec.quantization, checkpoint_quantization(spec.model_path))
         if spec.kv_cache_dtype == "mxint8":
             raise ConfigError("kv_cache_dtype 'mxint8' is a QAIC format: it needs the qaic backend (--device qaic)")
         if spec.block_size < 16:

@@ -13,11 +13,12 @@ from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import kept_weights, quantize
+from services.worker.backends.torch_cpu.quantization import KEEPS_BLOCKS, kept_weights, quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
 from shared.config import ConfigError
+from shared.engine_defaults import QUANT_LINEAR
 from shared.models.model_files import cache_root
 from shared.wire.messages import BackendName, Logprobs, WorkerKind
 
@@ -53,10 +54,10 @@ class TorchCpuBackend:
         if spec.quantization == "mxfp6":
             raise ConfigError("quantization 'mxfp6' is a QAIC format: it needs the qaic backend (--device qaic)")
         native = not spec.deterministic and load_kernels().loaded
-        if not native and (spec.quantization in ("gguf", "int4", "int8") or spec.compile):
+        if not native and (spec.quantization in QUANT_LINEAR or spec.compile):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
-        keeps_blocks = spec.quantization in ("gguf", "int4")  # the file's blocks are never dequantized then
+        keeps_blocks = spec.quantization in KEEPS_BLOCKS  # the file's blocks are never dequantized then
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops=NATIVE_OPS if native else TORCH_OPS,
                             keep=kept_weights if keeps_blocks else None)
         if getattr(loaded.model, "is_encoder", False) and (spec.compile or spec.quantization != "none"):

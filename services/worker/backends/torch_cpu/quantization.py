@@ -7,15 +7,18 @@ import torch
 from torch import nn
 
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
-from services.worker.loader import gguf_blocks
-from services.worker.loader.gguf_blocks import BLOCK, FUSED, QuantBlocks, parts_of
+from services.worker.loader import gguf_blocks, hf_dir
+from services.worker.loader.quant_blocks import BLOCK, FUSED, GROUPS, QuantBlocks, parts_of
+from shared.config import CHECKPOINT_QUANTIZATIONS
 
 PANEL = 16  # output columns the kernel reads side by side (quant_linear.c)
+FILES_OWN = ("gguf", *CHECKPOINT_QUANTIZATIONS)  # the file's blocks kept, its float weights left as they are
+KEEPS_BLOCKS = ("int4", *FILES_OWN)  # the quantizations that keep a file's blocks
 SMALLEST_SCALE = 2.0**-24  # float16's smallest
 
 
 def fits(out_features: int, in_features: int, group: int = BLOCK) -> bool:
-    return out_features % PANEL == 0 and in_features % group == 0
+    return out_features % PANEL == 0 and group in GROUPS and in_features % group == 0
 
 
 def _to_panels(t: torch.Tensor) -> torch.Tensor:
@@ -29,7 +32,7 @@ def _from_panels(t: torch.Tensor) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    """A Linear whose weight is 4- or 8-bit groups of 32 (or 16) inputs, in quant_linear.c's layout.
+    """A Linear whose weight is 4- or 8-bit groups of 16 to 128 inputs, in quant_linear.c's layout.
 
     - gguf (the default on a GGUF with quantized tensors of a kept type): exactly those weights keep
       the file's blocks (loader/gguf_blocks.py: Q4_0 / Q4_1 / Q8_0 with their float16 scales; the
@@ -38,6 +41,8 @@ class QuantLinear(nn.Module):
     - int4: 4-bit values in groups of 32 inputs, each with a float16 scale and minimum (Q4_1's
       scheme); a GGUF's own blocks where the file has them, 8 bits for a weight it holds as floats.
     - int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
+    - awq, gptq, compressed-tensors (the default on such a checkpoint): its Linears keep the file's
+      integers, float32 scales and lows (loader/hf_quant.py).
     quant_linear.c computes each output as one float32 sum over the inputs in order, at every batch
     size, on weights equal to the bit to what gguf's own dequantize gives (gguf_kquants.py says
     why). So a row's result does not depend on its batch, and the
@@ -58,6 +63,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scales", _to_panels(blocks.scale).to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).to(blocks.scale_dtype))
+        self.register_buffer("perm", blocks.perm)  # GPTQ's act-order: the inputs gathered into the groups' order
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     @classmethod
@@ -83,7 +89,7 @@ class QuantLinear(nn.Module):
             q = torch.stack([q & 0x0F, q >> 4], dim=2).view(q.shape[0], -1, PANEL)
         low = None if self.lows is None else _from_panels(self.lows).float()
         return QuantBlocks(_from_panels(q), _from_panels(self.scales).float(), low, self.bits, self.group,
-                           self.scales.dtype)
+                           self.scales.dtype, self.perm)
 
     @property
     def dequantized(self) -> torch.Tensor:
@@ -91,6 +97,8 @@ class QuantLinear(nn.Module):
         return self.blocks.dequantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
         return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias)
 
 
@@ -175,7 +183,8 @@ def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | Non
     """Every Linear that fits the kernel's layout, the output head included, becomes a quantized one
     (the embedding table stays). `blocks` (a GGUF with tensors of a kept type): those weights keep
     the file's own blocks; under `gguf` (--quantization auto's pick) a weight the file holds as floats
-    stays as it is, under int4 it becomes 8-bit blocks."""
+    stays as it is (so under a checkpoint's own awq, gptq or compressed-tensors), under int4 it becomes
+    8-bit blocks."""
     if method == "none":
         return model
     for path, module in list(model.named_modules()):
@@ -194,18 +203,19 @@ def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | Non
 def _quantized(linear: nn.Linear, method: str, blocks: dict | None, path: str) -> nn.Module:
     if method == "w8a8":
         return W8A8Linear(linear)
-    parts = parts_of(blocks, path) if blocks is not None and method in ("int4", "gguf") else None
+    parts = parts_of(blocks, path) if blocks is not None and method in KEEPS_BLOCKS else None
     if parts is not None and all(fits(*p.q.shape, p.group) for p in parts):
         joined = QuantBlocks.cat(parts)
         return QuantLinear(joined, linear.bias) if joined is not None else QuantLinearParts(parts, linear.bias)
-    if method == "gguf" or not fits(linear.out_features, linear.in_features):
+    if method in FILES_OWN or not fits(linear.out_features, linear.in_features):
         return linear
     return QuantLinear.quantize(linear, 4 if method == "int4" and blocks is None else 8)
 
 
 def native_blocks(loaded, method: str) -> dict[str, QuantBlocks] | None:
-    """int4 or gguf on a GGUF that has tensors of a kept type: the file's own blocks (loader/gguf_blocks.py)."""
+    """A file's own blocks under a method that keeps them: a GGUF's of a kept type
+    (loader/gguf_blocks.py), a quantized checkpoint's (loader/hf_dir.py)."""
     kind, _, path = loaded.source.partition(":")
-    if method not in ("int4", "gguf") or kind != "gguf":
+    if method not in KEEPS_BLOCKS or kind not in ("gguf", "hf"):
         return None
-    return gguf_blocks.read(path, loaded.config) or None
+    return (gguf_blocks.read(path, loaded.config) if kind == "gguf" else hf_dir.read_blocks(path)) or None

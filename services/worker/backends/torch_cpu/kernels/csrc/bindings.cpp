@@ -117,7 +117,7 @@ constexpr int64_t PANEL = 16;
 
 // x: [..., k] float32 or bfloat16; qweight: 4 bits [n / 16, k / 2, 16] uint8, 8 bits [n / 16, k, 16]
 // int8; scales (and lows): [n / 16, k / group, 16], float16 or float32 (the group is k over their
-// middle size: 32 or 16); 4 bits always have lows; bias: [n] float32.
+// middle size: 16, 32, 64 or 128); 4 bits always have lows; bias: [n] float32.
 at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
                         const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias) {
   check_float(x, "x");
@@ -128,8 +128,9 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   TORCH_CHECK(qweight.dim() == 3 && qweight.is_contiguous(), "qweight must be a contiguous [n / 16, ..., 16] tensor");
   TORCH_CHECK(scales.dim() == 3 && scales.size(1) > 0, "scales must be [n / 16, k / group, 16], got ", scales.sizes());
   const int64_t k = x.size(-1), n = qweight.size(0) * PANEL, group = k / scales.size(1);
-  TORCH_CHECK((group == 32 || group == 16) && k == group * scales.size(1),
-              "the input size must be 32 or 16 times scales.size(1), got ", k, " inputs and ", scales.size(1), " groups");
+  TORCH_CHECK((group == 16 || group == 32 || group == 64 || group == 128) && k == group * scales.size(1),
+              "the input size must be 16, 32, 64 or 128 times scales.size(1), got ", k, " inputs and ", scales.size(1),
+              " groups");
   TORCH_CHECK(qweight.scalar_type() == (bits == 4 ? at::kByte : at::kChar), "qweight must be ",
               bits == 4 ? "uint8" : "int8", " for ", bits, " bits, got ", qweight.scalar_type());
   if (bits == 4)

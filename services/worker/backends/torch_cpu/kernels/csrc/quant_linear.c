@@ -1,5 +1,5 @@
 /* Linears over quantized weights on float32 rows: out[m, n] = x[m, k] W^T (+ bias). W is stored in
- * groups of G inputs (32, or 16) with a scale each, and a low for the formats that have one:
+ * groups of G inputs (16, 32, 64 or 128) with a scale each, and a low for the formats that have one:
  * w = q * scale + low, q an unsigned 4-bit value (0..15) or an 8-bit one (-128..127). Scales and lows
  * are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 / IQ4_NL blocks), float32 where
  * they are products (a k-quant's super-block scale times its 6-bit sub-block scale: exact in
@@ -8,6 +8,8 @@
  *   8 bits, G 32, float16        Q8_0, IQ4_NL (its codebook values) 8 bits, G 32, float32, low   Q5_K
  *   8 bits, G 16, float32        Q6_K, Q3_K                         4 bits, G 16, float32, low   Q2_K
  *   8 bits, G 32, float32        IQ4_XS
+ *   4 bits, G 64 or 128, float32, low     AWQ, GPTQ, compressed-tensors int4 (low -zero * scale)
+ *   8 bits, G 128, float32 (with a low or without)   GPTQ and compressed-tensors int8
  *
  * The weights are laid out in panels of 16 output columns, the columns of a panel side by side for
  * each input: 4 bits: [n / 16, k / 2, 16] bytes, byte c of pair j holding column c at input 2j (low
@@ -47,6 +49,10 @@ struct format {
 #define F_Q8_G16_F32 ((struct format){8, 16, 0, 0})
 #define F_Q4_G16_F32 ((struct format){4, 16, 0, 1})
 #define F_Q8_G32_F32 ((struct format){8, 32, 0, 0})
+#define F_Q4_G64_F32 ((struct format){4, 64, 0, 1})
+#define F_Q4_G128_F32 ((struct format){4, 128, 0, 1})
+#define F_Q8_G128_F32 ((struct format){8, 128, 0, 0})
+#define F_Q8_G128_F32_LOW ((struct format){8, 128, 0, 1})
 
 /* What a block of panels reads: its first panel's weights, scales and lows, k inputs each. */
 struct panels {
@@ -189,6 +195,10 @@ DEFINE_FORMAT(q8_g32_f32_low, F_Q8_G32_F32_LOW)
 DEFINE_FORMAT(q8_g16_f32, F_Q8_G16_F32)
 DEFINE_FORMAT(q4_g16_f32, F_Q4_G16_F32)
 DEFINE_FORMAT(q8_g32_f32, F_Q8_G32_F32)
+DEFINE_FORMAT(q4_g64_f32, F_Q4_G64_F32)
+DEFINE_FORMAT(q4_g128_f32, F_Q4_G128_F32)
+DEFINE_FORMAT(q8_g128_f32, F_Q8_G128_F32)
+DEFINE_FORMAT(q8_g128_f32_low, F_Q8_G128_F32_LOW)
 
 /* The format's kernels, or none (bindings.cpp checks a format before it calls). */
 static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low) {
@@ -200,6 +210,11 @@ static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t sc
         return bits == 4 ? (has_low ? &kernels_q4_g32_f32 : 0) : (has_low ? &kernels_q8_g32_f32_low : &kernels_q8_g32_f32);
     if (group == 16)
         return bits == 4 ? (has_low ? &kernels_q4_g16_f32 : 0) : (has_low ? 0 : &kernels_q8_g16_f32);
+    if (group == 64)
+        return bits == 4 && has_low ? &kernels_q4_g64_f32 : 0;
+    if (group == 128)
+        return bits == 4 ? (has_low ? &kernels_q4_g128_f32 : 0)
+                         : (has_low ? &kernels_q8_g128_f32_low : &kernels_q8_g128_f32);
     return 0;
 }
 

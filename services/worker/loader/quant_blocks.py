@@ -1,0 +1,88 @@
+"""A quantized weight kept as a file holds it: integer values in groups along the input, a scale
+(and a low) per group, w = q * scale + low: what the CPU kernels' quant_linear computes with."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32
+GROUPS = (16, 32, 64, 128)  # inputs per scale that quant_linear takes
+# after load_model fuses projections (models/llama.py), a Linear's rows are these weights' rows in order
+FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
+         "feed_forward.w13": ("feed_forward.w1", "feed_forward.w3")}
+
+
+@dataclass
+class QuantBlocks:
+    q: torch.Tensor  # [out, in]: uint8 0..15 (4 bits) or int8 (8 bits)
+    scale: torch.Tensor  # [out, in / group] float32, each exact in scale_dtype
+    low: torch.Tensor | None  # [out, in / group] float32, exact in scale_dtype: w = q * scale + low; or None
+    bits: int = 0  # 4 or 8; 0: 4 with a low, 8 without (Q4_0 / Q4_1 / Q8_0)
+    group: int = BLOCK  # inputs per scale: 32, or 16 (Q6_K, Q3_K, Q2_K), 64 or 128 (AWQ, GPTQ ...)
+    scale_dtype: torch.dtype = torch.float16  # how the kernel keeps scales and lows: float16 or float32
+    # GPTQ's act-order: the inputs in the order the groups hold them (q's column j is input perm[j]);
+    # None: in order
+    perm: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if not self.bits:
+            self.bits = 8 if self.low is None else 4
+
+    @property
+    def format(self) -> tuple[int, int, torch.dtype, bool]:
+        return self.bits, self.group, self.scale_dtype, self.low is not None
+
+    @property
+    def dequantized(self) -> torch.Tensor:
+        """[out, in] float32: the file's weights, exactly as the format's own dequantization computes them."""
+        n, k = self.q.shape
+        q = self.q.view(n, k // self.group, self.group).float()
+        if self.low is None:
+            w = (q * self.scale[..., None]).view(n, k)
+        else:
+            w = torch.addcmul(self.low[..., None], q, self.scale[..., None]).view(n, k)  # one rounding, as an FMA
+        if self.perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.perm] = w
+        return out
+
+    def with_tensors(self, q, scale, low) -> QuantBlocks:
+        return dataclasses.replace(self, q=q, scale=scale, low=low)
+
+    def rows(self, start: int, stop: int) -> QuantBlocks:
+        """Output rows [start, stop): a fused projection's part."""
+        return self.with_tensors(self.q[start:stop], self.scale[start:stop],
+                                 None if self.low is None else self.low[start:stop])
+
+    @staticmethod
+    def cat(parts: list[QuantBlocks]) -> QuantBlocks | None:
+        """Fused weights' rows in order; None where their formats (or input orders) differ."""
+        if len({p.format for p in parts}) != 1:
+            return None
+        perms = [p.perm for p in parts]
+        if any(p is None for p in perms) != all(p is None for p in perms) or \
+                (perms[0] is not None and not all(torch.equal(perms[0], p) for p in perms)):
+            return None
+        low = None if parts[0].low is None else torch.cat([p.low for p in parts])
+        return parts[0].with_tensors(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), low)
+
+
+def parts_of(blocks: dict[str, QuantBlocks], path: str) -> list[QuantBlocks] | None:
+    """The blocks of a Linear at `path`, a fused one's parts in row order; None if a part is not kept."""
+    for fused, parts in FUSED.items():
+        if path.endswith(fused):
+            prefix = path[: -len(fused)]
+            found = [blocks.get(f"{prefix}{p}.weight") for p in parts]
+            return None if any(b is None for b in found) else found
+    found = blocks.get(f"{path}.weight")
+    return None if found is None else [found]
+
+
+def for_module(blocks: dict[str, QuantBlocks], path: str) -> QuantBlocks | None:
+    """The blocks of a Linear at `path` (fused ones joined), or None if a part is not kept or their formats differ."""
+    parts = parts_of(blocks, path)
+    return None if parts is None else QuantBlocks.cat(parts)
