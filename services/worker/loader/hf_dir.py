@@ -14,6 +14,7 @@ from services.worker.loader import hf_quant
 from services.worker.loader.quant_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
 from services.worker.quant_scheme import scheme_of
+from shared.log import get_logger
 from shared.models.architectures import ENCODER_ARCHITECTURES
 
 _LAYER_NAMES = {
@@ -138,6 +139,8 @@ def load(path: str, unloaded: frozenset[str] = frozenset()) -> tuple[ModelConfig
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path}: no *.safetensors files")
+    if scheme is not None and scheme.activations:  # what the checkpoint asks and this engine does not do
+        get_logger("worker").warning("checkpoint_activations", method=scheme.method, activations=scheme.activations)
     state_dict, experts = {}, {}
 
     def place(name: str, tensor: torch.Tensor) -> None:
