@@ -25,13 +25,14 @@ from shared import log as sylog
 from shared.bus import connect
 from shared.bus.lifecycle import serve
 from shared.config import (
+    CHECKPOINT_QUANTIZATIONS,
     ConfigError,
     add_engine_args,
     add_nats_arg,
     add_worker_args,
     resolve_max_model_len,
 )
-from shared.engine_defaults import EngineDefaults, pick_for_host
+from shared.engine_defaults import EngineDefaults, checkpoint_quantization, pick_for_host
 from shared.models.model_files import cache_root
 from shared.models.tokenizer import load_tokenizer
 from shared.wire.messages import WorkerHello, WorkerKind
@@ -155,7 +156,10 @@ def engine_defaults(settings: WorkerSettings) -> EngineDefaults:
 def worker_spec(settings: WorkerSettings, defaults: EngineDefaults | None = None) -> WorkerSpec:
     """The backend's settings; `defaults` (the CPU backend) settles those left on auto."""
     config = settings.config
-    quantization = "none" if config.quantization == "auto" else config.quantization  # other backends: none
+    quantization = config.quantization
+    if quantization == "auto":  # other backends: a checkpoint's own integers on cuda, else none (dequantized)
+        own = checkpoint_quantization(settings.model_path) if config.load_format != "dummy" else None
+        quantization = own if settings.device == "cuda" and own in CHECKPOINT_QUANTIZATIONS else "none"
     return WorkerSpec(
         model_path=settings.model_path, load_format=config.load_format,
         dtype=defaults.dtype.value if defaults else settings.dtype,

@@ -53,7 +53,6 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
     fmt = detect_format(path, load_format)
     blocks, unloaded = None, frozenset()
     if fmt in ("gguf", "hf") and keep is not None:
-        assert torch.device(device).type == "cpu", "the file's blocks are kept on the CPU backend only"
         blocks = (gguf_blocks.read(path, gguf_file.config_of(path)) if fmt == "gguf" else hf_dir.read_blocks(path)) or None
         unloaded = keep(blocks) if blocks else frozenset()
     if fmt == "gguf":
@@ -78,7 +77,8 @@ def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.
         return LoadedModel(model=model.to(device=device, dtype=dtype).eval(), config=config, source=f"{fmt}:{path}",
                            blocks=blocks, unloaded=unloaded)
     del model.rotary  # still on meta: its buffer is not in the state dict
-    # weights left on meta (unloaded) cannot move: keep is for the CPU, where the others are already
+    # weights left on meta (unloaded) cannot move: the others stay on the CPU, and the backend moves
+    # the model once it has built the kept weights' modules (the CUDA backend)
     model = (model.to(dtype=dtype) if unloaded else model.to(device=device, dtype=dtype)).eval()
     # made after the cast, so its frequencies stay float32 (in bfloat16 they keep 3 significant
     # digits, and the angles drift by radians at long positions)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -86,3 +87,36 @@ def for_module(blocks: dict[str, QuantBlocks], path: str) -> QuantBlocks | None:
     """The blocks of a Linear at `path` (fused ones joined), or None if a part is not kept or their formats differ."""
     parts = parts_of(blocks, path)
     return None if parts is None else QuantBlocks.cat(parts)
+
+
+# the Linears a file's blocks may stand for, by weight name (and the embedding table)
+_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
+            "feed_forward.w3")
+
+
+def linears_kept(blocks: dict[str, QuantBlocks], fits: Callable[[QuantBlocks], bool],
+                 embedding: bool) -> frozenset[str]:
+    """The weights a backend builds from `blocks` rather than from floats (load_model's `keep`): each
+    Linear whose every part is kept and `fits` its kernel, and, where `embedding`, the embedding
+    table (unless a head tied to it could not be kept)."""
+    def fit(name: str) -> bool:
+        b = blocks.get(name)
+        return b is not None and fits(b)
+
+    kept = set()
+    for name in blocks:
+        parts = name.removesuffix(".weight").split(".")
+        if parts == ["output"]:
+            if fit(name):
+                kept.add(name)
+            continue
+        linear = ".".join(parts[2:])
+        if len(parts) != 4 or parts[0] != "layers" or linear not in _LINEARS:
+            continue
+        group = next((g for g in FUSED.values() if linear in g), (linear,))  # a fused Linear's parts go together
+        if all(fit(f"layers.{parts[1]}.{p}.weight") for p in group):
+            kept.add(name)
+    tied = blocks.get("output.weight") is blocks.get("tok_embeddings.weight")
+    if embedding and "tok_embeddings.weight" in blocks and (not tied or "output.weight" in kept):
+        kept.add("tok_embeddings.weight")
+    return frozenset(kept)

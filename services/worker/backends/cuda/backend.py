@@ -16,6 +16,7 @@ from services.worker.backends.cuda.graphs import DecodeGraphs
 from services.worker.backends.cuda.inputs import CudaInputs, build_inputs
 from services.worker.backends.cuda.memory import kv_budget, profile_peak
 from services.worker.backends.cuda.ops import TritonOps
+from services.worker.backends.cuda.quant_linear import kept_linears, quantize
 from services.worker.backends.cuda.sampler import sample
 from services.worker.backends.kv_pool import KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
@@ -58,7 +59,6 @@ class CudaBackend:
             raise ConfigError("--device cuda: this machine has no CUDA GPU that torch can use")
         if spec.quantization not in ("none", *CHECKPOINT_QUANTIZATIONS):
             raise ConfigError(f"quantization {spec.quantization!r} runs on the torch CPU backend only")
-        # a checkpoint's own format (awq, gptq, compressed-tensors) loads dequantized to the model's dtype here
         refuse_other_checkpoint(spec.quantization, checkpoint_quantization(spec.model_path))
         if spec.kv_cache_dtype == "mxint8":
             raise ConfigError("kv_cache_dtype 'mxint8' is a QAIC format: it needs the qaic backend (--device qaic)")
@@ -67,7 +67,11 @@ class CudaBackend:
         device = torch.device("cuda", torch.cuda.current_device())
         dtype = spec.torch_dtype
         kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV_CACHE_DTYPES else spec.kv_torch_dtype  # e4m3, scale 1
-        loaded = load_model(spec.model_path, spec.load_format, dtype, ops=TritonOps(), device=device)
+        keeps = spec.quantization in CHECKPOINT_QUANTIZATIONS  # the checkpoint's integers, not floats
+        loaded = load_model(spec.model_path, spec.load_format, dtype, ops=TritonOps(), device=device,
+                            keep=kept_linears if keeps else None)
+        if loaded.unloaded:
+            quantize(loaded.model, loaded.blocks, loaded.unloaded).to(device)
         refuse_encoder(loaded, "cuda")
         kv = KVSpec.of(loaded.config, spec.block_size, kv_dtype)
         if spec.num_kv_blocks:

@@ -8,7 +8,7 @@ from torch import nn
 
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.loader import gguf_blocks, hf_dir
-from services.worker.loader.quant_blocks import BLOCK, FUSED, GROUPS, QuantBlocks, parts_of
+from services.worker.loader.quant_blocks import BLOCK, GROUPS, QuantBlocks, linears_kept, parts_of
 from shared.config import CHECKPOINT_QUANTIZATIONS
 
 PANEL = 16  # output columns the kernel reads side by side (quant_linear.c)
@@ -146,36 +146,10 @@ class QuantEmbedding(nn.Module):
         return rows.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
 
 
-# the Linears a file's blocks may stand for, by weight name (and the embedding, QuantEmbedding)
-_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
-            "feed_forward.w3")
-
-
 def kept_weights(blocks: dict[str, QuantBlocks]) -> frozenset[str]:
-    """The weights quantize() builds from `blocks` (so load_model need not dequantize them): each
-    Linear whose every part is kept and fits the kernel, and the embedding table (unless a head
-    tied to it could not be kept)."""
-    def fit(name: str) -> bool:
-        b = blocks.get(name)
-        return b is not None and fits(*b.q.shape, b.group)
-
-    kept = set()
-    for name in blocks:
-        parts = name.removesuffix(".weight").split(".")
-        if parts == ["output"]:
-            if fit(name):
-                kept.add(name)
-            continue
-        linear = ".".join(parts[2:])
-        if len(parts) != 4 or parts[0] != "layers" or linear not in _LINEARS:
-            continue
-        group = next((g for g in FUSED.values() if linear in g), (linear,))  # a fused Linear's parts go together
-        if all(fit(f"layers.{parts[1]}.{p}.weight") for p in group):
-            kept.add(name)
-    tied = blocks.get("output.weight") is blocks.get("tok_embeddings.weight")
-    if "tok_embeddings.weight" in blocks and (not tied or "output.weight" in kept):
-        kept.add("tok_embeddings.weight")
-    return frozenset(kept)
+    """The weights quantize() builds from `blocks` (load_model's `keep`): each Linear whose every part
+    fits quant_linear, and the embedding table (QuantEmbedding)."""
+    return linears_kept(blocks, lambda b: fits(*b.q.shape, b.group), embedding=True)
 
 
 def quantize(model: nn.Module, method: str, blocks: dict[str, QuantBlocks] | None = None,
