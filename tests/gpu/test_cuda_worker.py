@@ -161,3 +161,29 @@ def test_the_gpu_benchmark_reports_every_figure(tmp_path):
     for key in ("decode_b1", "decode_b8"):
         assert report[key]["tok_s"] > 0 and 0 < report[key]["of_roofline"] < 1.5
     assert report["prefill"]["tflop_s"] > 0
+
+
+def test_an_awq_checkpoints_integers_on_the_gpu_give_the_cpu_backends_tokens(tmp_path, cpu_kernels):
+    """The file's integers on kernels/quant_gemm.py, in float32 with CUDA graphs: the torch CPU
+    backend's greedy tokens on the same integers (quant_linear)."""
+    from services.worker.backends.cuda.backend import CudaBackend
+    from services.worker.backends.cuda.ops import TritonOps
+    from services.worker.backends.cuda.quant_linear import kept_linears, quantize
+    from services.worker.backends.kv_pool import KVSpec
+    from services.worker.backends.torch_cpu.ops import NATIVE_OPS
+    from services.worker.backends.torch_cpu.quantization import kept_weights
+    from services.worker.backends.torch_cpu.quantization import quantize as cpu_quantize
+    from services.worker.loader import load_model
+    from services.worker.model_runner import ModelRunner
+    from tests import quant_checkpoints as qc
+
+    folder = str(qc.awq(qc.tiny_llama(), tmp_path / "awq"))
+    loaded = load_model(folder, ops=TritonOps(), device=DEVICE, keep=kept_linears)
+    quantize(loaded.model, loaded.blocks, loaded.unloaded).to(DEVICE)
+    backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, torch.float32), 64, DEVICE, capture=(8, 512))
+    backend.warm_up()
+    runner = ModelRunner(backend, max_model_len=512, eos_token_ids=[])
+    cpu = load_model(folder, ops=NATIVE_OPS, keep=kept_weights)
+    cpu_quantize(cpu.model, "awq", cpu.blocks, cpu.unloaded)
+    ids = [3, 17, 99, 4, 200, 31, 7, 7, 8, 120, 45, 2, 19]
+    assert greedy_generate(runner, ids, 24) == greedy_generate(make_runner(cpu), ids, 24)
