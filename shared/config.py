@@ -26,6 +26,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "mxfp6", *CHECKPOINT_QU
 KV_CACHE_DTYPES_REFUSED = ("fp8_e5m2", "int8")  # known, but no backend here has them
 QUANTIZATIONS_REFUSED = ("fp8", "bitsandbytes", "gguf")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+COMPILE_NICE = 19  # the background compile's niceness: the lowest priority, so serving preempts it
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
 
 
@@ -216,6 +217,9 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
                         help="compile the decode step's layers with torch.compile (Inductor), in the background "
                              "while the worker serves eagerly (cached on disk); default: on unless the model "
                              "computes in dense float32 or --deterministic")
+    parser.add_argument("--compile-nice", type=int, default=_env("compile_nice", COMPILE_NICE),
+                        help=f"niceness of --compile's background compile (default {COMPILE_NICE}: serving preempts "
+                             "it); 0 lets it finish on a host busy with other work")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
                         default=_env_flag("deterministic", False),
                         help="batch-invariant float32: a request's tokens do not depend on what else is in its "

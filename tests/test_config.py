@@ -122,3 +122,22 @@ def test_a_boolean_flags_variable_that_is_no_boolean_is_refused_by_name(monkeypa
     monkeypatch.setenv("SY_DETERMINISTIC", "Maybe")
     with pytest.raises(ConfigError, match="SY_DETERMINISTIC='Maybe'"):
         add_worker_args(argparse.ArgumentParser())
+
+
+@pytest.mark.parametrize(("value", "ok"), [("0", True), ("19", True), ("25", False), ("-1", False)])
+def test_the_background_compiles_niceness_is_a_niceness(monkeypatch, default_model_path, value, ok):
+    """--compile-nice (SY_COMPILE_NICE): 0 to 19, the default 19 (tests/test_defaults_stack.py runs 0)."""
+    import sys
+
+    from services.worker.__main__ import parse_args
+    from services.worker.settings import resolve
+
+    monkeypatch.setattr(sys, "argv", ["worker", "--model-path", default_model_path, "--compile-nice", value])
+    if ok:
+        assert resolve(parse_args()).compile_nice == int(value)
+    else:
+        with pytest.raises(ConfigError, match=f"--compile-nice = {value} is out of range: allowed 0 to 19"):
+            resolve(parse_args())
+    monkeypatch.setattr(sys, "argv", ["worker", "--model-path", default_model_path])
+    monkeypatch.setenv("SY_COMPILE_NICE", "7")
+    assert resolve(parse_args()).compile_nice == 7

@@ -21,6 +21,7 @@ WORKER_STOP_S = 15.0
 BUS_STOP_S = 8.0
 NEIGHBOUR_S = 60.0
 SQUEEZE_REQUESTS = 12  # long prompts at once: more KV than the pools hold, so running requests are preempted
+SQUEEZE_TRIES = 3  # a squeeze request cut by a gateway's kill is sent again on the other gateway
 
 
 @dataclass
@@ -96,15 +97,29 @@ async def kv_squeeze(stack: ChaosStack, rng: random.Random) -> Fault:
     fault = Fault("kv_squeeze", time.monotonic(), f"{SQUEEZE_REQUESTS} long prompts")
     prompt = SHARED_PREFIX * 12
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 96, "temperature": 0, "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=stack.stack.gateway_url(rng.randrange(2)), timeout=300) as http:
-        answers = await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(SQUEEZE_REQUESTS)),
-                                       return_exceptions=True)
+    first = rng.randrange(2)
+    answers = await asyncio.gather(*(_post_on_a_live_gateway(stack, body, first) for _ in range(SQUEEZE_REQUESTS)),
+                                   return_exceptions=True)
     texts = {a.json()["choices"][0]["text"] for a in answers if isinstance(a, httpx.Response) and a.status_code == 200}
     fault.duration_s = time.monotonic() - fault.at
     fault.target += f", {len(texts)} distinct answers"  # one: every preempted request recomputed the same tokens
     stack.squeeze_answers.append((len(texts), sum(isinstance(a, httpx.Response) and a.status_code == 200
                                                   for a in answers)))
     return fault
+
+
+async def _post_on_a_live_gateway(stack: ChaosStack, body: dict, first: int) -> httpx.Response:
+    """A completion sent as the load's clients send one: where a gateway drops the connection (a
+    gateway_kill while it runs, on a slow host), again from the start on the other one."""
+    for attempt in range(SQUEEZE_TRIES):
+        async with httpx.AsyncClient(base_url=stack.stack.gateway_url((first + attempt) % 2), timeout=300) as http:
+            try:
+                return await http.post("/v1/completions", json=body)
+            except httpx.TransportError:
+                if attempt == SQUEEZE_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.5)  # as a client backs off before it retries
+    raise AssertionError("unreachable")
 
 
 async def noisy_neighbour(stack: ChaosStack, rng: random.Random) -> Fault:

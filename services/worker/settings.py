@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from services.worker.deployment import CustomRuntime, fetch_deployment
 from services.worker.lora.manager import LoraLimits
+from shared.checks import in_range
 from shared.config import ConfigError, EngineConfig, engine_config_from_args
 from shared.control.deploy_config import QaicConfig, convert
 from shared.control.deployment import DeployedModel
@@ -27,6 +28,7 @@ class WorkerSettings:
     nice: int
     deterministic: bool  # asked for: the flag, or a deployment's own (engine_defaults settles the CPU's)
     compile: bool | None  # --compile (None: the CPU backend picks)
+    compile_nice: int  # --compile-nice: the background compile's niceness
     qaic: QaicConfig
     kv_cache_bytes: Callable[[int], int]  # the KV pool's budget, given the weights' bytes
     lora_modules: dict[str, str] | None  # adapter name -> path (None: LoRA off)
@@ -45,6 +47,7 @@ def resolve(args: argparse.Namespace) -> WorkerSettings:
     if settings.device != "qaic" and json.loads(args.qaic_config):
         raise ConfigError(f"--qaic-config configures the qaic backend; this worker's device is {settings.device!r}")
     settings.qaic.validate()
+    in_range("--compile-nice", settings.compile_nice, 0, 19)
     limits = settings.lora_limits
     if settings.lora_modules is not None and (limits.max_loras < 1 or limits.max_lora_rank < 1):
         raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
@@ -71,7 +74,7 @@ def _from_flags(args: argparse.Namespace) -> WorkerSettings:
     return WorkerSettings(
         config=config, model_path=resolve_model_path(config.model_path, config.revision, config.download_dir),
         device=args.device, dtype=args.dtype, threads=args.threads, nice=args.nice, deterministic=args.deterministic,
-        compile=args.compile, qaic=convert(json.loads(args.qaic_config), QaicConfig, "--qaic-config") or QaicConfig(),
+        compile=args.compile, compile_nice=args.compile_nice, qaic=convert(json.loads(args.qaic_config), QaicConfig, "--qaic-config") or QaicConfig(),
         kv_cache_bytes=lambda _weights: fixed_kv_bytes, lora_modules=lora, lora_limits=_lora_limits(args))
 
 
@@ -86,7 +89,7 @@ def _from_deployment(args: argparse.Namespace) -> WorkerSettings:
     return WorkerSettings(
         config=config, model_path=model_path, device=device, dtype=args.dtype, threads=deployed.worker_threads,
         nice=args.nice, deterministic=own if own is not None else args.deterministic and config.quantization in (
-            "auto", "none"), compile=args.compile, qaic=deployed.version.accel.qaic or QaicConfig(),
+            "auto", "none"), compile=args.compile, compile_nice=args.compile_nice, qaic=deployed.version.accel.qaic or QaicConfig(),
         kv_cache_bytes=deployed.kv_cache_bytes, lora_modules=deployed.lora_paths or None,
         lora_limits=_lora_limits(args), deployed=deployed,
         custom=custom)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.backends.kv_pool import DTYPES, kv_dtype_for
-from shared.config import DEFAULTS
+from shared.config import COMPILE_NICE, DEFAULTS
 from shared.control.deploy_config import QaicConfig
 
 
@@ -32,6 +32,7 @@ class WorkerSpec:
     max_num_seqs: int = DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens  # the largest step (CUDA profiles its activations)
     compile: bool = False
+    compile_nice: int = COMPILE_NICE  # the background compile's niceness
     deterministic: bool = False  # CPU: batch-invariant float32 on torch's ops alone (no C kernels)
     gpu_memory_utilization: float = DEFAULTS.gpu_memory_utilization  # CUDA: the device memory's share
     max_seq_len_to_capture: int = DEFAULTS.max_seq_len_to_capture  # CUDA: longer decode contexts run without graphs

@@ -17,7 +17,7 @@ from services.worker.backends.torch_cpu.quantization import KEEPS_BLOCKS, kept_w
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
-from shared.config import ConfigError
+from shared.config import COMPILE_NICE, ConfigError
 from shared.engine_defaults import QUANT_LINEAR
 from shared.models.model_files import cache_root
 from shared.wire.messages import BackendName, Logprobs, WorkerKind
@@ -29,7 +29,7 @@ class TorchCpuBackend:
     device = torch.device("cpu")
 
     def __init__(self, loaded: LoadedModel, kv: KVSpec, num_blocks: int, compile_max_seqs: int = 0,
-                 quantization: str = "none"):
+                 quantization: str = "none", compile_nice: int = COMPILE_NICE):
         """`loaded`'s model already in its final form (quantized or packed); compile_max_seqs > 0:
         warm_up() compiles its decode layers in the background (compiled.py)."""
         self.model = loaded.model
@@ -41,6 +41,7 @@ class TorchCpuBackend:
         self.kv_caches = kv.allocate(num_blocks)
         self.null_block = null_block(self.kv_caches)
         self.compile_max_seqs = compile_max_seqs
+        self.compile_nice = compile_nice
         self.quantization = quantization
         self.compiling: BackgroundCompile | None = None  # once warm_up() starts it
         self.native = self.model.layers[0].attention.ops.native  # the C kernels' ops (kernels/)
@@ -70,6 +71,7 @@ class TorchCpuBackend:
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
         num_blocks = spec.num_kv_blocks or kv.num_blocks_for_budget(spec.kv_budget(loaded.model))
         return cls(loaded, kv, num_blocks, compile_max_seqs=spec.max_num_seqs if spec.compile else 0,
+                   compile_nice=spec.compile_nice,
                    quantization=spec.quantization)
 
     def prepare(self, batch) -> TorchInputs:
@@ -88,7 +90,7 @@ class TorchCpuBackend:
         """Starts the background compile (the worker serves eagerly meanwhile); returns at once."""
         if self.compile_max_seqs and self.compiling is None:
             self.compiling = BackgroundCompile(self.model, self.kv_caches, self.block_size, self.compile_max_seqs,
-                                               cache_root() / "compile-probe")
+                                               cache_root() / "compile-probe", self.compile_nice)
         return 0.0
 
     def describe(self) -> BackendInfo:

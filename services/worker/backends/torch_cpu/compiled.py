@@ -15,6 +15,7 @@ from services.worker.backends.torch_cpu.compile_probe import COMPILE_OPTIONS, pr
 from services.worker.backends.torch_cpu.inputs import MIN_DECODE_BLOCKS
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.models.llama import run_layers
+from shared.config import COMPILE_NICE
 from shared.log import get_logger
 
 log = get_logger("worker.compiled")
@@ -22,7 +23,6 @@ MAX_LAYERS_PER_CALL = 8
 MAX_BATCH = 8
 # dynamo specializes a batch of 1; every other batch up to the compiled max shares one graph
 WARM_UP_BATCHES = (1, 2, MAX_BATCH)
-COMPILE_NICE = 19  # the compile thread's niceness: serving preempts it
 
 
 class CompiledLayers:
@@ -61,15 +61,17 @@ class BackgroundCompile:
     with one compile job; the model's decode steps take the compiled layers once every graph is
     ready. `state` says where it is, as the worker announces it."""
 
-    def __init__(self, model: torch.nn.Module, kv_caches, block_size: int, max_num_seqs: int, probe_cache):
+    def __init__(self, model: torch.nn.Module, kv_caches, block_size: int, max_num_seqs: int, probe_cache,
+                 nice: int = COMPILE_NICE):
         self.state = "compiling decode steps"
         self.runner = compile_decode_layers(model, max_num_seqs, install=False)
+        self.nice = nice
         self.thread = threading.Thread(target=self._work, args=(model, kv_caches, block_size, probe_cache),
                                        name="compile-decode-layers", daemon=True)
         self.thread.start()
 
     def _work(self, model, kv_caches, block_size: int, probe_cache) -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)  # this thread, and its compilers
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)  # this thread, and its compilers
         if failure := probe(probe_cache):
             self.state = f"not compiled: {failure}"
             log.error("compile_probe_failed", reason=failure)
