@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import ConfigError
+from shared.config import CHECKPOINT_QUANTIZATIONS, ConfigError
 
-METHODS = ("awq", "gptq", "compressed-tensors")  # config.json's quant_method, as vLLM names them
 # compressed-tensors' formats: int4/int8 packed in int32 words, int8 as it is, fp8 as it is
 CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
 # compressed-tensors fields that change the computation and are not implemented here
@@ -16,7 +15,7 @@ _CT_REFUSED = ("sparsity_config", "transform_config", "kv_cache_scheme")
 
 @dataclass(frozen=True)
 class QuantScheme:
-    method: str  # one of METHODS
+    method: str  # one of CHECKPOINT_QUANTIZATIONS
     bits: int  # awq / gptq: the one width; compressed-tensors: read from each module's tensors (0)
     v1_zeros: bool  # gptq's original format stores each zero point minus one
     activations: str  # what the checkpoint asks of activations, and what this engine does ("" for none)
@@ -122,4 +121,4 @@ def scheme_of(raw: dict, where: str) -> QuantScheme | None:
     if method == "compressed-tensors":
         return _compressed_tensors(config, where)
     raise ConfigError(f"{where}: quantization_config's quant_method {method or None!r} is not implemented "
-                      f"({', '.join(METHODS)} are)")
+                      f"({', '.join(CHECKPOINT_QUANTIZATIONS)} are)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.loader.quant_blocks import GROUPS, QuantBlocks
+from services.worker.loader.quant_blocks import QuantBlocks
 from services.worker.quant_scheme import QuantScheme
 
 AWQ_COLUMNS = (0, 4, 1, 5, 2, 6, 3, 7)  # output column j of a word is its value AWQ_COLUMNS[j]
@@ -50,27 +50,29 @@ def _values(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return v.reshape(words.shape[0], -1)
 
 
-def _kernel_group(file_group: int, bits: int, has_low: bool) -> int:
+def _kernel_group(file_group: int, bits: int) -> int:
     """The largest group quant_linear takes in float32 scales that divides the file's (scales are
     repeated for it), or the file's own where none does (its Linear is then dequantized)."""
     taken = (128, 64, 32) if bits == 4 else (128, 32)
-    return next((g for g in taken if file_group % g == 0 and g in GROUPS), file_group)
+    return next((g for g in taken if file_group % g == 0), file_group)
 
 
 def _blocks(q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor, bits: int,
             perm: torch.Tensor | None = None) -> QuantBlocks:
     """q [out, in] unsigned 0..2^bits - 1 and per-group zero [out, groups] and scale [out, groups],
     w = (q - zero) * scale -> QuantBlocks. 4 bits keep q unsigned, low = -zero * scale; 8 bits keep
-    q - 128 as int8, low = (128 - zero) * scale. Either product is exact in float32 for a 16-bit scale."""
+    q - 128 as int8, low = (128 - zero) * scale, none where every zero is 128 (symmetric). Either
+    product is exact in float32 for a 16-bit scale."""
     n, k = q.shape
     scale = scale.float()
     file_group = k // scale.shape[1]
-    group = _kernel_group(file_group, bits, True)
+    group = _kernel_group(file_group, bits)
     if group != file_group:
         zero, scale = (t.repeat_interleave(file_group // group, dim=1) for t in (zero, scale))
     if bits == 4:
         return QuantBlocks(q.to(torch.uint8), scale, -zero.float() * scale, 4, group, torch.float32, perm)
-    return QuantBlocks((q - 128).to(torch.int8), scale, (128 - zero).float() * scale, 8, group, torch.float32, perm)
+    low = None if bool((zero == 128).all()) else (128 - zero).float() * scale
+    return QuantBlocks((q - 128).to(torch.int8), scale, low, 8, group, torch.float32, perm)
 
 
 def _act_order(g_idx: torch.Tensor, groups: int, k: int, where: str) -> torch.Tensor | None:
@@ -121,9 +123,7 @@ def _compressed(t: dict[str, torch.Tensor], where: str) -> QuantBlocks | None:
         zp = t.get("weight_zero_point")
         zero = offset + (torch.zeros_like(scale, dtype=torch.int32) if zp is None else
                          _values(zp, bits, 0)[:n] - offset)
-        if bits == 8:  # _blocks takes 8-bit values offset by 128, as these are
-            return _blocks(q, zero, scale, 8)
-        return _blocks(q, zero, scale, 4)
+        return _blocks(q, zero, scale, bits)  # 8 bits: offset by 128, as _blocks takes them
     weight = t["weight"]
     if weight.dtype != torch.int8:
         return None
