@@ -146,9 +146,11 @@ class BusClient:
 
     async def _resume(self, stream: RequestStream) -> None:
         """Submit it again with the tokens read so far, until a scheduler takes it (RESUME_WITHIN_S).
-        IN_FLIGHT means the one we thought lost holds it still (its heartbeats were late)."""
+        IN_FLIGHT means the one we thought lost holds it still (its heartbeats were late); UNAVAILABLE
+        that the new leader has no worker yet (they answer its Discover within a heartbeat or so)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RESUME_WITHIN_S
+        why = f"none took it over in {RESUME_WITHIN_S:g}s"
         while stream.request_id in self.streams and loop.time() < deadline:
             submit = msgspec.structs.replace(stream.submit, resume_token_ids=list(stream.token_ids))
             try:
@@ -161,6 +163,10 @@ class BusClient:
                 await asyncio.sleep(RESUME_TRY_S)
                 continue
             reply = SUBMIT_REPLY_DECODER.decode(msg.data)
+            if isinstance(reply, Rejected) and reply.code == RejectCode.UNAVAILABLE:
+                why = reply.reason  # the new leader has not heard from its workers yet: ask again
+                await asyncio.sleep(RESUME_TRY_S)
+                continue
             if isinstance(reply, Rejected) and reply.code != RejectCode.IN_FLIGHT:
                 _fail(stream, f"the request could not be resumed after its scheduler was lost: {reply.reason}")
             elif isinstance(reply, Accepted):
@@ -169,7 +175,7 @@ class BusClient:
                          num_tokens=len(submit.resume_token_ids))
             return
         if stream.request_id in self.streams:
-            _fail(stream, f"the scheduler holding this request stopped and none took it over in {RESUME_WITHIN_S:g}s")
+            _fail(stream, f"the scheduler holding this request stopped and it could not be resumed: {why}")
 
     async def _on_tokens(self, msg) -> None:
         batch = TOKEN_BATCH_DECODER.decode(msg.data)
