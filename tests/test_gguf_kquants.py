@@ -43,7 +43,11 @@ def test_every_type_decodes_to_ggufs_own_dequantization_to_the_bit(kind):
     got = decode(kind, raw)
     assert np.array_equal(got.dequantized.numpy().view(np.uint32), want.view(np.uint32))
     assert got.scale.shape == (16, 1024 // got.group)
-    assert torch.equal(got.scale.to(got.scale_dtype).float(), got.scale)  # kept exactly as the kernel stores it
+    assert torch.equal(got.scale.to(got.scale_dtype), got.scale.to(got.scale.dtype))  # kept as the kernel stores it
+    if got.supers is not None:  # two levels: the file's int8 per group, its float16 d (and -dmin) per 256
+        assert got.scale_dtype == torch.int8 and got.scale.dtype == torch.int8
+        assert torch.equal(got.supers.half().float(), got.supers)
+        assert torch.equal(got.flat().dequantized, got.dequantized)
 
 
 @pytest.mark.parametrize("kind", sorted(DECODERS))
@@ -54,6 +58,7 @@ def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kern
     rng = np.random.default_rng(7)
     raw = random_raw(kind, n, k, rng)
     layer = QuantLinear(decode(kind, raw), None)
+    flat = QuantLinear(decode(kind, raw).flat(), None)  # one level: the float32 products themselves
     weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(n, k))
     assert torch.equal(layer.dequantized, weights)  # the kernel's layout round-trips
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
@@ -70,6 +75,7 @@ def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kern
                                            atol=1e-5 * float(expected.abs().max()))
                 assert torch.equal(out[0], alone[0]), (variant, m)
             outputs[variant] = layer(x)
+            assert torch.equal(outputs[variant], flat(x)), variant  # two levels of scales change no bit
     finally:
         torch.ops.switchyard_cpu.use_variant(previous)
     fma = [out for name, out in outputs.items() if name != "portable"]
@@ -135,9 +141,10 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     assert not any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())  # every weight kept
     assert [type(layers[f"layers.{i}.attention.wqkv"]).__name__ for i in (0, 1)] == ["QuantLinearParts"] * 2
     assert type(layers["layers.1.feed_forward.w13"]).__name__ == "QuantLinear"  # IQ4_NL beside Q8_0: one format
-    expect = {"layers.0.attention.wo": (4, 32, torch.float32), "layers.0.feed_forward.w2": (8, 16, torch.float32),
-              "layers.1.attention.wo": (8, 32, torch.float32), "layers.1.feed_forward.w2": (4, 32, torch.float16),
-              "output": (8, 16, torch.float32)}
+    # the k-quants and IQ4_XS in two levels (int8 scales, float16 supers), Q4_1 in its float16 scales
+    expect = {"layers.0.attention.wo": (4, 32, torch.int8), "layers.0.feed_forward.w2": (8, 16, torch.int8),
+              "layers.1.attention.wo": (8, 32, torch.int8), "layers.1.feed_forward.w2": (4, 32, torch.float16),
+              "output": (8, 16, torch.int8)}
     for name, (bits, group, dtype) in expect.items():
         layer = layers[name]
         assert (layer.bits, layer.group, layer.scales.dtype) == (bits, group, dtype), name

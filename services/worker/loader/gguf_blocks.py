@@ -5,8 +5,8 @@ Q4_0, Q4_1, Q8_0 (here): a block is 32 weights along the input dimension. Q4_1: 
 bytes of nibbles (the low nibbles are weights 0-15, the high ones 16-31), w = d * q + m. Q4_0: fp16
 d and the nibbles, w = d * (q - 8). Either is (q, scale, low) with 4-bit q and w = q * scale + low.
 Q8_0: fp16 d and 32 int8 q, w = d * q: (q, scale) with 8-bit q. Every scale and low is a float16 as
-the file has it. The k-quants and IQ4 (gguf_kquants.py) are groups of 32 or 16 whose scales are
-products of two of the file's numbers, exact in float32.
+the file has it. The k-quants and IQ4 (gguf_kquants.py): groups of 32 or 16 whose scales are an
+int8 per group times a float16 per 256 inputs, as the file has them (IQ4_NL's a float16 per 32).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ def decode(kind: str, raw: np.ndarray) -> QuantBlocks:
     if kind in gguf_kquants.DECODERS:
         f = gguf_kquants.DECODERS[kind](raw)
         low = None if f.low is None else torch.from_numpy(f.low)
-        return QuantBlocks(torch.from_numpy(f.q), torch.from_numpy(f.scale), low, f.bits, f.group,
-                           torch.float16 if f.half else torch.float32)
+        supers = None if f.supers is None else torch.from_numpy(f.supers)
+        scale_dtype = torch.int8 if supers is not None else torch.float16 if f.half else torch.float32
+        return QuantBlocks(torch.from_numpy(f.q), torch.from_numpy(f.scale), low, f.bits, f.group, scale_dtype,
+                           supers=supers)
     if kind == "Q8_0":
         blocks = raw.reshape(rows, -1, 2 + BLOCK)
         d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -58,14 +60,12 @@ def read(path: str, config: ModelConfig) -> dict[str, QuantBlocks]:
         heads = {"attn_q.weight": config.num_heads, "attn_k.weight": config.num_kv_heads} if rows_permuted(config) else {}
         for suffix, num_heads in heads.items():
             if tensor.name.endswith(suffix):
-                blocks = blocks.with_tensors(*(None if t is None else
-                                               torch.from_numpy(np.ascontiguousarray(unpermute_rotary(t.numpy(), num_heads)))
-                                               for t in (blocks.q, blocks.scale, blocks.low)))
+                blocks = blocks.map_rows(lambda t, n=num_heads: torch.from_numpy(
+                    np.ascontiguousarray(unpermute_rotary(t.numpy(), n))))
         if fused := fused_rows(tensor.name, config):  # phi3's: split by rows, as the floats are
-            split = [split_rows(fused, t.numpy()) if t is not None else None for t in (blocks.q, blocks.scale, blocks.low)]
             for name, _ in fused:
-                out[name] = blocks.with_tensors(*(None if s is None else torch.from_numpy(np.ascontiguousarray(s[name]))
-                                                  for s in split))
+                out[name] = blocks.map_rows(lambda t, name=name: torch.from_numpy(
+                    np.ascontiguousarray(split_rows(fused, t.numpy())[name])))
             continue
         out[our_name(tensor.name)] = blocks
     if config.tie_word_embeddings and "tok_embeddings.weight" in out:

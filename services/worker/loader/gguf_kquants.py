@@ -1,11 +1,12 @@
 """llama.cpp's k-quants and IQ4 blocks as quant_linear's formats: integer values in groups of 32 or
-16 inputs, each group's scale (and low) the product the file's dequantization computes.
+16 inputs, each group's scale (and low) in the file's two levels, an int8 times a float16 per 256.
 
 A k-quant super-block is 256 weights with an fp16 d (and dmin) and a small integer scale (and
 minimum) per sub-block: w = (d * sc) * q - (dmin * m). d * sc and dmin * m are exact in float32
 (an 11-bit significand times a 6-bit integer), and so is (d * sc) * q where there is a low, so
 fma(q, d * sc, -(dmin * m)) is the one rounding gguf's dequantize makes: the weights are its own,
-to the bit. Values wider than 4 bits (Q5_K, Q6_K, Q3_K, the IQ4 codebook's) are kept in 8.
+to the bit. sc and m are kept as int8 (the scale and low of a group), d and -dmin as the supers.
+Values wider than 4 bits (Q5_K, Q6_K, Q3_K, the IQ4 codebook's) are kept in 8.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 
 @dataclass
 class Decoded:
     q: np.ndarray  # [rows, k]: uint8 0..15 (bits 4) or int8
-    scale: np.ndarray  # [rows, k / group] float32
-    low: np.ndarray | None  # [rows, k / group] float32, or None
+    scale: np.ndarray  # [rows, k / group]: int8 times supers' d; float32 without supers
+    low: np.ndarray | None  # [rows, k / group]: int8 times supers' -dmin, or None
     bits: int
     group: int
     half: bool = False  # every scale exact in float16 (kept as such)
+    supers: np.ndarray | None = None  # [rows, k / 256, 1 or 2] float32: d (and -dmin), exact in float16
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -56,12 +58,22 @@ def _flat(t: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(t.reshape(t.shape[0], -1))
 
 
+def _subs(t: np.ndarray) -> np.ndarray:
+    """A super-block's small integer scales (or minimums), [rows, super-blocks, n] -> [rows, k / group] int8."""
+    return _flat(t.astype(np.int8))
+
+
+def _supers(*per_block: np.ndarray) -> np.ndarray:
+    """[rows, super-blocks, 1] each (d, then -dmin) -> [rows, super-blocks, 1 or 2] float32."""
+    return np.ascontiguousarray(np.concatenate(per_block, axis=-1))
+
+
 def q4_k(raw: np.ndarray) -> Decoded:
     b = _blocks(raw, 144)  # d, dmin, 12 bytes of scales and minimums, 128 of nibbles
     d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
     sc, mn = _scale_min_k4(b[..., 4:16])
     q = _nibbles(b[..., 16:], 32)
-    return Decoded(_flat(q).astype(np.uint8), _flat(d * sc), _flat(-(dmin * mn)), 4, 32)
+    return Decoded(_flat(q).astype(np.uint8), _subs(sc), _subs(mn), 4, 32, supers=_supers(d, -dmin))
 
 
 def q5_k(raw: np.ndarray) -> Decoded:
@@ -70,7 +82,7 @@ def q5_k(raw: np.ndarray) -> Decoded:
     sc, mn = _scale_min_k4(b[..., 4:16])
     high = (b[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [.., 8 sub-blocks, 32]
     q = _nibbles(b[..., 48:], 32).reshape(*b.shape[:2], 8, 32) | (high << 4)
-    return Decoded(_flat(q).astype(np.int8), _flat(d * sc), _flat(-(dmin * mn)), 8, 32)
+    return Decoded(_flat(q).astype(np.int8), _subs(sc), _subs(mn), 8, 32, supers=_supers(d, -dmin))
 
 
 def q6_k(raw: np.ndarray) -> Decoded:
@@ -78,8 +90,8 @@ def q6_k(raw: np.ndarray) -> Decoded:
     low4 = _nibbles(b[..., 0:128].reshape(*b.shape[:2], 2, 64), 64).reshape(*b.shape[:2], 2, 4, 32)
     high2 = (b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
     q = (low4 | (high2 << 4)).astype(np.int8) - np.int8(32)
-    sc = b[..., 192:208].copy().view(np.int8).astype(np.float32)
-    return Decoded(_flat(q), _flat(_f16(b[..., 208:210])[..., None] * sc), None, 8, 16)
+    sc = b[..., 192:208].copy().view(np.int8)
+    return Decoded(_flat(q), _subs(sc), None, 8, 16, supers=_supers(_f16(b[..., 208:210])[..., None]))
 
 
 def q3_k(raw: np.ndarray) -> Decoded:
@@ -91,7 +103,7 @@ def q3_k(raw: np.ndarray) -> Decoded:
     mask = (b[..., 0:32][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
     q = low2.reshape(*b.shape[:2], 8, 32).astype(np.int8) - ((mask ^ 1) << 2).astype(np.int8)
     d = _f16(b[..., 108:110])[..., None]
-    return Decoded(_flat(q), _flat(d * sc.astype(np.float32)), None, 8, 16)
+    return Decoded(_flat(q), _subs(sc), None, 8, 16, supers=_supers(d))
 
 
 def q2_k(raw: np.ndarray) -> Decoded:
@@ -99,8 +111,7 @@ def q2_k(raw: np.ndarray) -> Decoded:
     sc = b[..., 0:16]
     d, dmin = _f16(b[..., 80:82])[..., None], _f16(b[..., 82:84])[..., None]
     q = (b[..., 16:80].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
-    return Decoded(_flat(q).astype(np.uint8), _flat(d * (sc & 0x0F).astype(np.float32)),
-                   _flat(-(dmin * (sc >> 4).astype(np.float32))), 4, 16)
+    return Decoded(_flat(q).astype(np.uint8), _subs(sc & 0x0F), _subs(sc >> 4), 4, 16, supers=_supers(d, -dmin))
 
 
 def iq4_nl(raw: np.ndarray) -> Decoded:
@@ -115,7 +126,7 @@ def iq4_xs(raw: np.ndarray) -> Decoded:
     low = _nibbles(b[..., 4:8], 4).reshape(*b.shape[:2], 2, 4).swapaxes(-1, -2).reshape(*b.shape[:2], 8)
     sc = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - 32
     q = IQ4_VALUES[_nibbles(b[..., 8:].reshape(*b.shape[:2], 8, 16), 16)]
-    return Decoded(_flat(q), _flat(_f16(b[..., 0:2])[..., None] * sc.astype(np.float32)), None, 8, 32)
+    return Decoded(_flat(q), _subs(sc), None, 8, 32, supers=_supers(_f16(b[..., 0:2])[..., None]))
 
 
 DECODERS = {"Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "Q3_K": q3_k, "Q2_K": q2_k, "IQ4_NL": iq4_nl, "IQ4_XS": iq4_xs}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 BLOCK = 32
+SUPER = 256  # inputs per super-block of a two-level format (a k-quant's)
 GROUPS = (16, 32, 64, 128)  # inputs per scale that quant_linear takes
 # after load_model fuses projections (models/llama.py), a Linear's rows are these weights' rows in order
 FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
@@ -19,14 +20,19 @@ FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
 @dataclass
 class QuantBlocks:
     q: torch.Tensor  # [out, in]: uint8 0..15 (4 bits) or int8 (8 bits)
-    scale: torch.Tensor  # [out, in / group] float32, each exact in scale_dtype
-    low: torch.Tensor | None  # [out, in / group] float32, exact in scale_dtype: w = q * scale + low; or None
+    # [out, in / group] float32, each exact in scale_dtype; two levels (supers): int8, the sub-scales
+    scale: torch.Tensor
+    low: torch.Tensor | None  # as scale: w = q * scale + low; or None
     bits: int = 0  # 4 or 8; 0: 4 with a low, 8 without (Q4_0 / Q4_1 / Q8_0)
     group: int = BLOCK  # inputs per scale: 32, or 16 (Q6_K, Q3_K, Q2_K), 64 or 128 (AWQ, GPTQ ...)
-    scale_dtype: torch.dtype = torch.float16  # how the kernel keeps scales and lows: float16 or float32
+    # how the kernel keeps scales and lows: float16, float32, or int8 (two levels, with supers)
+    scale_dtype: torch.dtype = torch.float16
     # GPTQ's act-order: the inputs in the order the groups hold them (q's column j is input perm[j]);
     # None: in order
     perm: torch.Tensor | None = None
+    # two levels (a k-quant's): [out, in / SUPER, 1 or 2] float32, each exact in float16: the
+    # super-block's scale (d) and, with lows, its low (-dmin); a group's scale is its int8 times d
+    supers: torch.Tensor | None = None
 
     def __post_init__(self):
         if not self.bits:
@@ -36,9 +42,21 @@ class QuantBlocks:
     def format(self) -> tuple[int, int, torch.dtype, bool]:
         return self.bits, self.group, self.scale_dtype, self.low is not None
 
+    def flat(self) -> QuantBlocks:
+        """One level: each group's float32 scale (and low), the product of its int8 and its super's
+        (exact: an 8-bit integer times an 11-bit significand)."""
+        if self.supers is None:
+            return self
+        per_super = SUPER // self.group
+        scale = self.scale.float() * self.supers[..., 0].repeat_interleave(per_super, dim=1)
+        low = None if self.low is None else self.low.float() * self.supers[..., 1].repeat_interleave(per_super, dim=1)
+        return dataclasses.replace(self, scale=scale, low=low, scale_dtype=torch.float32, supers=None)
+
     @property
     def dequantized(self) -> torch.Tensor:
         """[out, in] float32: the file's weights, exactly as the format's own dequantization computes them."""
+        if self.supers is not None:
+            return self.flat().dequantized
         n, k = self.q.shape
         q = self.q.view(n, k // self.group, self.group).float()
         if self.low is None:
@@ -51,13 +69,16 @@ class QuantBlocks:
         out[:, self.perm] = w
         return out
 
-    def with_tensors(self, q, scale, low) -> QuantBlocks:
-        return dataclasses.replace(self, q=q, scale=scale, low=low)
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantBlocks:
+        """The same blocks with fn applied to each tensor by output row (q, scales, lows, supers)."""
+        return dataclasses.replace(self, **{name: None if t is None else fn(t) for name, t in self._by_row().items()})
+
+    def _by_row(self) -> dict[str, torch.Tensor | None]:
+        return {"q": self.q, "scale": self.scale, "low": self.low, "supers": self.supers}
 
     def rows(self, start: int, stop: int) -> QuantBlocks:
         """Output rows [start, stop): a fused projection's part."""
-        return self.with_tensors(self.q[start:stop], self.scale[start:stop],
-                                 None if self.low is None else self.low[start:stop])
+        return self.map_rows(lambda t: t[start:stop])
 
     @staticmethod
     def cat(parts: list[QuantBlocks]) -> QuantBlocks | None:
@@ -68,8 +89,9 @@ class QuantBlocks:
         if any(p is None for p in perms) != all(p is None for p in perms) or \
                 (perms[0] is not None and not all(torch.equal(perms[0], p) for p in perms)):
             return None
-        low = None if parts[0].low is None else torch.cat([p.low for p in parts])
-        return parts[0].with_tensors(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), low)
+        joined = {name: None if t is None else torch.cat([p._by_row()[name] for p in parts])
+                  for name, t in parts[0]._by_row().items()}
+        return dataclasses.replace(parts[0], **joined)
 
 
 def parts_of(blocks: dict[str, QuantBlocks], path: str) -> list[QuantBlocks] | None:

@@ -8,7 +8,7 @@ from torch import nn
 
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.loader import gguf_blocks, hf_dir
-from services.worker.loader.quant_blocks import BLOCK, GROUPS, QuantBlocks, linears_kept, parts_of
+from services.worker.loader.quant_blocks import BLOCK, GROUPS, SUPER, QuantBlocks, linears_kept, parts_of
 from shared.config import CHECKPOINT_QUANTIZATIONS
 
 PANEL = 16  # output columns the kernel reads side by side (quant_linear.c)
@@ -36,8 +36,8 @@ class QuantLinear(nn.Module):
 
     - gguf (the default on a GGUF with quantized tensors of a kept type): exactly those weights keep
       the file's blocks (loader/gguf_blocks.py: Q4_0 / Q4_1 / Q8_0 with their float16 scales; the
-      k-quants and IQ4 in loader/gguf_kquants.py, with float32 scales); the others stay as the file
-      has them.
+      k-quants and IQ4 in loader/gguf_kquants.py, in the file's two levels of scales, an int8 per group
+      times a float16 per 256 inputs); the others stay as the file has them.
     - int4: 4-bit values in groups of 32 inputs, each with a float16 scale and minimum (Q4_1's
       scheme); a GGUF's own blocks where the file has them, 8 bits for a weight it holds as floats.
     - int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
@@ -63,6 +63,10 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", q.contiguous())
         self.register_buffer("scales", _to_panels(blocks.scale).to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).to(blocks.scale_dtype))
+        supers = None  # two levels: [n / 16, k / 256, 1 or 2, 16] float16
+        if blocks.supers is not None:
+            supers = _to_panels(blocks.supers.reshape(n, -1)).half().view(n // PANEL, -1, blocks.supers.shape[-1], PANEL)
+        self.register_buffer("supers", supers)
         self.register_buffer("perm", blocks.perm)  # GPTQ's act-order: the inputs gathered into the groups' order
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
@@ -87,9 +91,14 @@ class QuantLinear(nn.Module):
         q = self.qweight
         if self.bits == 4:
             q = torch.stack([q & 0x0F, q >> 4], dim=2).view(q.shape[0], -1, PANEL)
-        low = None if self.lows is None else _from_panels(self.lows).float()
-        return QuantBlocks(_from_panels(q), _from_panels(self.scales).float(), low, self.bits, self.group,
-                           self.scales.dtype, self.perm)
+        as_kept = (lambda t: t) if self.supers is not None else (lambda t: t.float())  # int8 subs stay int8
+        low = None if self.lows is None else as_kept(_from_panels(self.lows))
+        supers = None
+        if self.supers is not None:
+            per_super = self.supers.shape[2]
+            supers = _from_panels(self.supers.flatten(1, 2)).float().view(self.out_features, -1, per_super)
+        return QuantBlocks(_from_panels(q), as_kept(_from_panels(self.scales)), low, self.bits, self.group,
+                           self.scales.dtype, self.perm, supers)
 
     @property
     def dequantized(self) -> torch.Tensor:
@@ -99,7 +108,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias)
+        return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias,
+                                                     self.supers)
 
 
 class QuantLinearParts(nn.Module):
@@ -135,14 +145,19 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scales", blocks.scale.to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else blocks.low.to(blocks.scale_dtype))
+        self.register_buffer("supers", None if blocks.supers is None else blocks.supers.half())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         q = self.q[ids]
         if self.bits == 4:
             q = torch.stack([q & 0x0F, q >> 4], dim=-1)
         q = q.reshape(*ids.shape, self.embedding_dim // self.group, self.group).float()
-        scale = self.scales[ids].float()[..., None]
-        rows = q * scale if self.lows is None else torch.addcmul(self.lows[ids].float()[..., None], q, scale)
+        scale, low = self.scales[ids].float(), None if self.lows is None else self.lows[ids].float()
+        if self.supers is not None:  # two levels: each group's int8 times its super-block's float16
+            supers = self.supers[ids].float().repeat_interleave(SUPER // self.group, dim=-2)
+            scale, low = scale * supers[..., 0], None if low is None else low * supers[..., 1]
+        scale = scale[..., None]
+        rows = q * scale if low is None else torch.addcmul(low[..., None], q, scale)
         return rows.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
 
 

@@ -117,9 +117,11 @@ constexpr int64_t PANEL = 16;
 
 // x: [..., k] float32 or bfloat16; qweight: 4 bits [n / 16, k / 2, 16] uint8, 8 bits [n / 16, k, 16]
 // int8; scales (and lows): [n / 16, k / group, 16], float16 or float32 (the group is k over their
-// middle size: 16, 32, 64 or 128); 4 bits always have lows; bias: [n] float32.
+// middle size: 16, 32, 64 or 128), or int8 in two levels with supers [n / 16, k / 256, S, 16]
+// float16 (S: 2 with lows, else 1; groups of 16 or 32); 4 bits always have lows; bias: [n] float32.
 at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
-                        const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias) {
+                        const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias,
+                        const std::optional<at::Tensor> &supers) {
   check_float(x, "x");
   check_cpu(qweight, "qweight");
   check_cpu(scales, "scales");
@@ -138,7 +140,15 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   else
     check_shape(qweight, {n / PANEL, k, PANEL}, "qweight");
   const auto scale_type = scales.scalar_type();
-  TORCH_CHECK(scale_type == at::kHalf || scale_type == at::kFloat, "scales must be float16 or float32, got ", scale_type);
+  TORCH_CHECK(scale_type == at::kHalf || scale_type == at::kFloat || scale_type == at::kChar,
+              "scales must be float16, float32 or int8 (with supers), got ", scale_type);
+  TORCH_CHECK((scale_type == at::kChar) == supers.has_value(), "int8 scales come with supers, and only they");
+  if (supers) {
+    check_cpu(*supers, "supers");
+    TORCH_CHECK(supers->scalar_type() == at::kHalf && supers->is_contiguous(), "supers must be contiguous float16");
+    TORCH_CHECK(k % 256 == 0, "two-level scales need inputs in super-blocks of 256, got ", k);
+    check_shape(*supers, {n / PANEL, k / 256, lows ? 2 : 1, PANEL}, "supers");
+  }
   for (const auto *t : {&scales, lows ? &*lows : nullptr}) {
     if (t == nullptr) continue;
     check_cpu(*t, "scales and lows");
@@ -157,7 +167,8 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));
   const int status = current->quant_linear_f32(
       rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
-      lows ? lows->data_ptr() : nullptr, scale_type == at::kHalf ? 16 : 32, bias ? bias->data_ptr<float>() : nullptr,
+      lows ? lows->data_ptr() : nullptr, supers ? supers->data_ptr() : nullptr,
+      scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32, bias ? bias->data_ptr<float>() : nullptr,
       n, out.data_ptr<float>());
   TORCH_CHECK(status == 0, "quant_linear has no kernel for ", bits, " bits in groups of ", group, " with ",
               scale_type, " scales", lows ? " and lows" : "");
@@ -329,7 +340,8 @@ at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, cons
 }  // namespace
 
 TORCH_LIBRARY(switchyard_cpu, m) {
-  m.def("quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? lows, int bits, Tensor? bias) -> Tensor");
+  m.def("quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? lows, int bits, Tensor? bias, "
+        "Tensor? supers=None) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");

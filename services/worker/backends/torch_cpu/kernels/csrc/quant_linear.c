@@ -3,18 +3,24 @@
  * w = q * scale + low, q an unsigned 4-bit value (0..15) or an 8-bit one (-128..127). Scales and lows
  * are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 / IQ4_NL blocks), float32 where
  * they are products (a k-quant's super-block scale times its 6-bit sub-block scale: exact in
- * float32, not in float16). The formats (struct format below):
+ * float32, not in float16), or in two levels as the file has them: an int8 per group times a float16
+ * per super-block of 256 inputs (a k-quant's d and sc, dmin and m; the product, made as the group's
+ * weights are decoded, is the float32 one above to the bit, in a quarter of the memory).
+ * The formats (struct format below):
  *   4 bits, G 32, float16, low   Q4_0, Q4_1 (low -8d), int4        4 bits, G 32, float32, low   Q4_K
  *   8 bits, G 32, float16        Q8_0, IQ4_NL (its codebook values) 8 bits, G 32, float32, low   Q5_K
  *   8 bits, G 16, float32        Q6_K, Q3_K                         4 bits, G 16, float32, low   Q2_K
  *   8 bits, G 32, float32        IQ4_XS
  *   4 bits, G 64 or 128, float32, low     AWQ, GPTQ, compressed-tensors int4 (low -zero * scale)
  *   8 bits, G 128, float32 (with a low or without)   GPTQ and compressed-tensors int8
+ *   two levels: 4 bits G 32 low Q4_K, 8 bits G 32 low Q5_K, 8 bits G 16 Q6_K and Q3_K, 4 bits G 16
+ *   low Q2_K, 8 bits G 32 IQ4_XS
  *
  * The weights are laid out in panels of 16 output columns, the columns of a panel side by side for
  * each input: 4 bits: [n / 16, k / 2, 16] bytes, byte c of pair j holding column c at input 2j (low
  * nibble) and at 2j + 1 (high nibble); 8 bits: [n / 16, k, 16] int8; scales and lows:
- * [n / 16, k / G, 16].
+ * [n / 16, k / G, 16]; two levels: int8 scales and lows [n / 16, k / G, 16], and float16 supers
+ * [n / 16, k / 256, S, 16], S 2 with lows (the super-scale, then the super-low), else 1.
  *
  * Every output is one sum over i in order, out = fma(w_i, x_i, out), with w_i = fma(q, scale, low)
  * (no low: q * scale): each row's arithmetic is the same whatever the number of rows, and the same
@@ -29,6 +35,7 @@
 
 #define PANEL 16  /* output columns per panel */
 #define CHUNK 128 /* inputs a buffer holds (a multiple of every group) */
+#define SUPER 256 /* inputs per super-block (two-level formats) */
 
 #if defined(__AVX512F__)
 #include "quant_linear_avx512.h"
@@ -40,24 +47,29 @@
 
 /* A weight format; each function below takes one as a constant, so its loops are compiled for it. */
 struct format {
-    int bits, group, half_scales, has_low;
+    int bits, group, half_scales, has_low, two_level;
 };
-#define F_Q4_G32_F16 ((struct format){4, 32, 1, 1})
-#define F_Q8_G32_F16 ((struct format){8, 32, 1, 0})
-#define F_Q4_G32_F32 ((struct format){4, 32, 0, 1})
-#define F_Q8_G32_F32_LOW ((struct format){8, 32, 0, 1})
-#define F_Q8_G16_F32 ((struct format){8, 16, 0, 0})
-#define F_Q4_G16_F32 ((struct format){4, 16, 0, 1})
-#define F_Q8_G32_F32 ((struct format){8, 32, 0, 0})
-#define F_Q4_G64_F32 ((struct format){4, 64, 0, 1})
-#define F_Q4_G128_F32 ((struct format){4, 128, 0, 1})
-#define F_Q8_G128_F32 ((struct format){8, 128, 0, 0})
-#define F_Q8_G128_F32_LOW ((struct format){8, 128, 0, 1})
+#define F_Q4_G32_F16 ((struct format){4, 32, 1, 1, 0})
+#define F_Q8_G32_F16 ((struct format){8, 32, 1, 0, 0})
+#define F_Q4_G32_F32 ((struct format){4, 32, 0, 1, 0})
+#define F_Q8_G32_F32_LOW ((struct format){8, 32, 0, 1, 0})
+#define F_Q8_G16_F32 ((struct format){8, 16, 0, 0, 0})
+#define F_Q4_G16_F32 ((struct format){4, 16, 0, 1, 0})
+#define F_Q8_G32_F32 ((struct format){8, 32, 0, 0, 0})
+#define F_Q4_G64_F32 ((struct format){4, 64, 0, 1, 0})
+#define F_Q4_G128_F32 ((struct format){4, 128, 0, 1, 0})
+#define F_Q8_G128_F32 ((struct format){8, 128, 0, 0, 0})
+#define F_Q8_G128_F32_LOW ((struct format){8, 128, 0, 1, 0})
+#define F_Q4_G32_I8 ((struct format){4, 32, 0, 1, 1})
+#define F_Q8_G32_I8_LOW ((struct format){8, 32, 0, 1, 1})
+#define F_Q8_G16_I8 ((struct format){8, 16, 0, 0, 1})
+#define F_Q4_G16_I8 ((struct format){4, 16, 0, 1, 1})
+#define F_Q8_G32_I8 ((struct format){8, 32, 0, 0, 1})
 
 /* What a block of panels reads: its first panel's weights, scales and lows, k inputs each. */
 struct panels {
     const uint8_t *q;
-    const void *scales, *lows;
+    const void *scales, *lows, *supers;
     int64_t k;
 };
 
@@ -83,6 +95,13 @@ static inline __attribute__((always_inline)) cols scales_at(const void *p, int64
 static inline __attribute__((always_inline)) void group_scales(const struct panels *w, int c, int64_t g,
                                                                cols *scale, cols *low, const struct format f) {
     const int64_t at = (c * (w->k / f.group) + g) * PANEL;
+    if (f.two_level) {  /* sub * super: exact in float32 (an 8-bit integer times an 11-bit significand) */
+        const int per_super = f.has_low ? 2 : 1;
+        const uint16_t *super = (const uint16_t *)w->supers + (c * (w->k / SUPER) + g * f.group / SUPER) * per_super * PANEL;
+        *scale = cols_int8((const int8_t *)w->scales + at, cols_half(super));
+        *low = f.has_low ? cols_int8((const int8_t *)w->lows + at, cols_half(super + PANEL)) : cols_zero();
+        return;
+    }
     *scale = scales_at(w->scales, at, f);
     *low = f.has_low ? scales_at(w->lows, at, f) : cols_zero();
 }
@@ -199,9 +218,18 @@ DEFINE_FORMAT(q4_g64_f32, F_Q4_G64_F32)
 DEFINE_FORMAT(q4_g128_f32, F_Q4_G128_F32)
 DEFINE_FORMAT(q8_g128_f32, F_Q8_G128_F32)
 DEFINE_FORMAT(q8_g128_f32_low, F_Q8_G128_F32_LOW)
+DEFINE_FORMAT(q4_g32_i8, F_Q4_G32_I8)
+DEFINE_FORMAT(q8_g32_i8_low, F_Q8_G32_I8_LOW)
+DEFINE_FORMAT(q8_g16_i8, F_Q8_G16_I8)
+DEFINE_FORMAT(q4_g16_i8, F_Q4_G16_I8)
+DEFINE_FORMAT(q8_g32_i8, F_Q8_G32_I8)
 
 /* The format's kernels, or none (bindings.cpp checks a format before it calls). */
 static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low) {
+    if (scale_bits == 8 && group == 32)
+        return bits == 4 ? (has_low ? &kernels_q4_g32_i8 : 0) : (has_low ? &kernels_q8_g32_i8_low : &kernels_q8_g32_i8);
+    if (scale_bits == 8 && group == 16)
+        return bits == 4 ? (has_low ? &kernels_q4_g16_i8 : 0) : (has_low ? 0 : &kernels_q8_g16_i8);
     if (scale_bits == 16 && group == 32)
         return bits == 4 ? (has_low ? &kernels_q4_g32_f16 : 0) : (has_low ? 0 : &kernels_q8_g32_f16);
     if (scale_bits != 32)
@@ -219,10 +247,10 @@ static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t sc
 }
 
 int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
-                                int64_t group, const void *scales, const void *lows, int64_t scale_bits,
-                                const float *bias, int64_t n, float *out) {
+                                int64_t group, const void *scales, const void *lows, const void *supers,
+                                int64_t scale_bits, const float *bias, int64_t n, float *out) {
     const struct kernels *fns = kernels_for(bits, group, scale_bits, lows != 0);
-    if (!fns || k % group || k % 2)
+    if (!fns || k % group || k % 2 || (scale_bits == 8) != (supers != 0) || (supers && k % SUPER))
         return -1;
     const int64_t num_panels = n / PANEL, groups = k / group, panel_bytes = k * (bits == 4 ? PANEL / 2 : PANEL);
     const int64_t scale_bytes = scale_bits / 8;
@@ -233,8 +261,10 @@ int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void
         const int is_whole = t < num_blocks, panels = is_whole ? per_block : 1;
         const int64_t p = is_whole ? t * per_block : num_blocks * per_block + (t - num_blocks);
         const int64_t scale_at = p * groups * PANEL * scale_bytes;
+        const int64_t super_at = p * (k / SUPER) * (lows ? 2 : 1) * PANEL;
         const struct panels w = {(const uint8_t *)qweight + p * panel_bytes, (const uint8_t *)scales + scale_at,
-                                 lows ? (const uint8_t *)lows + scale_at : 0, k};
+                                 lows ? (const uint8_t *)lows + scale_at : 0,
+                                 supers ? (const uint16_t *)supers + super_at : 0, k};
         float *block_out = out + p * PANEL;
         if (!is_whole)
             fns->one_panel(&w, x, m, block_out, n);
