@@ -1,0 +1,71 @@
+"""`python -m bench.quant_linear`: the C kernels' quant_linear on a k-quant's blocks at one row,
+its scales in the file's two levels (int8 x float16 per 256) against one level (float32 products).
+
+    python -m bench.quant_linear                 # 12 layers of each type, more than the L3 holds
+
+Random blocks of each type (gguf's layout, small float16 scales): the numbers are the same to the
+bit either way (tests/test_gguf_kquants.py); this measures the time and the bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from bench.cpu_flags import cpu_name
+from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
+from services.worker.backends.torch_cpu.quantization import QuantLinear
+from services.worker.loader.gguf_blocks import decode
+from tests.test_gguf_kquants import random_raw
+
+SHAPES = {"Q4_K": (8192, 2048), "Q6_K": (2048, 8192), "Q5_K": (8192, 2048), "Q3_K": (8192, 2048),
+          "Q2_K": (8192, 2048), "IQ4_XS": (8192, 2048)}
+
+
+def _mib(layers: list[QuantLinear]) -> float:
+    return sum(b.numel() * b.element_size() for layer in layers for b in layer.buffers()) / 2**20
+
+
+def _ms(layers: list[QuantLinear], x: torch.Tensor, reps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(reps):
+        for layer in layers:
+            layer(x)
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--types", default=",".join(SHAPES))
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--variant", default="", help="the kernels' instruction set (default: the best this CPU runs)")
+    args = p.parse_args()
+    kernels = load_kernels()
+    if args.variant:
+        torch.ops.switchyard_cpu.use_variant(args.variant)
+    print(f"{cpu_name()}, {kernels.reason}, variant {torch.ops.switchyard_cpu.variant()}, {torch.get_num_threads()} threads, {args.rows} row(s), "
+          f"{args.layers} layers a type; best of 3 runs each")
+    print("| type | layer | two levels ms | MiB | one level ms | MiB | time ratio |")
+    print("|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for kind in args.types.split(","):
+        n, k = SHAPES[kind]
+        raws = [random_raw(kind, n, k, rng) for _ in range(args.layers)]
+        two = [QuantLinear(decode(kind, raw), None) for raw in raws]
+        one = [QuantLinear(decode(kind, raw).flat(), None) for raw in raws]
+        x = torch.randn(args.rows, k)
+        times = {"two": [], "one": []}
+        for _ in range(3):
+            for name, layers in (("two", two), ("one", one)):
+                times[name].append(_ms(layers, x, args.reps))
+        t2, t1 = min(times["two"]), min(times["one"])
+        print(f"| {kind} | {n}x{k} | {t2:.2f} | {_mib(two):.0f} | {t1:.2f} | {_mib(one):.0f} | {t2 / t1:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
