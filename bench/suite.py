@@ -70,10 +70,11 @@ def run_switchyard(label: str, extra: list[str], sweep_args: list[str]) -> Path:
         stack.stop()
 
 
-def run_llama_cpp(binary: str, slots: int, ctx_per_slot: int, threads: int, sweep_args: list[str]) -> Path:
+def run_llama_cpp(binary: str, model_path: str, slots: int, ctx_per_slot: int, threads: int,
+                  sweep_args: list[str]) -> Path:
     port = free_port()
     # continuous batching over `slots` parallel sequences; the context is shared among the slots
-    argv = [binary, "-m", default_model_path(), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+    argv = [binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
             "-c", str(slots * ctx_per_slot), "-t", str(threads), "--threads-http", str(slots + 8), "--cont-batching",
             "--no-webui"]  # enough HTTP threads: with its default (the core count) it drops connections at c=64
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -101,23 +102,27 @@ def main(argv: list[str] | None = None) -> None:
                    help="Switchyard's --quantization (auto: the GGUF's own blocks)")
     p.add_argument("--switchyard-args", default="", help="more flags for Switchyard's services, e.g. '--nice 10'")
     p.add_argument("--tag", default="", help="appended to Switchyard's labels and result files, e.g. -nocache")
+    p.add_argument("--model-path", default="", help="a GGUF both serve (default: the default model's); pass it "
+                   "as --tokenizer-path too, so the prompts are counted in its tokens")
+    p.add_argument("--llama-server", default="", help="llama.cpp's server binary (default: `make bench-peers`'s)")
     args, sweep_args = p.parse_known_args(argv)
     sweep_args = ["--no-progress", *sweep_args] if not sys.stderr.isatty() else sweep_args
     done: dict[str, Path] = {}
     peers = args.peers.split(",")
+    model_path = args.model_path or default_model_path()
     engine = ["--threads", str(args.threads), "--dtype", args.dtype, "--quantization", args.quantization,
-              *args.switchyard_args.split()]
+              *(["--model-path", model_path] if args.model_path else []), *args.switchyard_args.split()]
     if "switchyard" in peers:
         done["switchyard"] = run_switchyard("switchyard" + args.tag, engine, sweep_args)
     if "switchyard-static" in peers:
         done["switchyard-static"] = run_switchyard("switchyard-static" + args.tag, [*engine, "--batching", "static"],
                                                    sweep_args)
     if "llama.cpp" in peers:
-        binary = llama_server_binary()
+        binary = args.llama_server or llama_server_binary()
         if binary is None:
             print("llama.cpp's server is not built: run `make bench-peers` (skipped)", flush=True)
         else:
-            done["llama.cpp"] = run_llama_cpp(binary, slots=64, ctx_per_slot=512, threads=args.threads,
+            done["llama.cpp"] = run_llama_cpp(binary, model_path, slots=64, ctx_per_slot=512, threads=args.threads,
                                               sweep_args=sweep_args)
     if "transformers" in peers:
         s = serve.parse_args(sweep_args)
