@@ -78,17 +78,16 @@ def test_a_quantized_checkpoint_is_its_formats_weights_kept_and_transformers_log
     quantize(loaded.model, method, loaded.blocks, loaded.unloaded)
     linears = {n: m for n, m in loaded.model.named_modules() if n.startswith("layers.") and
                isinstance(m, (nn.Linear, QuantLinear))}
-    if name == "ct-fp8":  # no integer form here: dequantized, float32 (docs/models.md)
-        assert not loaded.blocks and all(isinstance(m, nn.Linear) for m in linears.values())
-    else:
-        assert linears and all(isinstance(m, QuantLinear) for m in linears.values())
-        wq = torch.cat([expected[f"model.layers.0.self_attn.{p}_proj"] for p in "qkv"])
-        assert torch.equal(loaded.model.layers[0].attention.wqkv.dequantized, wq)  # the file's, fused
-        if name == "ct-w8a8-int8":  # symmetric int8: the scale alone, no lows of zeros
-            assert loaded.model.layers[0].attention.wqkv.lows is None
-        resident = sum(b.numel() * b.element_size() for m in linears.values() for b in m.buffers())
-        print(f"\n{name}: resident {resident / _quantized_bytes(folder):.2f}x the file's quantized tensors")
-        assert resident <= 1.3 * _quantized_bytes(folder), (resident, _quantized_bytes(folder))
+    assert linears and all(isinstance(m, QuantLinear) for m in linears.values())
+    wq = torch.cat([expected[f"model.layers.0.self_attn.{p}_proj"] for p in "qkv"])
+    assert torch.equal(loaded.model.layers[0].attention.wqkv.dequantized, wq)  # the file's, fused
+    if name == "ct-w8a8-int8":  # symmetric int8: the scale alone, no lows of zeros
+        assert loaded.model.layers[0].attention.wqkv.lows is None
+    if name == "ct-fp8":  # the float8 e4m3 codes themselves
+        assert loaded.model.layers[0].attention.wqkv.qweight.dtype == torch.float8_e4m3fn
+    resident = sum(b.numel() * b.element_size() for m in linears.values() for b in m.buffers())
+    print(f"\n{name}: resident {resident / _quantized_bytes(folder):.2f}x the file's quantized tensors")
+    assert resident <= 1.3 * _quantized_bytes(folder), (resident, _quantized_bytes(folder))
 
     oracle = transformers.LlamaForCausalLM.from_pretrained(qc.dense_folder(folder, expected, tmp_path / "dense")).eval()
     with torch.inference_mode():

@@ -150,3 +150,31 @@ def test_a_checkpoints_groups_and_act_order(variant, bits, group, low, act_order
         dense = blocks.dequantized
         in_kernel_order = torch.addcmul(lows.repeat_interleave(group, 1), q.float(), scale.repeat_interleave(group, 1))
         assert torch.equal(dense[:, perm], in_kernel_order)
+
+
+# compressed-tensors' FP8 (loader/hf_quant.py): float8 e4m3 codes, a float32 scale per group (a
+# channel's repeated); every code but the two NaNs, subnormals and negatives among them
+@pytest.mark.parametrize("group", [128, 32])
+def test_float8_e4m3_codes_are_torchs_values_times_the_scale(variant, group):
+    generator = torch.Generator().manual_seed(group)
+    n, k = 48, 512
+    codes = torch.randint(0, 256, (n, k), generator=generator, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x01  # NaN in e4m3fn: never a weight
+    codes[0, :256] = torch.arange(256, dtype=torch.uint8).masked_fill((torch.arange(256) & 0x7F) == 0x7F, 0)
+    q = codes.view(torch.float8_e4m3fn)
+    scale = (torch.rand(n, k // group, generator=generator) * 0.02 + 1e-3).bfloat16().float()
+    blocks = QuantBlocks(q, scale, None, 8, group, torch.float32)
+    layer = QuantLinear(blocks, None)
+    assert layer.qweight.dtype == torch.float8_e4m3fn
+    weights = q.float() * scale.repeat_interleave(group, 1)  # torch's own e4m3 decoding
+    assert torch.equal(layer.dequantized, weights)
+    x = torch.randn(13, k, generator=generator)
+    unit = torch.zeros(k, k)
+    unit[torch.arange(k), torch.arange(k)] = 1.0
+    assert torch.equal(layer(unit).t(), weights)  # the kernel decodes each code as torch does, to the bit
+    alone = layer(x[:1])
+    for m in (1, 4, 13):
+        out = layer(x[:m])
+        expected = x[:m].double() @ weights.double().t()
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+        assert torch.equal(out[0], alone[0])

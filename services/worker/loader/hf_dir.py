@@ -102,7 +102,7 @@ def _module_tensors(f, parts: dict[str, str]) -> dict[str, torch.Tensor]:
 
 
 def read_blocks(path: str) -> dict[str, QuantBlocks]:
-    """A quantized checkpoint's (AWQ, GPTQ, compressed-tensors int) Linears as QuantBlocks by our
+    """A quantized checkpoint's (AWQ, GPTQ, compressed-tensors int or fp8) Linears as QuantBlocks by our
     weight names, a fused projection's parts split by rows ({} where it has none, or is not
     quantized; the experts' stay dense)."""
     root = Path(path)

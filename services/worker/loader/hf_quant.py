@@ -11,7 +11,8 @@ The layouts, as each format's reference code packs them (int32 words, value i at
 - compressed-tensors pack-quantized: weight_packed [out, in * b / 32] of signed values plus 2^(b-1),
   along the inputs; weight_zero_point (asymmetric) the same along the outputs; weight_scale
   [out, groups] (a channel: one group); weight_shape. int-quantized: an int8 `weight` as it is.
-  float-quantized (fp8): no integer form here; dequantize() gives its floats.
+  float-quantized (fp8): a float8_e4m3fn `weight` kept as its codes, w = code * scale (a channel's
+  or the tensor's scale, repeated per group).
 """
 
 from __future__ import annotations
@@ -109,8 +110,19 @@ def _awq(t: dict[str, torch.Tensor]) -> QuantBlocks:
     return _blocks(q, zeros.T.contiguous(), t["scales"].T.contiguous(), 4)
 
 
+def _float_codes(weight: torch.Tensor, scale: torch.Tensor) -> QuantBlocks | None:
+    """float-quantized e4m3 by channel or tensor: the codes kept, w = code * scale, the scale repeated
+    per group of 128 (or 32); None where the inputs take neither (dequantize() then)."""
+    n, k = weight.shape
+    group = _kernel_group(k, 8)
+    if weight.dtype != torch.float8_e4m3fn or group not in (128, 32):
+        return None
+    scale = scale.float().reshape(-1, 1).expand(n, k // group).contiguous()  # [out, 1] or a scalar
+    return QuantBlocks(weight, scale, None, 8, group, torch.float32)
+
+
 def _compressed(t: dict[str, torch.Tensor], where: str) -> QuantBlocks | None:
-    """pack-quantized or int-quantized; None: float-quantized (fp8), dequantize() only."""
+    """pack-quantized, int-quantized or float-quantized (fp8); None: dequantize() only."""
     scale = t["weight_scale"]
     if "weight_packed" in t:
         n, k = (int(x) for x in t["weight_shape"])
@@ -126,7 +138,7 @@ def _compressed(t: dict[str, torch.Tensor], where: str) -> QuantBlocks | None:
         return _blocks(q, zero, scale, bits)  # 8 bits: offset by 128, as _blocks takes them
     weight = t["weight"]
     if weight.dtype != torch.int8:
-        return None
+        return _float_codes(weight, scale)
     if scale.dim() == 0 or scale.numel() == 1:
         scale = scale.reshape(1, 1).expand(weight.shape[0], 1)
     zp = t.get("weight_zero_point")
@@ -135,7 +147,7 @@ def _compressed(t: dict[str, torch.Tensor], where: str) -> QuantBlocks | None:
 
 
 def decode(tensors: dict[str, torch.Tensor], scheme: QuantScheme, where: str) -> QuantBlocks | None:
-    """A module's tensors by suffix -> its QuantBlocks; None for fp8 (no integer form: dequantize())."""
+    """A module's tensors by suffix -> its QuantBlocks; None where the kernel takes no form of it (dequantize())."""
     if scheme.method == "gptq":
         return _gptq(tensors, scheme, where)
     if scheme.method == "awq":

@@ -19,7 +19,7 @@ FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
 
 @dataclass
 class QuantBlocks:
-    q: torch.Tensor  # [out, in]: uint8 0..15 (4 bits) or int8 (8 bits)
+    q: torch.Tensor  # [out, in]: uint8 0..15 (4 bits) or int8 (8 bits), or float8_e4m3fn (8-bit float codes)
     # [out, in / group] float32, each exact in scale_dtype; two levels (supers): int8, the sub-scales
     scale: torch.Tensor
     low: torch.Tensor | None  # as scale: w = q * scale + low; or None
@@ -39,8 +39,8 @@ class QuantBlocks:
             self.bits = 8 if self.low is None else 4
 
     @property
-    def format(self) -> tuple[int, int, torch.dtype, bool]:
-        return self.bits, self.group, self.scale_dtype, self.low is not None
+    def format(self) -> tuple[int, int, torch.dtype, bool, torch.dtype]:
+        return self.bits, self.group, self.scale_dtype, self.low is not None, self.q.dtype
 
     def flat(self) -> QuantBlocks:
         """One level: each group's float32 scale (and low), the product of its int8 and its super's

@@ -63,7 +63,8 @@ class TritonQuantParts(nn.Module):
 
 
 def _fits(blocks: QuantBlocks) -> bool:
-    return blocks.q.shape[1] % blocks.group == 0 and blocks.group % 16 == 0  # tl.dot's K tile: 16 or more
+    """Integers in groups that tile (tl.dot's K tile: 16 or more); FP8's float codes are dequantized here."""
+    return blocks.q.dtype != torch.float8_e4m3fn and blocks.q.shape[1] % blocks.group == 0 and blocks.group % 16 == 0
 
 
 def kept_linears(blocks: dict[str, QuantBlocks]) -> frozenset[str]:

@@ -42,7 +42,7 @@ class QuantLinear(nn.Module):
       scheme); a GGUF's own blocks where the file has them, 8 bits for a weight it holds as floats.
     - int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
     - awq, gptq, compressed-tensors (the default on such a checkpoint): its Linears keep the file's
-      integers, float32 scales and lows (loader/hf_quant.py).
+      integers (or FP8's float8 e4m3 codes), float32 scales and lows (loader/hf_quant.py).
     quant_linear.c computes each output as one float32 sum over the inputs in order, at every batch
     size, on weights equal to the bit to what gguf's own dequantize gives (gguf_kquants.py says
     why). So a row's result does not depend on its batch, and the
@@ -56,11 +56,12 @@ class QuantLinear(nn.Module):
             raise ValueError(f"quant_linear takes [n, k] weights with n a multiple of {PANEL} and k of "
                              f"{blocks.group}, got [{n}, {k}]")
         self.bits, self.group, self.out_features, self.in_features = blocks.bits, blocks.group, n, k
-        q = _to_panels(blocks.q)  # [n / 16, k, 16]
+        codes = blocks.q.dtype
+        q = _to_panels(blocks.q.view(torch.uint8) if codes == torch.float8_e4m3fn else blocks.q)  # [n / 16, k, 16]
         if self.bits == 4:  # [n / 16, k / 2, 16]: input 2j in the low nibbles, 2j + 1 in the high ones
             pairs = q.view(n // PANEL, k // 2, 2, PANEL)
             q = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
-        self.register_buffer("qweight", q.contiguous())
+        self.register_buffer("qweight", q.contiguous().view(codes))
         self.register_buffer("scales", _to_panels(blocks.scale).to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).to(blocks.scale_dtype))
         supers = None  # two levels: [n / 16, k / 256, 1 or 2, 16] float16
@@ -91,14 +92,16 @@ class QuantLinear(nn.Module):
         q = self.qweight
         if self.bits == 4:
             q = torch.stack([q & 0x0F, q >> 4], dim=2).view(q.shape[0], -1, PANEL)
+        elif q.dtype == torch.float8_e4m3fn:  # panels moved as bytes, the codes kept
+            q = q.view(torch.uint8)
         as_kept = (lambda t: t) if self.supers is not None else (lambda t: t.float())  # int8 subs stay int8
         low = None if self.lows is None else as_kept(_from_panels(self.lows))
         supers = None
         if self.supers is not None:
             per_super = self.supers.shape[2]
             supers = _from_panels(self.supers.flatten(1, 2)).float().view(self.out_features, -1, per_super)
-        return QuantBlocks(_from_panels(q), as_kept(_from_panels(self.scales)), low, self.bits, self.group,
-                           self.scales.dtype, self.perm, supers)
+        return QuantBlocks(_from_panels(q).view(self.qweight.dtype), as_kept(_from_panels(self.scales)), low,
+                           self.bits, self.group, self.scales.dtype, self.perm, supers)
 
     @property
     def dequantized(self) -> torch.Tensor:

@@ -116,8 +116,9 @@ void check_shape(const at::Tensor &t, at::IntArrayRef shape, const char *what) {
 constexpr int64_t PANEL = 16;
 
 // x: [..., k] float32 or bfloat16; qweight: 4 bits [n / 16, k / 2, 16] uint8, 8 bits [n / 16, k, 16]
-// int8; scales (and lows): [n / 16, k / group, 16], float16 or float32 (the group is k over their
-// middle size: 16, 32, 64 or 128), or int8 in two levels with supers [n / 16, k / 256, S, 16]
+// int8 (or float8_e4m3fn: float codes, float32 scales, no lows); scales (and lows):
+// [n / 16, k / group, 16], float16 or float32 (the group is k over their middle size: 16, 32, 64
+// or 128), or int8 in two levels with supers [n / 16, k / 256, S, 16]
 // float16 (S: 2 with lows, else 1; groups of 16 or 32); 4 bits always have lows; bias: [n] float32.
 at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
                         const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias,
@@ -133,8 +134,9 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   TORCH_CHECK((group == 16 || group == 32 || group == 64 || group == 128) && k == group * scales.size(1),
               "the input size must be 16, 32, 64 or 128 times scales.size(1), got ", k, " inputs and ", scales.size(1),
               " groups");
-  TORCH_CHECK(qweight.scalar_type() == (bits == 4 ? at::kByte : at::kChar), "qweight must be ",
-              bits == 4 ? "uint8" : "int8", " for ", bits, " bits, got ", qweight.scalar_type());
+  const bool e4m3 = qweight.scalar_type() == at::kFloat8_e4m3fn;  // 8-bit float codes, not integers
+  TORCH_CHECK(qweight.scalar_type() == (bits == 4 ? at::kByte : at::kChar) || (bits == 8 && e4m3), "qweight must be ",
+              bits == 4 ? "uint8" : "int8 or float8_e4m3fn", " for ", bits, " bits, got ", qweight.scalar_type());
   if (bits == 4)
     check_shape(qweight, {n / PANEL, k / 2, PANEL}, "qweight");
   else
@@ -168,10 +170,10 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   const int status = current->quant_linear_f32(
       rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
       lows ? lows->data_ptr() : nullptr, supers ? supers->data_ptr() : nullptr,
-      scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32, bias ? bias->data_ptr<float>() : nullptr,
+      scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32, e4m3 ? 1 : 0, bias ? bias->data_ptr<float>() : nullptr,
       n, out.data_ptr<float>());
-  TORCH_CHECK(status == 0, "quant_linear has no kernel for ", bits, " bits in groups of ", group, " with ",
-              scale_type, " scales", lows ? " and lows" : "");
+  TORCH_CHECK(status == 0, "quant_linear has no kernel for ", bits, e4m3 ? "-bit float codes" : " bits",
+              " in groups of ", group, " with ", scale_type, " scales", lows ? " and lows" : "");
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 

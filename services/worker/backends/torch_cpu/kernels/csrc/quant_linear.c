@@ -13,6 +13,7 @@
  *   8 bits, G 32, float32        IQ4_XS
  *   4 bits, G 64 or 128, float32, low     AWQ, GPTQ, compressed-tensors int4 (low -zero * scale)
  *   8 bits, G 128, float32 (with a low or without)   GPTQ and compressed-tensors int8
+ *   8-bit float codes (e4m3), G 128 or 32, float32: compressed-tensors' FP8 (a channel's scale repeated)
  *   two levels: 4 bits G 32 low Q4_K, 8 bits G 32 low Q5_K, 8 bits G 16 Q6_K and Q3_K, 4 bits G 16
  *   low Q2_K, 8 bits G 32 IQ4_XS
  *
@@ -47,24 +48,26 @@
 
 /* A weight format; each function below takes one as a constant, so its loops are compiled for it. */
 struct format {
-    int bits, group, half_scales, has_low, two_level;
+    int bits, group, half_scales, has_low, two_level, e4m3;  /* e4m3: 8-bit float codes, not integers */
 };
-#define F_Q4_G32_F16 ((struct format){4, 32, 1, 1, 0})
-#define F_Q8_G32_F16 ((struct format){8, 32, 1, 0, 0})
-#define F_Q4_G32_F32 ((struct format){4, 32, 0, 1, 0})
-#define F_Q8_G32_F32_LOW ((struct format){8, 32, 0, 1, 0})
-#define F_Q8_G16_F32 ((struct format){8, 16, 0, 0, 0})
-#define F_Q4_G16_F32 ((struct format){4, 16, 0, 1, 0})
-#define F_Q8_G32_F32 ((struct format){8, 32, 0, 0, 0})
-#define F_Q4_G64_F32 ((struct format){4, 64, 0, 1, 0})
-#define F_Q4_G128_F32 ((struct format){4, 128, 0, 1, 0})
-#define F_Q8_G128_F32 ((struct format){8, 128, 0, 0, 0})
-#define F_Q8_G128_F32_LOW ((struct format){8, 128, 0, 1, 0})
-#define F_Q4_G32_I8 ((struct format){4, 32, 0, 1, 1})
-#define F_Q8_G32_I8_LOW ((struct format){8, 32, 0, 1, 1})
-#define F_Q8_G16_I8 ((struct format){8, 16, 0, 0, 1})
-#define F_Q4_G16_I8 ((struct format){4, 16, 0, 1, 1})
-#define F_Q8_G32_I8 ((struct format){8, 32, 0, 0, 1})
+#define F_Q4_G32_F16 ((struct format){4, 32, 1, 1, 0, 0})
+#define F_Q8_G32_F16 ((struct format){8, 32, 1, 0, 0, 0})
+#define F_Q4_G32_F32 ((struct format){4, 32, 0, 1, 0, 0})
+#define F_Q8_G32_F32_LOW ((struct format){8, 32, 0, 1, 0, 0})
+#define F_Q8_G16_F32 ((struct format){8, 16, 0, 0, 0, 0})
+#define F_Q4_G16_F32 ((struct format){4, 16, 0, 1, 0, 0})
+#define F_Q8_G32_F32 ((struct format){8, 32, 0, 0, 0, 0})
+#define F_Q4_G64_F32 ((struct format){4, 64, 0, 1, 0, 0})
+#define F_Q4_G128_F32 ((struct format){4, 128, 0, 1, 0, 0})
+#define F_Q8_G128_F32 ((struct format){8, 128, 0, 0, 0, 0})
+#define F_Q8_G128_F32_LOW ((struct format){8, 128, 0, 1, 0, 0})
+#define F_Q4_G32_I8 ((struct format){4, 32, 0, 1, 1, 0})
+#define F_Q8_G32_I8_LOW ((struct format){8, 32, 0, 1, 1, 0})
+#define F_Q8_G16_I8 ((struct format){8, 16, 0, 0, 1, 0})
+#define F_Q4_G16_I8 ((struct format){4, 16, 0, 1, 1, 0})
+#define F_Q8_G32_I8 ((struct format){8, 32, 0, 0, 1, 0})
+#define F_E4M3_G128_F32 ((struct format){8, 128, 0, 0, 0, 1})
+#define F_E4M3_G32_F32 ((struct format){8, 32, 0, 0, 0, 1})
 
 /* What a block of panels reads: its first panel's weights, scales and lows, k inputs each. */
 struct panels {
@@ -79,6 +82,9 @@ static inline __attribute__((always_inline)) void weights_at(const struct panels
                                                              cols *at_next) {
     if (f.bits == 4) {
         cols_int4(w->q + (c * w->k + i) * (PANEL / 2), scale, low, at_i, at_next);
+    } else if (f.e4m3) {
+        *at_i = cols_e4m3(w->q + (c * w->k + i) * PANEL, scale);
+        *at_next = cols_e4m3(w->q + (c * w->k + i + 1) * PANEL, scale);
     } else if (f.has_low) {
         *at_i = cols_int8_low((const int8_t *)w->q + (c * w->k + i) * PANEL, scale, low);
         *at_next = cols_int8_low((const int8_t *)w->q + (c * w->k + i + 1) * PANEL, scale, low);
@@ -103,6 +109,8 @@ static inline __attribute__((always_inline)) void group_scales(const struct pane
         return;
     }
     *scale = scales_at(w->scales, at, f);
+    if (f.e4m3)  /* cols_e4m3 gives each value / 256: the scale times 256 (exact, a power of two) */
+        *scale = cols_fma(*scale, 256.0f, cols_zero());
     *low = f.has_low ? scales_at(w->lows, at, f) : cols_zero();
 }
 
@@ -223,9 +231,14 @@ DEFINE_FORMAT(q8_g32_i8_low, F_Q8_G32_I8_LOW)
 DEFINE_FORMAT(q8_g16_i8, F_Q8_G16_I8)
 DEFINE_FORMAT(q4_g16_i8, F_Q4_G16_I8)
 DEFINE_FORMAT(q8_g32_i8, F_Q8_G32_I8)
+DEFINE_FORMAT(e4m3_g128_f32, F_E4M3_G128_F32)
+DEFINE_FORMAT(e4m3_g32_f32, F_E4M3_G32_F32)
 
 /* The format's kernels, or none (bindings.cpp checks a format before it calls). */
-static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low) {
+static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low, int e4m3) {
+    if (e4m3)
+        return bits != 8 || scale_bits != 32 || has_low ? 0 : group == 128 ? &kernels_e4m3_g128_f32
+                                                         : group == 32 ? &kernels_e4m3_g32_f32 : 0;
     if (scale_bits == 8 && group == 32)
         return bits == 4 ? (has_low ? &kernels_q4_g32_i8 : 0) : (has_low ? &kernels_q8_g32_i8_low : &kernels_q8_g32_i8);
     if (scale_bits == 8 && group == 16)
@@ -248,8 +261,8 @@ static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t sc
 
 int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
                                 int64_t group, const void *scales, const void *lows, const void *supers,
-                                int64_t scale_bits, const float *bias, int64_t n, float *out) {
-    const struct kernels *fns = kernels_for(bits, group, scale_bits, lows != 0);
+                                int64_t scale_bits, int64_t e4m3, const float *bias, int64_t n, float *out) {
+    const struct kernels *fns = kernels_for(bits, group, scale_bits, lows != 0, e4m3 != 0);
     if (!fns || k % group || k % 2 || (scale_bits == 8) != (supers != 0) || (supers && k % SUPER))
         return -1;
     const int64_t num_panels = n / PANEL, groups = k / group, panel_bytes = k * (bits == 4 ? PANEL / 2 : PANEL);

@@ -47,3 +47,13 @@ static inline cols cols_int8_low(const int8_t *p, cols scale, cols low) {
     return (cols){_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale.lo, low.lo),
                   _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), scale.hi, low.hi)};
 }
+
+/* 16 float8 e4m3 codes: as float16 bits ((code & 0x7F) << 7 | sign << 15) each is its value / 256,
+ * subnormals included; the scale carries the 256 (quant_linear.c) */
+static inline cols cols_e4m3(const uint8_t *p, cols scale) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    return (cols){_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale.lo),
+                  _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale.hi)};
+}

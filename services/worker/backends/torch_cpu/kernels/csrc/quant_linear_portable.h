@@ -65,3 +65,12 @@ static inline cols cols_int8_low(const int8_t *p, cols scale, cols low) {
     for (int j = 0; j < 16; j++) c.v[j] = MADD((float)p[j], scale.v[j], low.v[j]);
     return c;
 }
+
+/* 16 float8 e4m3 codes: as float16 bits ((code & 0x7F) << 7 | sign << 15) each is its value / 256,
+ * subnormals included; the scale carries the 256 (quant_linear.c) */
+static inline cols cols_e4m3(const uint8_t *p, cols scale) {
+    cols c;
+    for (int j = 0; j < 16; j++)
+        c.v[j] = half_to_float((uint16_t)(((p[j] & 0x7F) << 7) | ((p[j] & 0x80) << 8))) * scale.v[j];
+    return c;
+}
