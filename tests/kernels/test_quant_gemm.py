@@ -69,3 +69,29 @@ def test_an_awq_checkpoint_on_the_cuda_backend_keeps_its_integers_and_the_cpu_ba
     expected = prefill_logits(make_runner(cpu, num_blocks=8), ids)
     got = prefill_logits(cuda_runner(cuda, 8), ids)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_an_fp8_checkpoint_is_dequantized_on_the_cuda_backend_to_the_cpu_backends_logits(tmp_path, cpu_kernels):
+    """FP8's codes stay codes on the CPU (quant_linear decodes them); the CUDA backend dequantizes them
+    at load (kept_linears leaves them out): the same logits."""
+    from services.worker.backends.cuda.ops import TritonOps
+    from services.worker.backends.cuda.quant_linear import kept_linears, quantize
+    from services.worker.backends.torch_cpu.ops import NATIVE_OPS
+    from services.worker.backends.torch_cpu.quantization import kept_weights
+    from services.worker.backends.torch_cpu.quantization import quantize as cpu_quantize
+    from services.worker.loader import load_model
+    from tests import quant_checkpoints as qc
+    from tests.kernels.test_cuda_backend import cuda_runner
+    from tests.model_helpers import make_runner, prefill_logits
+
+    folder = qc.compressed_tensors(qc.tiny_llama(), tmp_path / "fp8", "fp8")
+    cuda = load_model(str(folder), ops=TritonOps(), keep=kept_linears)
+    assert cuda.blocks and not cuda.unloaded  # the file's codes read, none kept
+    quantize(cuda.model, cuda.blocks, cuda.unloaded)
+    assert not any(isinstance(m, TritonQuantLinear) for m in cuda.model.modules())
+    cpu = load_model(str(folder), ops=NATIVE_OPS, keep=kept_weights)
+    cpu_quantize(cpu.model, "compressed-tensors", cpu.blocks, cpu.unloaded)
+    assert cpu.model.layers[0].attention.wqkv.qweight.dtype == torch.float8_e4m3fn
+    ids = [3, 17, 99, 4, 200, 31, 7, 7, 8, 120, 45, 2, 19]
+    expected = prefill_logits(make_runner(cpu, num_blocks=8), ids)
+    torch.testing.assert_close(prefill_logits(cuda_runner(cuda, 8), ids), expected, atol=1e-4, rtol=1e-4)
