@@ -14,7 +14,13 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from services.worker.backends.spec import weight_bytes
-from services.worker.backends.torch_cpu.quantization import QuantLinear, kept_weights, native_blocks, quantize
+from services.worker.backends.torch_cpu.quantization import (
+    QuantEmbedding,
+    QuantLinear,
+    kept_weights,
+    native_blocks,
+    quantize,
+)
 from services.worker.loader.gguf_blocks import decode
 from services.worker.loader.gguf_kquants import DECODERS
 
@@ -51,6 +57,17 @@ def test_every_type_decodes_to_ggufs_own_dequantization_to_the_bit(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(DECODERS))
+def test_an_embedding_table_of_every_type_looks_up_ggufs_rows(kind):
+    raw = random_raw(kind, 24, 512, np.random.default_rng(5))
+    table = QuantEmbedding(decode(kind, raw), torch.float32)
+    ids = torch.tensor([[3, 0, 23], [7, 7, 11]])
+    want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(24, 512))[ids]
+    assert torch.equal(table(ids), want)
+    if kind == "Q5_K":  # nibbles two to a byte, fifth bits eight to a byte
+        assert table.q.shape == (24, 256) and table.fifth.shape == (24, 64)
+
+
+@pytest.mark.parametrize("kind", sorted(DECODERS))
 def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kernels, kind):
     """Each row one float32 sum in order: the same bits at every batch size, and in every variant
     with an FMA; within float32's rounding of the float64 matmul on gguf's weights."""
@@ -59,6 +76,8 @@ def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kern
     raw = random_raw(kind, n, k, rng)
     layer = QuantLinear(decode(kind, raw), None)
     flat = QuantLinear(decode(kind, raw).flat(), None)  # one level: the float32 products themselves
+    if kind == "Q5_K":  # its values in 5 bits: the nibbles, then a plane of fifth bits
+        assert layer.bits == 5 and layer.qweight.shape == (n // 16, k // 2 + k // 8, 16)
     weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(n, k))
     assert torch.equal(layer.dequantized, weights)  # the kernel's layout round-trips
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))

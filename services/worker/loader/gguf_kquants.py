@@ -6,7 +6,7 @@ minimum) per sub-block: w = (d * sc) * q - (dmin * m). d * sc and dmin * m are e
 (an 11-bit significand times a 6-bit integer), and so is (d * sc) * q where there is a low, so
 fma(q, d * sc, -(dmin * m)) is the one rounding gguf's dequantize makes: the weights are its own,
 to the bit. sc and m are kept as int8 (the scale and low of a group), d and -dmin as the supers.
-Values wider than 4 bits (Q5_K, Q6_K, Q3_K, the IQ4 codebook's) are kept in 8.
+Q5_K's values are kept in 5 bits; the other values wider than 4 (Q6_K, Q3_K, the IQ4 codebook's) in 8.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 
 
 @dataclass
 class Decoded:
-    q: np.ndarray  # [rows, k]: uint8 0..15 (bits 4) or int8
+    q: np.ndarray  # [rows, k]: uint8 0..15 (bits 4) or 0..31 (bits 5), or int8
     scale: np.ndarray  # [rows, k / group]: int8 times supers' d; float32 without supers
     low: np.ndarray | None  # [rows, k / group]: int8 times supers' -dmin, or None
     bits: int
@@ -82,7 +82,7 @@ def q5_k(raw: np.ndarray) -> Decoded:
     sc, mn = _scale_min_k4(b[..., 4:16])
     high = (b[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [.., 8 sub-blocks, 32]
     q = _nibbles(b[..., 48:], 32).reshape(*b.shape[:2], 8, 32) | (high << 4)
-    return Decoded(_flat(q).astype(np.int8), _subs(sc), _subs(mn), 8, 32, supers=_supers(d, -dmin))
+    return Decoded(_flat(q).astype(np.uint8), _subs(sc), _subs(mn), 5, 32, supers=_supers(d, -dmin))
 
 
 def q6_k(raw: np.ndarray) -> Decoded:

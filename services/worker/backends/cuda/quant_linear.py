@@ -16,7 +16,7 @@ class TritonQuantLinear(nn.Module):
 
     def __init__(self, blocks: QuantBlocks, bias: torch.Tensor | None):
         super().__init__()
-        blocks = blocks.flat()  # a k-quant's two levels of scales as one (float32 products)
+        blocks = blocks.flat()  # a k-quant's two levels of scales as one (float32 products), Q5_K's in 8 bits
         q = blocks.q
         if blocks.bits == 4:
             q = q[:, 0::2] | (q[:, 1::2] << 4)

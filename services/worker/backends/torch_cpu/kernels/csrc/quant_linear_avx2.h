@@ -57,3 +57,20 @@ static inline cols cols_e4m3(const uint8_t *p, cols scale) {
     return (cols){_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale.lo),
                   _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale.hi)};
 }
+
+/* 16 bytes of 16 where bit c of `bits` is set (column c's fifth bit), else 0 */
+static inline __m128i fifth_bytes(uint16_t bits) {
+    const __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128(bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1,
+                                                                                   1, 1, 1, 1, 1));
+    const __m128i lanes = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, lanes), lanes), _mm_set1_epi8(16));
+}
+
+/* 16 bytes of nibbles as cols_int4, each value's fifth bit from `fifth_i` / `fifth_next` (bit c: column c) */
+static inline void cols_int5(const uint8_t *p, uint16_t fifth_i, uint16_t fifth_next, cols scale, cols low,
+                             cols *at_i, cols *at_next) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    *at_i = widen_int4(_mm_or_si128(_mm_and_si128(bytes, mask), fifth_bytes(fifth_i)), scale, low);
+    *at_next = widen_int4(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), fifth_bytes(fifth_next)),
+                          scale, low);
+}

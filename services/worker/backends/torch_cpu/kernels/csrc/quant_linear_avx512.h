@@ -41,3 +41,17 @@ static inline cols cols_e4m3(const uint8_t *p, cols scale) {
                                       _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
     return _mm512_mul_ps(_mm512_cvtph_ps(h), scale);
 }
+
+/* 16 bytes of nibbles as cols_int4, each value's fifth bit from `fifth_i` / `fifth_next` (bit c: column c) */
+static inline void cols_int5(const uint8_t *p, uint16_t fifth_i, uint16_t fifth_next, cols scale, cols low,
+                             cols *at_i, cols *at_next) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m512 sixteen = _mm512_set1_ps(16.0f);
+    const __m512 qi = _mm512_mask_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), fifth_i,
+                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), sixteen);
+    const __m512 qj = _mm512_mask_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), fifth_next,
+                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), sixteen);
+    *at_i = _mm512_fmadd_ps(qi, scale, low);
+    *at_next = _mm512_fmadd_ps(qj, scale, low);
+}

@@ -74,3 +74,12 @@ static inline cols cols_e4m3(const uint8_t *p, cols scale) {
         c.v[j] = half_to_float((uint16_t)(((p[j] & 0x7F) << 7) | ((p[j] & 0x80) << 8))) * scale.v[j];
     return c;
 }
+
+/* 16 bytes of nibbles as cols_int4, each value's fifth bit from `fifth_i` / `fifth_next` (bit c: column c) */
+static inline void cols_int5(const uint8_t *p, uint16_t fifth_i, uint16_t fifth_next, cols scale, cols low,
+                             cols *at_i, cols *at_next) {
+    for (int j = 0; j < 16; j++) {
+        at_i->v[j] = MADD((float)((p[j] & 0x0F) | ((fifth_i >> j) & 1) << 4), scale.v[j], low.v[j]);
+        at_next->v[j] = MADD((float)((p[j] >> 4) | ((fifth_next >> j) & 1) << 4), scale.v[j], low.v[j]);
+    }
+}
