@@ -63,8 +63,8 @@ def test_an_embedding_table_of_every_type_looks_up_ggufs_rows(kind):
     ids = torch.tensor([[3, 0, 23], [7, 7, 11]])
     want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(24, 512))[ids]
     assert torch.equal(table(ids), want)
-    if kind == "Q5_K":  # nibbles two to a byte, fifth bits eight to a byte
-        assert table.q.shape == (24, 256) and table.fifth.shape == (24, 64)
+    if kind in ("Q5_K", "Q6_K"):  # nibbles two to a byte, the fifth (and sixth) bits eight to a byte
+        assert table.q.shape == (24, 256) and table.planes.shape == (table.bits - 4, 24, 64)
 
 
 @pytest.mark.parametrize("kind", sorted(DECODERS))
@@ -76,8 +76,8 @@ def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kern
     raw = random_raw(kind, n, k, rng)
     layer = QuantLinear(decode(kind, raw), None)
     flat = QuantLinear(decode(kind, raw).flat(), None)  # one level: the float32 products themselves
-    if kind == "Q5_K":  # its values in 5 bits: the nibbles, then a plane of fifth bits
-        assert layer.bits == 5 and layer.qweight.shape == (n // 16, k // 2 + k // 8, 16)
+    if kind in ("Q5_K", "Q6_K"):  # its values in 5 (6) bits: the nibbles, then a plane of fifth (and sixth) bits
+        assert layer.bits == int(kind[1]) and layer.qweight.shape == (n // 16, k // 2 + (layer.bits - 4) * k // 8, 16)
     weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(n, k))
     assert torch.equal(layer.dequantized, weights)  # the kernel's layout round-trips
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
@@ -161,9 +161,9 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     assert [type(layers[f"layers.{i}.attention.wqkv"]).__name__ for i in (0, 1)] == ["QuantLinearParts"] * 2
     assert type(layers["layers.1.feed_forward.w13"]).__name__ == "QuantLinear"  # IQ4_NL beside Q8_0: one format
     # the k-quants and IQ4_XS in two levels (int8 scales, float16 supers), Q4_1 in its float16 scales
-    expect = {"layers.0.attention.wo": (4, 32, torch.int8), "layers.0.feed_forward.w2": (8, 16, torch.int8),
+    expect = {"layers.0.attention.wo": (4, 32, torch.int8), "layers.0.feed_forward.w2": (6, 16, torch.int8),
               "layers.1.attention.wo": (8, 32, torch.int8), "layers.1.feed_forward.w2": (4, 32, torch.float16),
-              "output": (8, 16, torch.int8)}
+              "output": (6, 16, torch.int8)}
     for name, (bits, group, dtype) in expect.items():
         layer = layers[name]
         assert (layer.bits, layer.group, layer.scales.dtype) == (bits, group, dtype), name

@@ -110,7 +110,7 @@ def test_arguments_that_do_not_fit_are_refused_before_the_kernel_runs(cpu_kernel
         ((x, layer.qweight, layer.scales[:1], layer.lows, 4, None), "scales and lows must have shape"),
         ((x, layer.qweight, layer.scales, None, 4, None), "4 and 5 bits need lows"),
         ((x, layer.qweight, layer.scales, layer.lows, 4, torch.zeros(47)), "bias must have shape"),
-        ((x, layer.qweight, layer.scales, layer.lows, 3, None), "bits must be 4, 5 or 8"),
+        ((x, layer.qweight, layer.scales, layer.lows, 3, None), "bits must be 4, 5, 6 or 8"),
         ((torch.randn(2, 95), layer.qweight, layer.scales, layer.lows, 4, None), "16, 32, 64 or 128 times"),
     ]:
         with pytest.raises(RuntimeError, match=message):

@@ -6,7 +6,7 @@ minimum) per sub-block: w = (d * sc) * q - (dmin * m). d * sc and dmin * m are e
 (an 11-bit significand times a 6-bit integer), and so is (d * sc) * q where there is a low, so
 fma(q, d * sc, -(dmin * m)) is the one rounding gguf's dequantize makes: the weights are its own,
 to the bit. sc and m are kept as int8 (the scale and low of a group), d and -dmin as the supers.
-Q5_K's values are kept in 5 bits; the other values wider than 4 (Q6_K, Q3_K, the IQ4 codebook's) in 8.
+Q5_K's values are kept in 5 bits, Q6_K's in 6; Q3_K's and the IQ4 codebook's in 8.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 
 
 @dataclass
 class Decoded:
-    q: np.ndarray  # [rows, k]: uint8 0..15 (bits 4) or 0..31 (bits 5), or int8
+    q: np.ndarray  # [rows, k]: uint8 0..15 (bits 4) or 0..31 (bits 5), or int8 (-32..31 for bits 6)
     scale: np.ndarray  # [rows, k / group]: int8 times supers' d; float32 without supers
     low: np.ndarray | None  # [rows, k / group]: int8 times supers' -dmin, or None
     bits: int
@@ -91,7 +91,7 @@ def q6_k(raw: np.ndarray) -> Decoded:
     high2 = (b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
     q = (low4 | (high2 << 4)).astype(np.int8) - np.int8(32)
     sc = b[..., 192:208].copy().view(np.int8)
-    return Decoded(_flat(q), _subs(sc), None, 8, 16, supers=_supers(_f16(b[..., 208:210])[..., None]))
+    return Decoded(_flat(q), _subs(sc), None, 6, 16, supers=_supers(_f16(b[..., 208:210])[..., None]))
 
 
 def q3_k(raw: np.ndarray) -> Decoded:

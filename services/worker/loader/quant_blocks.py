@@ -19,12 +19,12 @@ FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
 
 @dataclass
 class QuantBlocks:
-    # [out, in]: uint8 0..15 (4 bits) or 0..31 (5), int8 (8 bits), or float8_e4m3fn (8-bit float codes)
+    # [out, in]: uint8 0..15 (4 bits) or 0..31 (5), int8 -32..31 (6) or any (8), or float8_e4m3fn codes
     q: torch.Tensor
     # [out, in / group] float32, each exact in scale_dtype; two levels (supers): int8, the sub-scales
     scale: torch.Tensor
     low: torch.Tensor | None  # as scale: w = q * scale + low; or None
-    bits: int = 0  # 4, 5 or 8; 0: 4 with a low, 8 without (Q4_0 / Q4_1 / Q8_0)
+    bits: int = 0  # 4, 5, 6 or 8; 0: 4 with a low, 8 without (Q4_0 / Q4_1 / Q8_0)
     group: int = BLOCK  # inputs per scale: 32, or 16 (Q6_K, Q3_K, Q2_K), 64 or 128 (AWQ, GPTQ ...)
     # how the kernel keeps scales and lows: float16, float32, or int8 (two levels, with supers)
     scale_dtype: torch.dtype = torch.float16
@@ -45,13 +45,13 @@ class QuantBlocks:
 
     def flat(self) -> QuantBlocks:
         """One level: each group's float32 scale (and low), the product of its int8 and its super's
-        (exact: an 8-bit integer times an 11-bit significand); 5-bit values widened to int8."""
+        (exact: an 8-bit integer times an 11-bit significand); 5- and 6-bit values widened to int8."""
         if self.supers is None:
             return self
         per_super = SUPER // self.group
         scale = self.scale.float() * self.supers[..., 0].repeat_interleave(per_super, dim=1)
         low = None if self.low is None else self.low.float() * self.supers[..., 1].repeat_interleave(per_super, dim=1)
-        q, bits = (self.q.to(torch.int8), 8) if self.bits == 5 else (self.q, self.bits)
+        q, bits = (self.q.to(torch.int8), 8) if self.bits in (5, 6) else (self.q, self.bits)
         return dataclasses.replace(self, q=q, bits=bits, scale=scale, low=low, scale_dtype=torch.float32, supers=None)
 
     @property

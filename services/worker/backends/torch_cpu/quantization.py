@@ -58,11 +58,13 @@ class QuantLinear(nn.Module):
         self.bits, self.group, self.out_features, self.in_features = blocks.bits, blocks.group, n, k
         codes = blocks.q.dtype
         q = _to_panels(blocks.q.view(torch.uint8) if codes == torch.float8_e4m3fn else blocks.q)  # [n / 16, k, 16]
-        if self.bits in (4, 5):  # [n / 16, k / 2, 16]: input 2j in the low nibbles, 2j + 1 in the high ones
+        if self.bits in (4, 5, 6):  # [n / 16, k / 2, 16]: input 2j in the low nibbles, 2j + 1 in the high ones
+            if self.bits == 6:  # -32..31 as 0..63
+                q = (q.to(torch.int16) + 32).to(torch.uint8)
             pairs = (q & 0x0F).view(n // PANEL, k // 2, 2, PANEL)
-            nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
-            q = nibbles if self.bits == 4 else torch.cat([nibbles, _fifth_bits(q)], dim=1)
-        self.register_buffer("qweight", q.contiguous().view(codes))
+            nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)  # then the bits past the fourth
+            q = nibbles if self.bits == 4 else torch.cat([nibbles, _high_bits(q, self.bits - 4)], dim=1)
+        self.register_buffer("qweight", q.contiguous().view(codes) if codes == torch.float8_e4m3fn else q.contiguous())
         self.register_buffer("scales", _to_panels(blocks.scale).to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).to(blocks.scale_dtype))
         supers = None  # two levels: [n / 16, k / 256, 1 or 2, 16] float16
@@ -91,20 +93,23 @@ class QuantLinear(nn.Module):
     def blocks(self) -> QuantBlocks:
         """The weight back as blocks: [n, k] values, [n, k / 32] scales (and lows)."""
         q = self.qweight
-        if self.bits in (4, 5):
-            nibbles = q[:, : self.in_features // 2]
+        if self.bits in (4, 5, 6):
+            k = self.in_features
+            nibbles = q[:, : k // 2]
             q = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=2).view(q.shape[0], -1, PANEL)
-            if self.bits == 5:
-                q = q | (_from_fifth_bits(self.qweight[:, self.in_features // 2:]) << 4)
-        elif q.dtype == torch.float8_e4m3fn:  # panels moved as bytes, the codes kept
-            q = q.view(torch.uint8)
+            if self.bits > 4:
+                q = q | (_from_high_bits(self.qweight[:, k // 2:], self.bits - 4) << 4)
+            if self.bits == 6:
+                q = (q.to(torch.int16) - 32).to(torch.int8)
         as_kept = (lambda t: t) if self.supers is not None else (lambda t: t.float())  # int8 subs stay int8
         low = None if self.lows is None else as_kept(_from_panels(self.lows))
         supers = None
         if self.supers is not None:
             per_super = self.supers.shape[2]
             supers = _from_panels(self.supers.flatten(1, 2)).float().view(self.out_features, -1, per_super)
-        return QuantBlocks(_from_panels(q).view(self.qweight.dtype), as_kept(_from_panels(self.scales)), low,
+        # float8 codes are moved as bytes
+        q = _from_panels(q.view(torch.uint8)).view(q.dtype) if q.dtype == torch.float8_e4m3fn else _from_panels(q)
+        return QuantBlocks(q, as_kept(_from_panels(self.scales)), low,
                            self.bits, self.group, self.scales.dtype, self.perm, supers)
 
     @property
@@ -119,18 +124,21 @@ class QuantLinear(nn.Module):
                                                      self.supers)
 
 
-def _fifth_bits(q: torch.Tensor) -> torch.Tensor:
-    """[n / 16, k, 16] 5-bit values -> their fifth bits, [n / 16, k / 8, 16] bytes: two bytes an input,
-    column c at bit c % 8 of byte c / 8 (quant_linear.c's layout)."""
-    bits = ((q >> 4) & 1).view(*q.shape[:2], 2, 8)
-    packed = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)  # [n / 16, k, 2]
-    return packed.reshape(q.shape[0], -1, PANEL)
+def _high_bits(q: torch.Tensor, width: int) -> torch.Tensor:
+    """[n / 16, k, 16] values -> their bits past the fourth (`width` of them), [n / 16, k * width / 8,
+    16] bytes: byte c of row r holds column c's at the row's 8 / width inputs, input t of the row at
+    bits t * width (quant_linear.c's layout)."""
+    per_row = 8 // width
+    high = ((q >> 4) & ((1 << width) - 1)).view(q.shape[0], -1, per_row, PANEL)
+    shifts = (torch.arange(per_row, dtype=torch.uint8) * width).view(1, 1, per_row, 1)
+    return (high << shifts).sum(2, dtype=torch.uint8)
 
 
-def _from_fifth_bits(packed: torch.Tensor) -> torch.Tensor:
-    """_fifth_bits' bytes -> [n / 16, k, 16] bits (0 or 1)."""
-    by_input = packed.reshape(packed.shape[0], -1, 2, 1)
-    return ((by_input >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(packed.shape[0], -1, PANEL)
+def _from_high_bits(packed: torch.Tensor, width: int) -> torch.Tensor:
+    """_high_bits' bytes -> [n / 16, k, 16] values of `width` bits."""
+    per_row = 8 // width
+    shifts = (torch.arange(per_row, dtype=torch.uint8) * width).view(1, 1, per_row, 1)
+    return ((packed[:, :, None, :] >> shifts) & ((1 << width) - 1)).reshape(packed.shape[0], -1, PANEL)
 
 
 class QuantLinearParts(nn.Module):
@@ -153,33 +161,37 @@ class QuantLinearParts(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """An embedding table kept in the file's blocks (4-bit values two to a byte; 5-bit ones so, and
-    their fifth bits eight to a byte): the rows a step looks up are dequantized as gguf dequantizes
-    them, into the model's dtype."""
+    """An embedding table kept in the file's blocks (4-bit values two to a byte; 5- and 6-bit ones so,
+    with a plane of bytes for each bit past the fourth): the rows a step looks up are dequantized as
+    gguf dequantizes them, into the model's dtype."""
 
     def __init__(self, blocks: QuantBlocks, dtype: torch.dtype):
         super().__init__()
         q = blocks.q
-        if blocks.bits in (4, 5):
-            q = (q[:, 0::2] & 0x0F) | ((q[:, 1::2] & 0x0F) << 4)
+        if blocks.bits == 6:  # -32..31 as 0..63
+            q = (q.to(torch.int16) + 32).to(torch.uint8)
         self.bits, self.group, self.dtype = blocks.bits, blocks.group, dtype
         self.num_embeddings, self.embedding_dim = blocks.q.shape
+        planes = None  # [bits - 4, rows, dim / 8]: bit j of byte b is input 8b + j's bit 4 (5, ...)
+        if blocks.bits in (5, 6):
+            bits = torch.stack([(q >> b) & 1 for b in range(4, blocks.bits)]).view(blocks.bits - 4, q.shape[0], -1, 8)
+            planes = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+        if blocks.bits in (4, 5, 6):
+            q = (q[:, 0::2] & 0x0F) | ((q[:, 1::2] & 0x0F) << 4)
         self.register_buffer("q", q.contiguous())
-        fifth = None  # [rows, dim / 8]: bit j of byte b is input 8b + j's fifth bit
-        if blocks.bits == 5:
-            bits = ((blocks.q >> 4) & 1).view(self.num_embeddings, -1, 8)
-            fifth = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
-        self.register_buffer("fifth", fifth)
+        self.register_buffer("planes", planes)
         self.register_buffer("scales", blocks.scale.to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else blocks.low.to(blocks.scale_dtype))
         self.register_buffer("supers", None if blocks.supers is None else blocks.supers.half())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         q = self.q[ids]
-        if self.bits in (4, 5):
+        if self.bits in (4, 5, 6):
             q = torch.stack([q & 0x0F, q >> 4], dim=-1).flatten(-2)
-        if self.bits == 5:
-            q = q | ((((self.fifth[ids][..., None] >> torch.arange(8, dtype=torch.uint8)) & 1) << 4).flatten(-2))
+        for b in range(4, self.bits if self.bits in (5, 6) else 4):
+            q = q | ((((self.planes[b - 4][ids][..., None] >> torch.arange(8, dtype=torch.uint8)) & 1) << b).flatten(-2))
+        if self.bits == 6:
+            q = q.to(torch.int16) - 32
         q = q.reshape(*ids.shape, self.embedding_dim // self.group, self.group).float()
         scale, low = self.scales[ids].float(), None if self.lows is None else self.lows[ids].float()
         if self.supers is not None:  # two levels: each group's int8 times its super-block's float16

@@ -116,7 +116,8 @@ void check_shape(const at::Tensor &t, at::IntArrayRef shape, const char *what) {
 constexpr int64_t PANEL = 16;
 
 // x: [..., k] float32 or bfloat16; qweight: 4 bits [n / 16, k / 2, 16] uint8, 5 bits [n / 16, k / 2 + k / 8, 16]
-// uint8 (the nibbles, then the fifth bits), 8 bits [n / 16, k, 16]
+// uint8 (the nibbles, then the fifth bits), 6 bits [n / 16, k / 2 + k / 4, 16] (value + 32, then the
+// sixth bits too), 8 bits [n / 16, k, 16]
 // int8 (or float8_e4m3fn: float codes, float32 scales, no lows); scales (and lows):
 // [n / 16, k / group, 16], float16 or float32 (the group is k over their middle size: 16, 32, 64
 // or 128), or int8 in two levels with supers [n / 16, k / 256, S, 16]
@@ -127,7 +128,7 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   check_float(x, "x");
   check_cpu(qweight, "qweight");
   check_cpu(scales, "scales");
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "bits must be 4, 5 or 8, got ", bits);
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits must be 4, 5, 6 or 8, got ", bits);
   TORCH_CHECK(x.dim() >= 1, "x must have an input dimension");
   TORCH_CHECK(qweight.dim() == 3 && qweight.is_contiguous(), "qweight must be a contiguous [n / 16, ..., 16] tensor");
   TORCH_CHECK(scales.dim() == 3 && scales.size(1) > 0, "scales must be [n / 16, k / group, 16], got ", scales.sizes());
@@ -140,8 +141,8 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
               bits == 8 ? "int8 or float8_e4m3fn" : "uint8", " for ", bits, " bits, got ", qweight.scalar_type());
   if (bits == 4)
     check_shape(qweight, {n / PANEL, k / 2, PANEL}, "qweight");
-  else if (bits == 5)  // the nibbles, then the fifth bits (quant_linear.c)
-    check_shape(qweight, {n / PANEL, k / 2 + k / 8, PANEL}, "qweight");
+  else if (bits == 5 || bits == 6)  // the nibbles, then the fifth (and sixth) bits (quant_linear.c)
+    check_shape(qweight, {n / PANEL, k / 2 + (bits - 4) * k / 8, PANEL}, "qweight");
   else
     check_shape(qweight, {n / PANEL, k, PANEL}, "qweight");
   const auto scale_type = scales.scalar_type();
@@ -160,7 +161,7 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
     TORCH_CHECK(t->scalar_type() == scale_type && t->is_contiguous(), "scales and lows must be contiguous, of one dtype");
     check_shape(*t, {n / PANEL, k / group, PANEL}, "scales and lows");
   }
-  TORCH_CHECK(bits == 8 || lows.has_value(), "4 and 5 bits need lows");
+  TORCH_CHECK((bits != 4 && bits != 5) || lows.has_value(), "4 and 5 bits need lows");
   if (bias) {
     check_cpu(*bias, "bias");
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous(), "bias must be contiguous float32");

@@ -14,14 +14,15 @@
  *   4 bits, G 64 or 128, float32, low     AWQ, GPTQ, compressed-tensors int4 (low -zero * scale)
  *   8 bits, G 128, float32 (with a low or without)   GPTQ and compressed-tensors int8
  *   8-bit float codes (e4m3), G 128 or 32, float32: compressed-tensors' FP8 (a channel's scale repeated)
- *   two levels: 4 bits G 32 low Q4_K, 5 bits G 32 low Q5_K, 8 bits G 16 Q6_K and Q3_K, 4 bits G 16
+ *   two levels: 4 bits G 32 low Q4_K, 5 bits G 32 low Q5_K, 6 bits G 16 Q6_K, 8 bits G 16 Q3_K, 4 bits G 16
  *   low Q2_K, 8 bits G 32 IQ4_XS
  *
  * The weights are laid out in panels of 16 output columns, the columns of a panel side by side for
  * each input: 4 bits: [n / 16, k / 2, 16] bytes, byte c of pair j holding column c at input 2j (low
- * nibble) and at 2j + 1 (high nibble); 5 bits: the 4-bit layout, then each value's fifth bit,
- * [n / 16, k / 8, 16] bytes, bytes 2t and 2t + 1 of row r the 16 columns at input 8r + t (column c
- * at bit c % 8 of byte c / 8); 8 bits: [n / 16, k, 16] int8; scales and lows:
+ * nibble) and at 2j + 1 (high nibble); 5 bits: the 4-bit layout, then the fifth bits, [n / 16,
+ * k / 8, 16] bytes, byte c of row r column c's at inputs 8r .. 8r + 7 (input 8r + t at bit t); 6
+ * bits: value + 32 (the values are -32..31) likewise, its two high bits [n / 16, k / 4, 16], input
+ * 4r + t at bits 2t, 2t + 1; 8 bits: [n / 16, k, 16] int8; scales and lows:
  * [n / 16, k / G, 16]; two levels: int8 scales and lows [n / 16, k / G, 16], and float16 supers
  * [n / 16, k / 256, S, 16], S 2 with lows (the super-scale, then the super-low), else 1.
  *
@@ -66,6 +67,7 @@ struct format {
 #define F_Q4_G32_I8 ((struct format){4, 32, 0, 1, 1, 0})
 #define F_Q5_G32_I8 ((struct format){5, 32, 0, 1, 1, 0})
 #define F_Q8_G16_I8 ((struct format){8, 16, 0, 0, 1, 0})
+#define F_Q6_G16_I8 ((struct format){6, 16, 0, 0, 1, 0})
 #define F_Q4_G16_I8 ((struct format){4, 16, 0, 1, 1, 0})
 #define F_Q8_G32_I8 ((struct format){8, 32, 0, 0, 1, 0})
 #define F_E4M3_G128_F32 ((struct format){8, 128, 0, 0, 0, 1})
@@ -84,11 +86,12 @@ static inline __attribute__((always_inline)) void weights_at(const struct panels
                                                              cols *at_next) {
     if (f.bits == 4) {
         cols_int4(w->q + (c * w->k + i) * (PANEL / 2), scale, low, at_i, at_next);
-    } else if (f.bits == 5) {  /* a panel is k * 8 bytes of nibbles, then k * 2 of fifth bits */
-        const uint8_t *panel = w->q + c * w->k * (PANEL / 2 + 2);
-        const uint8_t *fifth = panel + w->k * (PANEL / 2) + i * 2;
-        cols_int5(panel + i * (PANEL / 2), (uint16_t)(fifth[0] | fifth[1] << 8), (uint16_t)(fifth[2] | fifth[3] << 8),
-                  scale, low, at_i, at_next);
+    } else if (f.bits == 5 || f.bits == 6) {  /* a panel: k * 8 bytes of nibbles, then k * 2 (or 4) of high bits */
+        const int width = f.bits - 4, per_row = 8 / width;  /* high bits a value; inputs a row of 16 bytes */
+        const uint8_t *panel = w->q + c * w->k * (PANEL / 2 + 2 * width);
+        const uint8_t *high = panel + w->k * (PANEL / 2) + (i / per_row) * PANEL;
+        cols_high(panel + i * (PANEL / 2), high, (int)(i % per_row) * width, width, f.has_low ? 0 : 32, scale, low,
+                  at_i, at_next);
     } else if (f.e4m3) {
         *at_i = cols_e4m3(w->q + (c * w->k + i) * PANEL, scale);
         *at_next = cols_e4m3(w->q + (c * w->k + i + 1) * PANEL, scale);
@@ -236,6 +239,7 @@ DEFINE_FORMAT(q8_g128_f32_low, F_Q8_G128_F32_LOW)
 DEFINE_FORMAT(q4_g32_i8, F_Q4_G32_I8)
 DEFINE_FORMAT(q5_g32_i8, F_Q5_G32_I8)
 DEFINE_FORMAT(q8_g16_i8, F_Q8_G16_I8)
+DEFINE_FORMAT(q6_g16_i8, F_Q6_G16_I8)
 DEFINE_FORMAT(q4_g16_i8, F_Q4_G16_I8)
 DEFINE_FORMAT(q8_g32_i8, F_Q8_G32_I8)
 DEFINE_FORMAT(e4m3_g128_f32, F_E4M3_G128_F32)
@@ -243,7 +247,7 @@ DEFINE_FORMAT(e4m3_g32_f32, F_E4M3_G32_F32)
 
 /* The format's kernels, or none (bindings.cpp checks a format before it calls). */
 static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low, int e4m3) {
-    if (bits == 5 && scale_bits != 8)  /* 5 bits come in two levels only (Q5_K) */
+    if ((bits == 5 || bits == 6) && scale_bits != 8)  /* they come in two levels only (Q5_K, Q6_K) */
         return 0;
     if (e4m3)
         return bits != 8 || scale_bits != 32 || has_low ? 0 : group == 128 ? &kernels_e4m3_g128_f32
@@ -252,7 +256,8 @@ static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t sc
         return bits == 4 ? (has_low ? &kernels_q4_g32_i8 : 0)
              : bits == 5 ? (has_low ? &kernels_q5_g32_i8 : 0) : (has_low ? 0 : &kernels_q8_g32_i8);
     if (scale_bits == 8 && group == 16)
-        return bits == 4 ? (has_low ? &kernels_q4_g16_i8 : 0) : (has_low ? 0 : &kernels_q8_g16_i8);
+        return bits == 4 ? (has_low ? &kernels_q4_g16_i8 : 0)
+             : bits == 6 ? (has_low ? 0 : &kernels_q6_g16_i8) : (has_low ? 0 : &kernels_q8_g16_i8);
     if (scale_bits == 16 && group == 32)
         return bits == 4 ? (has_low ? &kernels_q4_g32_f16 : 0) : (has_low ? 0 : &kernels_q8_g32_f16);
     if (scale_bits != 32)
@@ -275,7 +280,7 @@ int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void
     const struct kernels *fns = kernels_for(bits, group, scale_bits, lows != 0, e4m3 != 0);
     if (!fns || k % group || k % 8 || (scale_bits == 8) != (supers != 0) || (supers && k % SUPER))
         return -1;
-    const int64_t num_panels = n / PANEL, groups = k / group, panel_bytes = k * (bits == 4 ? PANEL / 2 : bits == 5 ? PANEL / 2 + 2 : PANEL);
+    const int64_t num_panels = n / PANEL, groups = k / group, panel_bytes = k * (bits == 4 ? PANEL / 2 : bits == 5 ? PANEL / 2 + 2 : bits == 6 ? PANEL / 2 + 4 : PANEL);
     const int64_t scale_bytes = scale_bits / 8;
     const int is_few = m <= FEW_ROWS, per_block = is_few ? FEW_PANELS : PANELS;
     const int64_t num_blocks = num_panels / per_block, num_tasks = num_blocks + num_panels % per_block;

@@ -58,19 +58,30 @@ static inline cols cols_e4m3(const uint8_t *p, cols scale) {
                   _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale.hi)};
 }
 
-/* 16 bytes of 16 where bit c of `bits` is set (column c's fifth bit), else 0 */
-static inline __m128i fifth_bytes(uint16_t bits) {
-    const __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128(bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1,
-                                                                                   1, 1, 1, 1, 1));
-    const __m128i lanes = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, lanes), lanes), _mm_set1_epi8(16));
+/* 16 bytes (unsigned where `bias` is 0, signed where not) as floats, then fma(q, scale, low) or q * scale */
+static inline cols widen_bytes(__m128i q, cols scale, cols low, int bias) {
+    const __m128i upper = _mm_srli_si128(q, 8);
+    const __m256 lo = _mm256_cvtepi32_ps(bias ? _mm256_cvtepi8_epi32(q) : _mm256_cvtepu8_epi32(q));
+    const __m256 hi = _mm256_cvtepi32_ps(bias ? _mm256_cvtepi8_epi32(upper) : _mm256_cvtepu8_epi32(upper));
+    return bias ? (cols){_mm256_mul_ps(lo, scale.lo), _mm256_mul_ps(hi, scale.hi)}
+                : (cols){_mm256_fmadd_ps(lo, scale.lo, low.lo), _mm256_fmadd_ps(hi, scale.hi, low.hi)};
 }
 
-/* 16 bytes of nibbles as cols_int4, each value's fifth bit from `fifth_i` / `fifth_next` (bit c: column c) */
-static inline void cols_int5(const uint8_t *p, uint16_t fifth_i, uint16_t fifth_next, cols scale, cols low,
-                             cols *at_i, cols *at_next) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
-    *at_i = widen_int4(_mm_or_si128(_mm_and_si128(bytes, mask), fifth_bytes(fifth_i)), scale, low);
-    *at_next = widen_int4(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), fifth_bytes(fifth_next)),
-                          scale, low);
+/* 16 values of 5 or 6 bits from their nibbles and their high bits: `width` bits at bit `shift` of each
+ * byte of `high` (column c's in byte c), the next input's at shift + width; minus `bias` (32: Q6_K's
+ * signed values), then fma(q, scale, low) (no low: q * scale, as the 8-bit form) */
+static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, int width, int bias, cols scale,
+                             cols low, cols *at_i, cols *at_next) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(0x0F);
+    const __m128i top = _mm_loadu_si128((const __m128i *)high), keep = _mm_set1_epi8(width == 1 ? 0x10 : 0x30);
+    /* bits shift.. of each byte to bits 4..: the 16-bit lanes' shifts leave those bits of each byte its own */
+    const __m128i hi_i = _mm_and_si128(_mm_sll_epi16(_mm_srl_epi16(top, _mm_cvtsi32_si128(shift)), _mm_cvtsi32_si128(4)),
+                                       keep);
+    const __m128i hi_j = _mm_and_si128(_mm_sll_epi16(_mm_srl_epi16(top, _mm_cvtsi32_si128(shift + width)),
+                                                     _mm_cvtsi32_si128(4)), keep);
+    const __m128i qi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(bytes, nibble), hi_i), _mm_set1_epi8((char)bias));
+    const __m128i qj = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), hi_j),
+                                    _mm_set1_epi8((char)bias));
+    *at_i = widen_bytes(qi, scale, low, bias);
+    *at_next = widen_bytes(qj, scale, low, bias);
 }

@@ -42,16 +42,27 @@ static inline cols cols_e4m3(const uint8_t *p, cols scale) {
     return _mm512_mul_ps(_mm512_cvtph_ps(h), scale);
 }
 
-/* 16 bytes of nibbles as cols_int4, each value's fifth bit from `fifth_i` / `fifth_next` (bit c: column c) */
-static inline void cols_int5(const uint8_t *p, uint16_t fifth_i, uint16_t fifth_next, cols scale, cols low,
-                             cols *at_i, cols *at_next) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    const __m512 sixteen = _mm512_set1_ps(16.0f);
-    const __m512 qi = _mm512_mask_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), fifth_i,
-                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), sixteen);
-    const __m512 qj = _mm512_mask_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), fifth_next,
-                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), sixteen);
-    *at_i = _mm512_fmadd_ps(qi, scale, low);
-    *at_next = _mm512_fmadd_ps(qj, scale, low);
+/* 16 bytes (unsigned where `bias` is 0, signed where not) as floats, then fma(q, scale, low) or q * scale */
+static inline cols widen_bytes(__m128i q, cols scale, cols low, int bias) {
+    const __m512 f = _mm512_cvtepi32_ps(bias ? _mm512_cvtepi8_epi32(q) : _mm512_cvtepu8_epi32(q));
+    return bias ? _mm512_mul_ps(f, scale) : _mm512_fmadd_ps(f, scale, low);
+}
+
+/* 16 values of 5 or 6 bits from their nibbles and their high bits: `width` bits at bit `shift` of each
+ * byte of `high` (column c's in byte c), the next input's at shift + width; minus `bias` (32: Q6_K's
+ * signed values), then fma(q, scale, low) (no low: q * scale, as the 8-bit form) */
+static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, int width, int bias, cols scale,
+                             cols low, cols *at_i, cols *at_next) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(0x0F);
+    const __m128i top = _mm_loadu_si128((const __m128i *)high), keep = _mm_set1_epi8(width == 1 ? 0x10 : 0x30);
+    /* bits shift.. of each byte to bits 4..: the 16-bit lanes' shifts leave those bits of each byte its own */
+    const __m128i hi_i = _mm_and_si128(_mm_sll_epi16(_mm_srl_epi16(top, _mm_cvtsi32_si128(shift)), _mm_cvtsi32_si128(4)),
+                                       keep);
+    const __m128i hi_j = _mm_and_si128(_mm_sll_epi16(_mm_srl_epi16(top, _mm_cvtsi32_si128(shift + width)),
+                                                     _mm_cvtsi32_si128(4)), keep);
+    const __m128i qi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(bytes, nibble), hi_i), _mm_set1_epi8((char)bias));
+    const __m128i qj = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), hi_j),
+                                    _mm_set1_epi8((char)bias));
+    *at_i = widen_bytes(qi, scale, low, bias);
+    *at_next = widen_bytes(qj, scale, low, bias);
 }

@@ -75,11 +75,16 @@ static inline cols cols_e4m3(const uint8_t *p, cols scale) {
     return c;
 }
 
-/* 16 bytes of nibbles as cols_int4, each value's fifth bit from `fifth_i` / `fifth_next` (bit c: column c) */
-static inline void cols_int5(const uint8_t *p, uint16_t fifth_i, uint16_t fifth_next, cols scale, cols low,
-                             cols *at_i, cols *at_next) {
+/* 16 values of 5 or 6 bits from their nibbles and their high bits: `width` bits at bit `shift` of each
+ * byte of `high` (column c's in byte c), the next input's at shift + width; minus `bias` (32: Q6_K's
+ * signed values), then q * scale + low (no low: q * scale, as the 8-bit form) */
+static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, int width, int bias, cols scale,
+                             cols low, cols *at_i, cols *at_next) {
+    const int mask = (1 << width) - 1;
     for (int j = 0; j < 16; j++) {
-        at_i->v[j] = MADD((float)((p[j] & 0x0F) | ((fifth_i >> j) & 1) << 4), scale.v[j], low.v[j]);
-        at_next->v[j] = MADD((float)((p[j] >> 4) | ((fifth_next >> j) & 1) << 4), scale.v[j], low.v[j]);
+        const float qi = (float)(((p[j] & 0x0F) | ((high[j] >> shift) & mask) << 4) - bias);
+        const float qj = (float)(((p[j] >> 4) | ((high[j] >> (shift + width)) & mask) << 4) - bias);
+        at_i->v[j] = bias ? qi * scale.v[j] : MADD(qi, scale.v[j], low.v[j]);
+        at_next->v[j] = bias ? qj * scale.v[j] : MADD(qj, scale.v[j], low.v[j]);
     }
 }
