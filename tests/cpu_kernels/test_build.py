@@ -61,3 +61,19 @@ def test_the_worker_says_which_kernels_it_runs(cpu_kernels, default_model_path):
     spec = WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 0, num_kv_blocks=8, quantization="gguf")
     device = TorchCpuBackend.create(spec).describe().device
     assert device == f"cpu (float32, gguf weights, C kernels ({cpu_kernels.variant}))"
+
+
+def test_each_build_compiles_into_an_inductor_cache_of_its_own(cpu_kernels, tmp_path):
+    """Inductor's cache knows an op by its name: a graph compiled against an older build (another
+    schema of quant_linear) was loaded from it and crashed the worker. Loading the kernels points
+    Inductor at a directory named for this build, beneath the user's or torch's own."""
+    import os
+
+    from services.worker.backends.torch_cpu.kernels.load import inductor_cache_dir
+
+    key = build.read_manifest(build.kernels_dir())["key"]
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith(f"switchyard-kernels-{key[:16]}")
+    mine = inductor_cache_dir("a" * 64, str(tmp_path))
+    assert mine == str(tmp_path / ("switchyard-kernels-" + "a" * 16))
+    assert inductor_cache_dir("a" * 64, mine) == mine  # a child process of the worker: not nested again
+    assert inductor_cache_dir("b" * 64, str(tmp_path)) != mine  # another build: another directory

@@ -34,12 +34,25 @@ def load(directory: Path | None = None) -> Kernels:
     except OSError as exc:
         return Kernels(None, f"the C kernels failed to load: {exc}")
     _register_fakes()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(build.read_manifest(directory)["key"],
+                                                               os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
     if wanted := os.environ.get("SY_CPU_KERNELS"):  # another variant than the best, to measure an older CPU's
         if wanted not in torch.ops.switchyard_cpu.variants():
             return Kernels(None, f"SY_CPU_KERNELS={wanted}: this CPU runs {torch.ops.switchyard_cpu.variants()}")
         torch.ops.switchyard_cpu.use_variant(wanted)
     variant = torch.ops.switchyard_cpu.variant()
     return Kernels(variant, f"C kernels ({variant})")
+
+
+def inductor_cache_dir(build_key: str, current: str | None) -> str:
+    """Inductor's cache keys a compiled graph by its ops' names, not by this library's code: a graph
+    compiled against another build of these kernels (another op schema) would be loaded from it and
+    crash. So each build compiles into a directory of its own, beneath the one torch would use."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    name = f"switchyard-kernels-{build_key[:16]}"
+    root = current or default_cache_dir()
+    return root if Path(root).name == name else str(Path(root) / name)
 
 
 def _register_fakes() -> None:
