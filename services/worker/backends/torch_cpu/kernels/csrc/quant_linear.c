@@ -1,16 +1,15 @@
 /* Linears over quantized weights on float32 rows: out[m, n] = x[m, k] W^T (+ bias). W is stored in
  * groups of G inputs (16, 32, 64 or 128) with a scale each, and a low for the formats that have one:
- * w = q * scale + low, q an unsigned 4-bit value (0..15) or an 8-bit one (-128..127). Scales and lows
- * are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 / IQ4_NL blocks), float32 where
- * they are products (a k-quant's super-block scale times its 6-bit sub-block scale: exact in
- * float32, not in float16), or in two levels as the file has them: an int8 per group times a float16
- * per super-block of 256 inputs (a k-quant's d and sc, dmin and m; the product, made as the group's
- * weights are decoded, is the float32 one above to the bit, in a quarter of the memory).
+ * w = q * scale + low, q an unsigned 4- or 5-bit value, a 6-bit one (-32..31) or an 8-bit one
+ * (-128..127). Scales and lows are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 /
+ * IQ4_NL blocks), float32 where a checkpoint's are (AWQ, GPTQ, compressed-tensors), or in two levels
+ * as a k-quant's file has them: an int8 per group times a float16 per super-block of 256 inputs (d
+ * and sc, dmin and m; the product, made as the group's weights are decoded, is exact in float32).
  * The formats (struct format below):
- *   4 bits, G 32, float16, low   Q4_0, Q4_1 (low -8d), int4        4 bits, G 32, float32, low   Q4_K
- *   8 bits, G 32, float16        Q8_0, IQ4_NL (its codebook values) 8 bits, G 32, float32, low   Q5_K
- *   8 bits, G 16, float32        Q6_K, Q3_K                         4 bits, G 16, float32, low   Q2_K
- *   8 bits, G 32, float32        IQ4_XS
+ *   4 bits, G 32, float16, low   Q4_0, Q4_1 (low -8d), int4
+ *   8 bits, G 32, float16        Q8_0, IQ4_NL (its codebook values)
+ *   4 or 8 bits, G 16 or 32, float32 (4 bits with a low; 8 with or without): a k-quant's one-level
+ *   form (QuantBlocks.flat(), the tests' reference for the two-level ones), checkpoints' groups of 32
  *   4 bits, G 64 or 128, float32, low     AWQ, GPTQ, compressed-tensors int4 (low -zero * scale)
  *   8 bits, G 128, float32 (with a low or without)   GPTQ and compressed-tensors int8
  *   8-bit float codes (e4m3), G 128 or 32, float32: compressed-tensors' FP8 (a channel's scale repeated)
