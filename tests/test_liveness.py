@@ -90,7 +90,7 @@ async def test_a_stall_of_our_own_loop_is_not_the_peers_silence(server):
 
 
 async def _answered(probe: BusProbe, clock: ManualClock) -> None:
-    """Until the probe's PING is answered at the clock's present time."""
+    """Until a PING the probe sent at the clock's present time is answered."""
     async with asyncio.timeout(10):
         while probe.answered_at != clock():
             await asyncio.sleep(0.01)
@@ -104,8 +104,8 @@ async def test_a_paused_server_is_our_outage_not_the_peers_silence(server):
     probe = BusProbe(nc, clock).start()
     beats = Heartbeats(nc, WINDOW_S, clock, probe=probe)
     beats.heard("scheduler")
-    # its first PING answered before the pause: a PONG read after the clock moved on would say the
-    # bus answered during the pause (CI once saw the scheduler declared silent so)
+    # a PING may be in flight at the pause and its PONG read only after the clock moved on: the probe
+    # counts it from when it was sent (CI twice saw the scheduler declared silent when it counted the read)
     await _answered(probe, clock)
     os.kill(server.proc.pid, signal.SIGSTOP)
     try:
@@ -124,5 +124,23 @@ async def test_a_paused_server_is_our_outage_not_the_peers_silence(server):
     clock.advance(LOOK_S)
     await _answered(probe, clock)
     assert beats.silent() == ["scheduler"]  # the bus answers and the peer does not: silent
+    probe.stop()
+    await nc.close()
+
+
+async def test_a_pong_read_late_counts_from_when_its_ping_left(server):
+    """The bus was known alive when the PING left, not when its PONG was read: a PONG read after a
+    pause began (or after our loop was held up) must not say the bus answered during it."""
+    nc = await nats.connect(server.url)
+    clock = ManualClock()
+    probe = BusProbe(nc, clock)
+    clock.advance(1.0)
+    probe.start()
+    await asyncio.sleep(0)  # the probe's first step: its PING leaves at 1001
+    clock.advance(6.0)  # and its PONG is read no earlier than 1007
+    async with asyncio.timeout(10):
+        while probe.answered_at == 1000.0:
+            await asyncio.sleep(0.01)
+    assert probe.answered_at == 1001.0 and probe.quiet_for() == 6.0
     probe.stop()
     await nc.close()

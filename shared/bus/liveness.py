@@ -47,14 +47,17 @@ class BusProbe:
             self._task = None
 
     def quiet_for(self) -> float:
-        """Seconds since the bus last answered our PING."""
+        """Seconds since the bus was last known to answer: since our last answered PING was sent."""
         return self.clock() - self.answered_at
 
     async def _run(self) -> None:
         while not self.nc.is_closed:
             try:
+                sent = self.clock()
                 await self.nc.flush(timeout=60)  # waits out a stall: answered when the server runs again
-                self.answered_at = self.clock()
+                # the PONG proves the bus alive when the PING left, no later: one read late (a loop
+                # held up, a PONG sent just before a pause) must not say it answered afterwards
+                self.answered_at = sent
             except Exception:  # disconnected or closed: nc.is_connected says so meanwhile
                 pass
             await asyncio.sleep(PROBE_EVERY_S)
