@@ -9,6 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+# xdist's workers share the cores: each takes its share of torch's threads (children inherit it), or
+# two processes' OpenMP regions wait on each other's descheduled threads (5x slower on 2 cores)
+if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    _share = max(1, (os.cpu_count() or 1) // _workers)
+    torch.set_num_threads(_share)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter on the CPU (before triton loads)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # the suite's stacks run `make run`'s defaults for this CPU (the C kernels, each row computed alone,
