@@ -47,7 +47,8 @@ def test_every_type_decodes_to_ggufs_own_dequantization_to_the_bit(kind):
     raw = random_raw(kind, 16, 1024, rng)
     want = dequantize(raw, GGMLQuantizationType[kind]).reshape(16, 1024)
     got = decode(kind, raw)
-    assert np.array_equal(got.dequantized.numpy().view(np.uint32), want.view(np.uint32))
+    # + 0.0 makes every zero +0: Q3_K's u (d sc) + sc (-4d) is +0 where gguf's d sc q is -0 (d sc < 0)
+    assert np.array_equal((got.dequantized.numpy() + 0.0).view(np.uint32), (want + 0.0).view(np.uint32))
     assert got.scale.shape == (16, 1024 // got.group)
     assert torch.equal(got.scale.to(got.scale_dtype), got.scale.to(got.scale.dtype))  # kept as the kernel stores it
     if got.supers is not None:  # two levels: the file's int8 per group, its float16 d (and -dmin) per 256
@@ -78,6 +79,9 @@ def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kern
     flat = QuantLinear(decode(kind, raw).flat(), None)  # one level: the float32 products themselves
     if kind in ("Q5_K", "Q6_K"):  # its values in 5 (6) bits: the nibbles, then a plane of fifth (and sixth) bits
         assert layer.bits == int(kind[1]) and layer.qweight.shape == (n // 16, k // 2 + (layer.bits - 4) * k // 8, 16)
+    if kind in ("Q3_K", "IQ4_NL", "IQ4_XS"):  # 4 bits: Q3_K's q + 4, IQ4's indices into its codebook
+        assert layer.bits == 4 and layer.qweight.shape == (n // 16, k // 2, 16)
+        assert (layer.codebook is not None) == kind.startswith("IQ4")
     weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(n, k))
     assert torch.equal(layer.dequantized, weights)  # the kernel's layout round-trips
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
@@ -159,14 +163,17 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     layers = dict(loaded.model.named_modules())
     assert not any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())  # every weight kept
     assert [type(layers[f"layers.{i}.attention.wqkv"]).__name__ for i in (0, 1)] == ["QuantLinearParts"] * 2
-    assert type(layers["layers.1.feed_forward.w13"]).__name__ == "QuantLinear"  # IQ4_NL beside Q8_0: one format
-    # the k-quants and IQ4_XS in two levels (int8 scales, float16 supers), Q4_1 in its float16 scales
+    w13 = layers["layers.1.feed_forward.w13"]  # IQ4_NL's indices beside Q8_0's values: two formats
+    assert type(w13).__name__ == "QuantLinearParts" and [p.bits for p in w13.parts] == [4, 8]
+    # the k-quants and IQ4_XS in two levels (int8 scales, float16 supers), Q4_1 in its float16 scales;
+    # Q3_K as 4 bits (q + 4) with a low, IQ4 as 4-bit indices into its codebook
     expect = {"layers.0.attention.wo": (4, 32, torch.int8), "layers.0.feed_forward.w2": (6, 16, torch.int8),
-              "layers.1.attention.wo": (8, 32, torch.int8), "layers.1.feed_forward.w2": (4, 32, torch.float16),
-              "output": (6, 16, torch.int8)}
+              "layers.1.attention.wo": (4, 32, torch.int8), "layers.1.feed_forward.w2": (4, 32, torch.float16),
+              "output": (6, 16, torch.int8), "layers.1.attention.wqkv.parts.1": (4, 16, torch.int8)}
     for name, (bits, group, dtype) in expect.items():
         layer = layers[name]
         assert (layer.bits, layer.group, layer.scales.dtype) == (bits, group, dtype), name
+    assert layers["layers.1.attention.wo"].codebook is not None and w13.parts[0].codebook is not None
     assert torch.equal(layers["output"].dequantized, state["lm_head.weight"])
     assert torch.equal(layers["layers.1.attention.wo"].dequantized, state["model.layers.1.self_attn.o_proj.weight"])
     ids = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(5)).tolist()

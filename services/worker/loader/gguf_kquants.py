@@ -6,7 +6,8 @@ minimum) per sub-block: w = (d * sc) * q - (dmin * m). d * sc and dmin * m are e
 (an 11-bit significand times a 6-bit integer), and so is (d * sc) * q where there is a low, so
 fma(q, d * sc, -(dmin * m)) is the one rounding gguf's dequantize makes: the weights are its own,
 to the bit. sc and m are kept as int8 (the scale and low of a group), d and -dmin as the supers.
-Q5_K's values are kept in 5 bits, Q6_K's in 6; Q3_K's and the IQ4 codebook's in 8.
+Q5_K's values are kept in 5 bits, Q6_K's in 6, Q3_K's in 4 (q + 4, its low -4 d sc: the same
+weights, a zero +0 where gguf's is -0); IQ4's as the file's 4-bit indices with their codebook.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 QK = 256  # weights per super-block
+FOUR_D_FITS = 65504 / 4  # float16's largest over 4: Q3_K's -4d exact in float16 below it
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 
@@ -28,6 +30,7 @@ class Decoded:
     group: int
     half: bool = False  # every scale exact in float16 (kept as such)
     supers: np.ndarray | None = None  # [rows, k / 256, 1 or 2] float32: d (and -dmin), exact in float16
+    codebook: np.ndarray | None = None  # [16] int8 the 4-bit q index (IQ4's), or None
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -101,9 +104,12 @@ def q3_k(raw: np.ndarray) -> Decoded:
     sc = ((lo.reshape(*b.shape[:2], 16) & 0x0F) | ((hi.reshape(*b.shape[:2], 16) & 3) << 4)).astype(np.int8) - 32
     low2 = (b[..., 32:96].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
     mask = (b[..., 0:32][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
-    q = low2.reshape(*b.shape[:2], 8, 32).astype(np.int8) - ((mask ^ 1) << 2).astype(np.int8)
+    u = low2.reshape(*b.shape[:2], 8, 32) | (mask << 2)  # q + 4: 0..7, a high-bit mask's 1 adding the 4 back
     d = _f16(b[..., 108:110])[..., None]
-    return Decoded(_flat(q), _subs(sc), None, 8, 16, supers=_supers(d))
+    if np.abs(d).max(initial=0.0) > FOUR_D_FITS:  # -4d past float16: the values as they are, in 8 bits
+        return Decoded(_flat(u.astype(np.int8) - np.int8(4)), _subs(sc), None, 8, 16, supers=_supers(d))
+    # w = d sc (u - 4) = u (d sc) + sc (-4 d): 4 bits with a low, its super -4d (exact: a power of two)
+    return Decoded(_flat(u).astype(np.uint8), _subs(sc), _subs(sc), 4, 16, supers=_supers(d, -4 * d))
 
 
 def q2_k(raw: np.ndarray) -> Decoded:
@@ -116,8 +122,8 @@ def q2_k(raw: np.ndarray) -> Decoded:
 
 def iq4_nl(raw: np.ndarray) -> Decoded:
     b = raw.reshape(raw.shape[0], -1, 18)  # d, 16 bytes of codebook indices (blocks of 32)
-    q = IQ4_VALUES[_nibbles(b[..., 2:], 16)]
-    return Decoded(_flat(q), _flat(_f16(b[..., 0:2])), None, 8, 32, half=True)
+    q = _nibbles(b[..., 2:], 16)
+    return Decoded(_flat(q), _flat(_f16(b[..., 0:2])), None, 4, 32, half=True, codebook=IQ4_VALUES)
 
 
 def iq4_xs(raw: np.ndarray) -> Decoded:
@@ -125,8 +131,8 @@ def iq4_xs(raw: np.ndarray) -> Decoded:
     high = (b[..., 2:4].copy().view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))) & 3
     low = _nibbles(b[..., 4:8], 4).reshape(*b.shape[:2], 2, 4).swapaxes(-1, -2).reshape(*b.shape[:2], 8)
     sc = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - 32
-    q = IQ4_VALUES[_nibbles(b[..., 8:].reshape(*b.shape[:2], 8, 16), 16)]
-    return Decoded(_flat(q), _subs(sc), None, 8, 32, supers=_supers(_f16(b[..., 0:2])[..., None]))
+    q = _nibbles(b[..., 8:].reshape(*b.shape[:2], 8, 16), 16)
+    return Decoded(_flat(q), _subs(sc), None, 4, 32, supers=_supers(_f16(b[..., 0:2])[..., None]), codebook=IQ4_VALUES)
 
 
 DECODERS = {"Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "Q3_K": q3_k, "Q2_K": q2_k, "IQ4_NL": iq4_nl, "IQ4_XS": iq4_xs}

@@ -19,7 +19,8 @@ FUSED = {"attention.wqkv": ("attention.wq", "attention.wk", "attention.wv"),
 
 @dataclass
 class QuantBlocks:
-    # [out, in]: uint8 0..15 (4 bits) or 0..31 (5), int8 -32..31 (6) or any (8), or float8_e4m3fn codes
+    # [out, in]: uint8 0..15 (4 bits: values, or a codebook's indices) or 0..31 (5), int8 -32..31 (6) or
+    # any (8), or float8_e4m3fn codes
     q: torch.Tensor
     # [out, in / group] float32, each exact in scale_dtype; two levels (supers): int8, the sub-scales
     scale: torch.Tensor
@@ -34,18 +35,23 @@ class QuantBlocks:
     # two levels (a k-quant's): [out, in / SUPER, 1 or 2] float32, each exact in float16: the
     # super-block's scale (d) and, with lows, its low (-dmin); a group's scale is its int8 times d
     supers: torch.Tensor | None = None
+    # a codebook (IQ4's): [16] int8, the values q's 4-bit indices stand for; None: q holds the values
+    codebook: torch.Tensor | None = None
 
     def __post_init__(self):
         if not self.bits:
             self.bits = 8 if self.low is None else 4
 
     @property
-    def format(self) -> tuple[int, int, torch.dtype, bool, torch.dtype]:
-        return self.bits, self.group, self.scale_dtype, self.low is not None, self.q.dtype
+    def format(self) -> tuple[int, int, torch.dtype, bool, torch.dtype, bool]:
+        return self.bits, self.group, self.scale_dtype, self.low is not None, self.q.dtype, self.codebook is not None
 
     def flat(self) -> QuantBlocks:
         """One level: each group's float32 scale (and low), the product of its int8 and its super's
-        (exact: an 8-bit integer times an 11-bit significand); 5- and 6-bit values widened to int8."""
+        (exact: an 8-bit integer times an 11-bit significand); 5- and 6-bit values widened to int8, a
+        codebook's indices to its values."""
+        if self.codebook is not None:
+            return dataclasses.replace(self, q=self.codebook[self.q.long()], bits=8, codebook=None).flat()
         if self.supers is None:
             return self
         per_super = SUPER // self.group
@@ -57,7 +63,7 @@ class QuantBlocks:
     @property
     def dequantized(self) -> torch.Tensor:
         """[out, in] float32: the file's weights, exactly as the format's own dequantization computes them."""
-        if self.supers is not None:
+        if self.supers is not None or self.codebook is not None:
             return self.flat().dequantized
         n, k = self.q.shape
         q = self.q.view(n, k // self.group, self.group).float()

@@ -37,7 +37,8 @@ class QuantLinear(nn.Module):
     - gguf (the default on a GGUF with quantized tensors of a kept type): exactly those weights keep
       the file's blocks (loader/gguf_blocks.py: Q4_0 / Q4_1 / Q8_0 with their float16 scales; the
       k-quants and IQ4 in loader/gguf_kquants.py, in the file's two levels of scales, an int8 per group
-      times a float16 per 256 inputs); the others stay as the file has them.
+      times a float16 per 256 inputs, IQ4's values as the file's 4-bit indices into its codebook); the
+      others stay as the file has them.
     - int4: 4-bit values in groups of 32 inputs, each with a float16 scale and minimum (Q4_1's
       scheme); a GGUF's own blocks where the file has them, 8 bits for a weight it holds as floats.
     - int8: 8-bit values in groups of 32 with a float16 scale each (Q8_0's scheme).
@@ -72,6 +73,7 @@ class QuantLinear(nn.Module):
             supers = _to_panels(blocks.supers.reshape(n, -1)).half().view(n // PANEL, -1, blocks.supers.shape[-1], PANEL)
         self.register_buffer("supers", supers)
         self.register_buffer("perm", blocks.perm)  # GPTQ's act-order: the inputs gathered into the groups' order
+        self.register_buffer("codebook", blocks.codebook)  # IQ4's: the values the 4-bit indices stand for
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     @classmethod
@@ -110,7 +112,7 @@ class QuantLinear(nn.Module):
         # float8 codes are moved as bytes
         q = _from_panels(q.view(torch.uint8)).view(q.dtype) if q.dtype == torch.float8_e4m3fn else _from_panels(q)
         return QuantBlocks(q, as_kept(_from_panels(self.scales)), low,
-                           self.bits, self.group, self.scales.dtype, self.perm, supers)
+                           self.bits, self.group, self.scales.dtype, self.perm, supers, self.codebook)
 
     @property
     def dequantized(self) -> torch.Tensor:
@@ -121,7 +123,7 @@ class QuantLinear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias,
-                                                     self.supers)
+                                                     self.supers, self.codebook)
 
 
 def _high_bits(q: torch.Tensor, width: int) -> torch.Tensor:
@@ -183,11 +185,14 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("scales", blocks.scale.to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else blocks.low.to(blocks.scale_dtype))
         self.register_buffer("supers", None if blocks.supers is None else blocks.supers.half())
+        self.register_buffer("codebook", blocks.codebook)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         q = self.q[ids]
         if self.bits in (4, 5, 6):
             q = torch.stack([q & 0x0F, q >> 4], dim=-1).flatten(-2)
+        if self.codebook is not None:
+            q = self.codebook[q.long()]
         for b in range(4, self.bits if self.bits in (5, 6) else 4):
             q = q | ((((self.planes[b - 4][ids][..., None] >> torch.arange(8, dtype=torch.uint8)) & 1) << b).flatten(-2))
         if self.bits == 6:

@@ -121,10 +121,11 @@ constexpr int64_t PANEL = 16;
 // int8 (or float8_e4m3fn: float codes, float32 scales, no lows); scales (and lows):
 // [n / 16, k / group, 16], float16 or float32 (the group is k over their middle size: 16, 32, 64
 // or 128), or int8 in two levels with supers [n / 16, k / 256, S, 16]
-// float16 (S: 2 with lows, else 1; groups of 16 or 32); 4 bits always have lows; bias: [n] float32.
+// float16 (S: 2 with lows, else 1; groups of 16 or 32); 4 bits have lows, or a codebook: [16] int8,
+// the values the 4-bit indices stand for (IQ4's); bias: [n] float32.
 at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
                         const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias,
-                        const std::optional<at::Tensor> &supers) {
+                        const std::optional<at::Tensor> &supers, const std::optional<at::Tensor> &codebook) {
   check_float(x, "x");
   check_cpu(qweight, "qweight");
   check_cpu(scales, "scales");
@@ -161,7 +162,13 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
     TORCH_CHECK(t->scalar_type() == scale_type && t->is_contiguous(), "scales and lows must be contiguous, of one dtype");
     check_shape(*t, {n / PANEL, k / group, PANEL}, "scales and lows");
   }
-  TORCH_CHECK((bits != 4 && bits != 5) || lows.has_value(), "4 and 5 bits need lows");
+  if (codebook) {  // 4-bit indices into 16 int8 values (IQ4's), no lows
+    check_cpu(*codebook, "codebook");
+    TORCH_CHECK(codebook->scalar_type() == at::kChar && codebook->is_contiguous(), "codebook must be contiguous int8");
+    check_shape(*codebook, {16}, "codebook");
+    TORCH_CHECK(bits == 4 && !lows, "a codebook takes 4-bit indices and no lows");
+  }
+  TORCH_CHECK((bits != 4 && bits != 5) || lows.has_value() || codebook.has_value(), "4 and 5 bits need lows");
   if (bias) {
     check_cpu(*bias, "bias");
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous(), "bias must be contiguous float32");
@@ -174,9 +181,11 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   const int status = current->quant_linear_f32(
       rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
       lows ? lows->data_ptr() : nullptr, supers ? supers->data_ptr() : nullptr,
-      scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32, e4m3 ? 1 : 0, bias ? bias->data_ptr<float>() : nullptr,
+      scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32, e4m3 ? 1 : 0,
+      codebook ? codebook->data_ptr<int8_t>() : nullptr, bias ? bias->data_ptr<float>() : nullptr,
       n, out.data_ptr<float>());
-  TORCH_CHECK(status == 0, "quant_linear has no kernel for ", bits, e4m3 ? "-bit float codes" : " bits",
+  TORCH_CHECK(status == 0, "quant_linear has no kernel for ", bits,
+              e4m3 ? "-bit float codes" : codebook ? "-bit codebook indices" : " bits",
               " in groups of ", group, " with ", scale_type, " scales", lows ? " and lows" : "");
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
@@ -347,7 +356,7 @@ at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, cons
 
 TORCH_LIBRARY(switchyard_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? lows, int bits, Tensor? bias, "
-        "Tensor? supers=None) -> Tensor");
+        "Tensor? supers=None, Tensor? codebook=None) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");

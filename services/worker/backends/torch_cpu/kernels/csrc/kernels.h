@@ -12,10 +12,12 @@
 
 /* quant_linear.c: out[m, n] = x[m, k] W^T (+ bias), W in 4- or 8-bit groups of `group` inputs with
  * float16 (scale_bits 16) or float32 scales (and lows), or int8 ones (8) times float16 supers; e4m3:
- * the 8 bits are float8 e4m3 codes, not integers; 0, or -1 for a format it has no kernel for */
+ * the 8 bits are float8 e4m3 codes, not integers; codebook: 4-bit indices into its 16 int8 values
+ * (IQ4's), or null; 0, or -1 for a format it has no kernel for */
 int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
                                 int64_t group, const void *scales, const void *lows, const void *supers,
-                                int64_t scale_bits, int64_t e4m3, const float *bias, int64_t n, float *out);
+                                int64_t scale_bits, int64_t e4m3, const int8_t *codebook, const float *bias, int64_t n,
+                                float *out);
 
 /* fused_ops.c: the row-wise ops, float32 (f32) and bfloat16 (bf16, as uint16_t) */
 void SY_KERNEL(add_rms_norm_f32)(const float *x, const float *residual, const float *weight, float *out,

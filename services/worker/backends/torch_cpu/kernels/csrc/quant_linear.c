@@ -1,20 +1,22 @@
 /* Linears over quantized weights on float32 rows: out[m, n] = x[m, k] W^T (+ bias). W is stored in
  * groups of G inputs (16, 32, 64 or 128) with a scale each, and a low for the formats that have one:
  * w = q * scale + low, q an unsigned 4- or 5-bit value, a 6-bit one (-32..31) or an 8-bit one
- * (-128..127). Scales and lows are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 /
+ * (-128..127), or a codebook's int8 value at a 4-bit index. Scales and lows are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 /
  * IQ4_NL blocks), float32 where a checkpoint's are (AWQ, GPTQ, compressed-tensors), or in two levels
  * as a k-quant's file has them: an int8 per group times a float16 per super-block of 256 inputs (d
  * and sc, dmin and m; the product, made as the group's weights are decoded, is exact in float32).
  * The formats (struct format below):
  *   4 bits, G 32, float16, low   Q4_0, Q4_1 (low -8d), int4
- *   8 bits, G 32, float16        Q8_0, IQ4_NL (its codebook values)
+ *   8 bits, G 32, float16        Q8_0
+ *   4-bit codebook indices, G 32, float16   IQ4_NL (w = codebook[q] * scale)
  *   4 or 8 bits, G 16 or 32, float32 (4 bits with a low; 8 with or without): a k-quant's one-level
  *   form (QuantBlocks.flat(), the tests' reference for the two-level ones), checkpoints' groups of 32
  *   4 bits, G 64 or 128, float32, low     AWQ, GPTQ, compressed-tensors int4 (low -zero * scale)
  *   8 bits, G 128, float32 (with a low or without)   GPTQ and compressed-tensors int8
  *   8-bit float codes (e4m3), G 128 or 32, float32: compressed-tensors' FP8 (a channel's scale repeated)
- *   two levels: 4 bits G 32 low Q4_K, 5 bits G 32 low Q5_K, 6 bits G 16 Q6_K, 8 bits G 16 Q3_K, 4 bits G 16
- *   low Q2_K, 8 bits G 32 IQ4_XS
+ *   two levels: 4 bits G 32 low Q4_K, 5 bits G 32 low Q5_K, 6 bits G 16 Q6_K, 4 bits G 16 low Q2_K
+ *   and Q3_K (q + 4, low -4 sc), 4-bit codebook indices G 32 IQ4_XS; 8 bits G 16 (Q3_K where -4d is
+ *   past float16)
  *
  * The weights are laid out in panels of 16 output columns, the columns of a panel side by side for
  * each input: 4 bits: [n / 16, k / 2, 16] bytes, byte c of pair j holding column c at input 2j (low
@@ -51,39 +53,44 @@
 /* A weight format; each function below takes one as a constant, so its loops are compiled for it. */
 struct format {
     int bits, group, half_scales, has_low, two_level, e4m3;  /* e4m3: 8-bit float codes, not integers */
+    int codebook;  /* 4-bit indices into a table of 16 int8 values (IQ4's), not the values */
 };
-#define F_Q4_G32_F16 ((struct format){4, 32, 1, 1, 0, 0})
-#define F_Q8_G32_F16 ((struct format){8, 32, 1, 0, 0, 0})
-#define F_Q4_G32_F32 ((struct format){4, 32, 0, 1, 0, 0})
-#define F_Q8_G32_F32_LOW ((struct format){8, 32, 0, 1, 0, 0})
-#define F_Q8_G16_F32 ((struct format){8, 16, 0, 0, 0, 0})
-#define F_Q4_G16_F32 ((struct format){4, 16, 0, 1, 0, 0})
-#define F_Q8_G32_F32 ((struct format){8, 32, 0, 0, 0, 0})
-#define F_Q4_G64_F32 ((struct format){4, 64, 0, 1, 0, 0})
-#define F_Q4_G128_F32 ((struct format){4, 128, 0, 1, 0, 0})
-#define F_Q8_G128_F32 ((struct format){8, 128, 0, 0, 0, 0})
-#define F_Q8_G128_F32_LOW ((struct format){8, 128, 0, 1, 0, 0})
-#define F_Q4_G32_I8 ((struct format){4, 32, 0, 1, 1, 0})
-#define F_Q5_G32_I8 ((struct format){5, 32, 0, 1, 1, 0})
-#define F_Q8_G16_I8 ((struct format){8, 16, 0, 0, 1, 0})
-#define F_Q6_G16_I8 ((struct format){6, 16, 0, 0, 1, 0})
-#define F_Q4_G16_I8 ((struct format){4, 16, 0, 1, 1, 0})
-#define F_Q8_G32_I8 ((struct format){8, 32, 0, 0, 1, 0})
-#define F_E4M3_G128_F32 ((struct format){8, 128, 0, 0, 0, 1})
-#define F_E4M3_G32_F32 ((struct format){8, 32, 0, 0, 0, 1})
+#define F_Q4_G32_F16 ((struct format){4, 32, 1, 1, 0, 0, 0})
+#define F_Q8_G32_F16 ((struct format){8, 32, 1, 0, 0, 0, 0})
+#define F_Q4_G32_F32 ((struct format){4, 32, 0, 1, 0, 0, 0})
+#define F_Q8_G32_F32_LOW ((struct format){8, 32, 0, 1, 0, 0, 0})
+#define F_Q8_G16_F32 ((struct format){8, 16, 0, 0, 0, 0, 0})
+#define F_Q4_G16_F32 ((struct format){4, 16, 0, 1, 0, 0, 0})
+#define F_Q8_G32_F32 ((struct format){8, 32, 0, 0, 0, 0, 0})
+#define F_Q4_G64_F32 ((struct format){4, 64, 0, 1, 0, 0, 0})
+#define F_Q4_G128_F32 ((struct format){4, 128, 0, 1, 0, 0, 0})
+#define F_Q8_G128_F32 ((struct format){8, 128, 0, 0, 0, 0, 0})
+#define F_Q8_G128_F32_LOW ((struct format){8, 128, 0, 1, 0, 0, 0})
+#define F_Q4_G32_I8 ((struct format){4, 32, 0, 1, 1, 0, 0})
+#define F_Q5_G32_I8 ((struct format){5, 32, 0, 1, 1, 0, 0})
+#define F_Q8_G16_I8 ((struct format){8, 16, 0, 0, 1, 0, 0})
+#define F_Q6_G16_I8 ((struct format){6, 16, 0, 0, 1, 0, 0})
+#define F_Q4_G16_I8 ((struct format){4, 16, 0, 1, 1, 0, 0})
+#define F_E4M3_G128_F32 ((struct format){8, 128, 0, 0, 0, 1, 0})
+#define F_E4M3_G32_F32 ((struct format){8, 32, 0, 0, 0, 1, 0})
+#define F_C4_G32_F16 ((struct format){4, 32, 1, 0, 0, 0, 1})
+#define F_C4_G32_I8 ((struct format){4, 32, 0, 0, 1, 0, 1})
 
 /* What a block of panels reads: its first panel's weights, scales and lows, k inputs each. */
 struct panels {
     const uint8_t *q;
     const void *scales, *lows, *supers;
     int64_t k;
+    const int8_t *codebook;  /* a codebook format's 16 values */
 };
 
 /* Panel c's 16 weights at inputs i and i + 1 (i even), from their group's scale and low. */
 static inline __attribute__((always_inline)) void weights_at(const struct panels *w, int c, int64_t i, cols scale,
                                                              cols low, const struct format f, cols *at_i,
                                                              cols *at_next) {
-    if (f.bits == 4) {
+    if (f.bits == 4 && f.codebook) {
+        cols_codebook(w->q + (c * w->k + i) * (PANEL / 2), w->codebook, scale, at_i, at_next);
+    } else if (f.bits == 4) {
         cols_int4(w->q + (c * w->k + i) * (PANEL / 2), scale, low, at_i, at_next);
     } else if (f.bits == 5 || f.bits == 6) {  /* a panel: k * 8 bytes of nibbles, then k * 2 (or 4) of high bits */
         const int width = f.bits - 4, per_row = 8 / width;  /* high bits a value; inputs a row of 16 bytes */
@@ -240,20 +247,25 @@ DEFINE_FORMAT(q5_g32_i8, F_Q5_G32_I8)
 DEFINE_FORMAT(q8_g16_i8, F_Q8_G16_I8)
 DEFINE_FORMAT(q6_g16_i8, F_Q6_G16_I8)
 DEFINE_FORMAT(q4_g16_i8, F_Q4_G16_I8)
-DEFINE_FORMAT(q8_g32_i8, F_Q8_G32_I8)
 DEFINE_FORMAT(e4m3_g128_f32, F_E4M3_G128_F32)
 DEFINE_FORMAT(e4m3_g32_f32, F_E4M3_G32_F32)
+DEFINE_FORMAT(c4_g32_f16, F_C4_G32_F16)
+DEFINE_FORMAT(c4_g32_i8, F_C4_G32_I8)
 
 /* The format's kernels, or none (bindings.cpp checks a format before it calls). */
-static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low, int e4m3) {
+static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low, int e4m3,
+                                         int codebook) {
     if ((bits == 5 || bits == 6) && scale_bits != 8)  /* they come in two levels only (Q5_K, Q6_K) */
         return 0;
+    if (codebook)  /* IQ4_NL (float16 scales), IQ4_XS (two levels) */
+        return bits != 4 || group != 32 || has_low ? 0 : scale_bits == 16 ? &kernels_c4_g32_f16
+                                                       : scale_bits == 8 ? &kernels_c4_g32_i8 : 0;
     if (e4m3)
         return bits != 8 || scale_bits != 32 || has_low ? 0 : group == 128 ? &kernels_e4m3_g128_f32
                                                          : group == 32 ? &kernels_e4m3_g32_f32 : 0;
     if (scale_bits == 8 && group == 32)
         return bits == 4 ? (has_low ? &kernels_q4_g32_i8 : 0)
-             : bits == 5 ? (has_low ? &kernels_q5_g32_i8 : 0) : (has_low ? 0 : &kernels_q8_g32_i8);
+             : bits == 5 ? (has_low ? &kernels_q5_g32_i8 : 0) : 0;
     if (scale_bits == 8 && group == 16)
         return bits == 4 ? (has_low ? &kernels_q4_g16_i8 : 0)
              : bits == 6 ? (has_low ? 0 : &kernels_q6_g16_i8) : (has_low ? 0 : &kernels_q8_g16_i8);
@@ -275,8 +287,9 @@ static const struct kernels *kernels_for(int64_t bits, int64_t group, int64_t sc
 
 int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
                                 int64_t group, const void *scales, const void *lows, const void *supers,
-                                int64_t scale_bits, int64_t e4m3, const float *bias, int64_t n, float *out) {
-    const struct kernels *fns = kernels_for(bits, group, scale_bits, lows != 0, e4m3 != 0);
+                                int64_t scale_bits, int64_t e4m3, const int8_t *codebook, const float *bias, int64_t n,
+                                float *out) {
+    const struct kernels *fns = kernels_for(bits, group, scale_bits, lows != 0, e4m3 != 0, codebook != 0);
     if (!fns || k % group || k % 8 || (scale_bits == 8) != (supers != 0) || (supers && k % SUPER))
         return -1;
     const int64_t num_panels = n / PANEL, groups = k / group, panel_bytes = k * (bits == 4 ? PANEL / 2 : bits == 5 ? PANEL / 2 + 2 : bits == 6 ? PANEL / 2 + 4 : PANEL);
@@ -291,7 +304,7 @@ int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void
         const int64_t super_at = p * (k / SUPER) * (lows ? 2 : 1) * PANEL;
         const struct panels w = {(const uint8_t *)qweight + p * panel_bytes, (const uint8_t *)scales + scale_at,
                                  lows ? (const uint8_t *)lows + scale_at : 0,
-                                 supers ? (const uint16_t *)supers + super_at : 0, k};
+                                 supers ? (const uint16_t *)supers + super_at : 0, k, codebook};
         float *block_out = out + p * PANEL;
         if (!is_whole)
             fns->one_panel(&w, x, m, block_out, n);

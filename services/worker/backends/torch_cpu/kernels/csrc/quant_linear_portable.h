@@ -88,3 +88,11 @@ static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, i
         at_next->v[j] = bias ? qj * scale.v[j] : MADD(qj, scale.v[j], low.v[j]);
     }
 }
+
+/* 16 bytes of codebook indices (an input in the low nibbles, the next in the high ones): codebook[q] * scale */
+static inline void cols_codebook(const uint8_t *p, const int8_t *codebook, cols scale, cols *at_i, cols *at_next) {
+    for (int j = 0; j < 16; j++) {
+        at_i->v[j] = (float)codebook[p[j] & 0x0F] * scale.v[j];
+        at_next->v[j] = (float)codebook[p[j] >> 4] * scale.v[j];
+    }
+}
