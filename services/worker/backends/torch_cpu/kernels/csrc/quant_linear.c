@@ -1,10 +1,11 @@
 /* Linears over quantized weights on float32 rows: out[m, n] = x[m, k] W^T (+ bias). W is stored in
  * groups of G inputs (16, 32, 64 or 128) with a scale each, and a low for the formats that have one:
- * w = q * scale + low, q an unsigned 4- or 5-bit value, a 6-bit one (-32..31) or an 8-bit one
- * (-128..127), or a codebook's int8 value at a 4-bit index. Scales and lows are float16 where the file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 /
- * IQ4_NL blocks), float32 where a checkpoint's are (AWQ, GPTQ, compressed-tensors), or in two levels
- * as a k-quant's file has them: an int8 per group times a float16 per super-block of 256 inputs (d
- * and sc, dmin and m; the product, made as the group's weights are decoded, is exact in float32).
+ * w = q * scale + low, q an unsigned 4- or 5-bit value, a 6-bit one (-32..31), an 8-bit one
+ * (-128..127) or a codebook's int8 value at a 4-bit index. Scales and lows are float16 where the
+ * file's are (a GGUF's Q4_0 / Q4_1 / Q8_0 / IQ4_NL blocks), float32 where a checkpoint's are (AWQ,
+ * GPTQ, compressed-tensors), or in two levels as a k-quant's file has them: an int8 per group times
+ * a float16 per super-block of 256 inputs (d and sc, dmin and m; the product, made as the group's
+ * weights are decoded, is exact in float32).
  * The formats (struct format below):
  *   4 bits, G 32, float16, low   Q4_0, Q4_1 (low -8d), int4
  *   8 bits, G 32, float16        Q8_0
