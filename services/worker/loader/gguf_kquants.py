@@ -30,7 +30,7 @@ class Decoded:
     group: int
     half: bool = False  # every scale exact in float16 (kept as such)
     supers: np.ndarray | None = None  # [rows, k / 256, 1 or 2] float32: d (and -dmin), exact in float16
-    codebook: np.ndarray | None = None  # [16] int8 the 4-bit q index (IQ4's), or None
+    codebook: np.ndarray | None = None  # [16] int8: the values q's 4-bit indices stand for (IQ4's), or None
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:

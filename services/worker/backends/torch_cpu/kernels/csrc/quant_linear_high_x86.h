@@ -1,5 +1,6 @@
-/* quant_linear.c's 5- and 6-bit values and its codebook indices on x86, shared by the AVX-512 and AVX2 forms: the bytes are
- * put together in SSE registers, then widened by the including form's widen_bytes. */
+/* quant_linear.c's 5- and 6-bit values and its codebook indices on x86, shared by the AVX-512 and
+ * AVX2 forms: the bytes are put together in SSE registers, then widened by the including form's
+ * widen_bytes. */
 
 /* 16 values of 5 or 6 bits from their nibbles and their high bits: `width` bits at bit `shift` of each
  * byte of `high` (column c's in byte c), the next input's at shift + width; minus `bias` (32: Q6_K's
@@ -25,6 +26,8 @@ static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, i
 static inline void cols_codebook(const uint8_t *p, const int8_t *codebook, cols scale, cols *at_i, cols *at_next) {
     const __m128i bytes = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(0x0F);
     const __m128i table = _mm_loadu_si128((const __m128i *)codebook);
-    *at_i = widen_bytes(_mm_shuffle_epi8(table, _mm_and_si128(bytes, nibble)), scale, scale, 1);
-    *at_next = widen_bytes(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble)), scale, scale, 1);
+    const __m128i qi = _mm_shuffle_epi8(table, _mm_and_si128(bytes, nibble));
+    const __m128i qj = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
+    *at_i = widen_bytes(qi, scale, cols_zero(), 1);  /* signed values, no low */
+    *at_next = widen_bytes(qj, scale, cols_zero(), 1);
 }
