@@ -26,6 +26,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "mxfp6", *CHECKPOINT_QU
 KV_CACHE_DTYPES_REFUSED = ("fp8_e5m2", "int8")  # known, but no backend here has them
 QUANTIZATIONS_REFUSED = ("fp8", "bitsandbytes", "gguf")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+QUANT_ACTIVATIONS = ("float32", "int8")  # the cpu backend's rows into quant_linear (kernels/csrc/quant_dot.c)
 COMPILE_NICE = 19  # the background compile's niceness: the lowest priority, so serving preempts it
 LOAD_FORMATS = ("auto", "gguf", "hf", "dummy")
 
@@ -220,6 +221,11 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-nice", type=int, default=_env("compile_nice", COMPILE_NICE),
                         help=f"niceness of --compile's background compile (default {COMPILE_NICE}: serving preempts "
                              "it); 0 lets it finish on a host busy with other work")
+    parser.add_argument("--quant-activations", choices=QUANT_ACTIVATIONS,
+                        default=_env("quant_activations", QUANT_ACTIVATIONS[0]),
+                        help="cpu: what the 4-, 5- and 6-bit weights (a GGUF's k-quants, Q4_0/Q4_1, int4 "
+                             "checkpoints) multiply: float32 rows (exact to the weights), or int8 per 32 inputs "
+                             "as llama.cpp quantizes them (faster on a token or a few; docs/configuration.md)")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
                         default=_env_flag("deterministic", False),
                         help="batch-invariant float32: a request's tokens do not depend on what else is in its "

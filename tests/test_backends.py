@@ -95,3 +95,27 @@ def test_compile_on_another_device_is_refused_not_ignored(device, because):
                          capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode != 0
     assert f"--compile compiles the cpu backend's decode steps; the {device} backend {because}" in run.stderr
+
+
+def test_int8_activations_go_to_the_c_kernels_of_4_to_6_bit_weights_only(default_model_path, cpu_kernels, monkeypatch):
+    """--quant-activations int8 (SY_QUANT_ACTIVATIONS): the default GGUF's Q4_1 Linears take int8 rows
+    and the device line says so; a model without such weights, --deterministic and other devices refuse it."""
+    from services.worker.__main__ import parse_args
+    from services.worker.backends.torch_cpu.quantization import QuantLinear
+    from services.worker.settings import resolve
+
+    backend = create_backend("cpu", WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26,
+                                               quantization="gguf", quant_activations="int8", num_kv_blocks=8))
+    takers = [m for m in backend.model.modules() if isinstance(m, QuantLinear)]
+    assert sum(m.int8_activations for m in takers) > 60  # its Q4_1 ones; its Q8_0 ones keep float rows
+    assert all(m.int8_activations == (m.bits == 4) for m in takers)
+    assert "int8 activations" in backend.describe().device
+    with pytest.raises(ConfigError, match="this model has none under quantization 'none'"):
+        create_backend("cpu", WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 2**26,
+                                         quant_activations="int8", num_kv_blocks=8))
+    monkeypatch.setattr(sys, "argv", ["worker", "--model-path", default_model_path, "--deterministic"])
+    monkeypatch.setenv("SY_QUANT_ACTIVATIONS", "int8")
+    with pytest.raises(ConfigError, match=r"--quant-activations int8 is the cpu backend's C kernels' \(--deterministic"):
+        resolve(parse_args())
+    monkeypatch.setattr(sys, "argv", ["worker", "--model-path", default_model_path])
+    assert resolve(parse_args()).quant_activations == "int8"

@@ -17,6 +17,7 @@ from services.worker.backends.spec import weight_bytes
 from services.worker.backends.torch_cpu.quantization import (
     QuantEmbedding,
     QuantLinear,
+    int8_activations,
     kept_weights,
     native_blocks,
     quantize,
@@ -39,6 +40,15 @@ def random_raw(kind: str, rows: int, k: int, rng: np.random.Generator, scale: fl
         halves = (rng.standard_normal((rows, k // block)) * scale).astype(np.float16)
         raw[..., at:at + 2] = halves.view(np.uint8).reshape(rows, k // block, 2)
     return raw.reshape(rows, -1)
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each 32 inputs as int8 times max|x| / 127 (llama.cpp's quantize_row_q8_0), back as floats."""
+    blocks = x.reshape(-1, x.shape[-1] // 32, 32)
+    top = blocks.abs().amax(-1, keepdim=True)
+    q = torch.round(blocks * torch.where(top > 0, 127.0 / top, 0.0))
+    assert q.abs().max() <= 127
+    return (q * (top / 127.0)).view_as(x)
 
 
 @pytest.mark.parametrize("kind", sorted(DECODERS))
@@ -190,6 +200,19 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     assert torch.equal(prefill_logits(make_runner(worker, num_blocks=16), ids), ours)
     dense_bytes = sum(t.numel() * 4 for t in hf.state_dict().values())
     assert weight_bytes(worker.model) < 0.4 * dense_bytes
+
+    # --quant-activations int8: the 4- to 6-bit weights take rows quantized per 32 inputs (llama.cpp's
+    # Q8_0 scheme), IQ4's and Q8_0's keep float rows. The oracle: the float kernels on rows quantized by
+    # int8_rows() in torch (tests/cpu_kernels/test_quant_dot.py checks each format alone)
+    takers = [m for m in worker.model.modules() if isinstance(m, QuantLinear) and m.takes_int8_rows]
+    hooks = [m.register_forward_pre_hook(lambda _, args: (int8_rows(args[0]),)) for m in takers]
+    oracle = prefill_logits(make_runner(worker, num_blocks=16), ids)
+    for hook in hooks:
+        hook.remove()
+    assert int8_activations(worker.model) == len(takers) == 11
+    quick = prefill_logits(make_runner(worker, num_blocks=16), ids)
+    torch.testing.assert_close(quick, oracle, rtol=0, atol=1e-4 * float(oracle.abs().max()))
+    assert not torch.allclose(quick, ours, rtol=0, atol=1e-3 * float(ours.abs().max()))
 
 
 def test_int4_on_a_gguf_of_floats_quantizes_every_linear_to_4_bits(tmp_path, monkeypatch, cpu_kernels):

@@ -23,7 +23,7 @@ from shared.control.registry import AgentRecord
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Switchyard worker host (agent)")
     add_nats_arg(parser)
-    add_worker_args(parser)  # --dtype, --nice, --compile and --deterministic go on to the workers it starts
+    add_worker_args(parser)  # --dtype, --nice, --quant-activations, --compile and --deterministic go on to the workers it starts
     add_agent_args(parser)
     args, _ = parser.parse_known_args()
     sylog.configure("agent")
@@ -37,7 +37,7 @@ def main() -> None:
                              check_label("--label", label) for label in args.labels], ip=host_address())
     log_dir = Path(args.agent_log_dir or tempfile.mkdtemp(prefix="switchyard-agent-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    worker_args = ["--dtype", args.dtype, "--nice", str(args.nice)] + \
+    worker_args = ["--dtype", args.dtype, "--nice", str(args.nice), "--quant-activations", args.quant_activations] + \
         ({True: ["--compile"], False: ["--no-compile"], None: []}[args.compile]) + \
         (["--deterministic"] if args.deterministic else [])
 

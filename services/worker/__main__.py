@@ -167,6 +167,7 @@ def worker_spec(settings: WorkerSettings, defaults: EngineDefaults | None = None
         kv_cache_dtype=config.kv_cache_dtype, block_size=config.block_size,
         num_kv_blocks=config.num_kv_blocks, max_num_seqs=config.max_num_seqs,
         compile=defaults.compile.value if defaults else bool(settings.compile), compile_nice=settings.compile_nice,
+        quant_activations=settings.quant_activations,
         deterministic=defaults.deterministic.value if defaults else False,
         max_num_batched_tokens=config.max_num_batched_tokens, kv_cache_bytes=settings.kv_cache_bytes,
         gpu_memory_utilization=config.gpu_memory_utilization, max_seq_len_to_capture=config.max_seq_len_to_capture,

@@ -29,6 +29,7 @@ class WorkerSettings:
     deterministic: bool  # asked for: the flag, or a deployment's own (engine_defaults settles the CPU's)
     compile: bool | None  # --compile (None: the CPU backend picks)
     compile_nice: int  # --compile-nice: the background compile's niceness
+    quant_activations: str  # --quant-activations: float32, or int8 (the CPU's 4- to 6-bit weights)
     qaic: QaicConfig
     kv_cache_bytes: Callable[[int], int]  # the KV pool's budget, given the weights' bytes
     lora_modules: dict[str, str] | None  # adapter name -> path (None: LoRA off)
@@ -48,6 +49,10 @@ def resolve(args: argparse.Namespace) -> WorkerSettings:
         raise ConfigError(f"--qaic-config configures the qaic backend; this worker's device is {settings.device!r}")
     settings.qaic.validate()
     in_range("--compile-nice", settings.compile_nice, 0, 19)
+    if settings.quant_activations != "float32" and (settings.device != "cpu" or settings.deterministic):
+        raise ConfigError(f"--quant-activations {settings.quant_activations} is the cpu backend's C kernels' "
+                          + ("(--deterministic runs torch's float32 ops alone)" if settings.deterministic
+                             else f"; the {settings.device} backend computes its own way"))
     limits = settings.lora_limits
     if settings.lora_modules is not None and (limits.max_loras < 1 or limits.max_lora_rank < 1):
         raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
@@ -74,7 +79,8 @@ def _from_flags(args: argparse.Namespace) -> WorkerSettings:
     return WorkerSettings(
         config=config, model_path=resolve_model_path(config.model_path, config.revision, config.download_dir),
         device=args.device, dtype=args.dtype, threads=args.threads, nice=args.nice, deterministic=args.deterministic,
-        compile=args.compile, compile_nice=args.compile_nice, qaic=convert(json.loads(args.qaic_config), QaicConfig, "--qaic-config") or QaicConfig(),
+        compile=args.compile, compile_nice=args.compile_nice, quant_activations=args.quant_activations,
+        qaic=convert(json.loads(args.qaic_config), QaicConfig, "--qaic-config") or QaicConfig(),
         kv_cache_bytes=lambda _weights: fixed_kv_bytes, lora_modules=lora, lora_limits=_lora_limits(args))
 
 
@@ -89,7 +95,8 @@ def _from_deployment(args: argparse.Namespace) -> WorkerSettings:
     return WorkerSettings(
         config=config, model_path=model_path, device=device, dtype=args.dtype, threads=deployed.worker_threads,
         nice=args.nice, deterministic=own if own is not None else args.deterministic and config.quantization in (
-            "auto", "none"), compile=args.compile, compile_nice=args.compile_nice, qaic=deployed.version.accel.qaic or QaicConfig(),
+            "auto", "none"), compile=args.compile, compile_nice=args.compile_nice,
+        quant_activations=args.quant_activations, qaic=deployed.version.accel.qaic or QaicConfig(),
         kv_cache_bytes=deployed.kv_cache_bytes, lora_modules=deployed.lora_paths or None,
         lora_limits=_lora_limits(args), deployed=deployed,
         custom=custom)

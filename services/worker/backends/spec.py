@@ -33,6 +33,7 @@ class WorkerSpec:
     max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens  # the largest step (CUDA profiles its activations)
     compile: bool = False
     compile_nice: int = COMPILE_NICE  # the background compile's niceness
+    quant_activations: str = "float32"  # CPU: int8 rows into the 4- to 6-bit weights' kernel (quant_dot.c)
     deterministic: bool = False  # CPU: batch-invariant float32 on torch's ops alone (no C kernels)
     gpu_memory_utilization: float = DEFAULTS.gpu_memory_utilization  # CUDA: the device memory's share
     max_seq_len_to_capture: int = DEFAULTS.max_seq_len_to_capture  # CUDA: longer decode contexts run without graphs

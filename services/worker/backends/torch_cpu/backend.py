@@ -13,7 +13,7 @@ from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import KEEPS_BLOCKS, kept_weights, quantize
+from services.worker.backends.torch_cpu.quantization import KEEPS_BLOCKS, int8_activations, kept_weights, quantize
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
@@ -29,7 +29,7 @@ class TorchCpuBackend:
     device = torch.device("cpu")
 
     def __init__(self, loaded: LoadedModel, kv: KVSpec, num_blocks: int, compile_max_seqs: int = 0,
-                 quantization: str = "none", compile_nice: int = COMPILE_NICE):
+                 quantization: str = "none", compile_nice: int = COMPILE_NICE, quant_activations: str = "float32"):
         """`loaded`'s model already in its final form (quantized or packed); compile_max_seqs > 0:
         warm_up() compiles its decode layers in the background (compiled.py)."""
         self.model = loaded.model
@@ -43,6 +43,7 @@ class TorchCpuBackend:
         self.compile_max_seqs = compile_max_seqs
         self.compile_nice = compile_nice
         self.quantization = quantization
+        self.quant_activations = quant_activations
         self.compiling: BackgroundCompile | None = None  # once warm_up() starts it
         self.native = self.model.layers[0].attention.ops.native  # the C kernels' ops (kernels/)
 
@@ -66,13 +67,17 @@ class TorchCpuBackend:
             raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
                               "ops (models/bert.py); serve it without")
         quantize(loaded.model, spec.quantization, loaded.blocks, loaded.unloaded)
+        if spec.quant_activations == "int8" and not int8_activations(loaded.model):
+            raise ConfigError(f"--quant-activations int8 quantizes the rows into 4-, 5- or 6-bit weights, and this "
+                              f"model has none under quantization {spec.quantization!r} (a GGUF's Q4_K ... Q6_K, "
+                              "Q4_0/Q4_1, --quantization int4, an AWQ/GPTQ int4 checkpoint)")
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
         num_blocks = spec.num_kv_blocks or kv.num_blocks_for_budget(spec.kv_budget(loaded.model))
         return cls(loaded, kv, num_blocks, compile_max_seqs=spec.max_num_seqs if spec.compile else 0,
                    compile_nice=spec.compile_nice,
-                   quantization=spec.quantization)
+                   quantization=spec.quantization, quant_activations=spec.quant_activations)
 
     def prepare(self, batch) -> TorchInputs:
         return build_inputs(batch, self.block_size, self.null_block)
@@ -98,6 +103,7 @@ class TorchCpuBackend:
         dense = self.model.norm if hasattr(self.model, "norm") else self.model.tok_embeddings  # BERT has no final norm
         dtype = str(dense.weight.dtype).removeprefix("torch.")
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
+            [f"{self.quant_activations} activations"] * (self.quant_activations != "float32") + \
             [load_kernels().reason] * self.native + ([self.compiling.state] if self.compiling else [])
         return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
                            dtype=dtype, device=f"cpu ({', '.join(how)})")

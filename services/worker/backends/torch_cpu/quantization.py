@@ -75,6 +75,12 @@ class QuantLinear(nn.Module):
         self.register_buffer("perm", blocks.perm)  # GPTQ's act-order: the inputs gathered into the groups' order
         self.register_buffer("codebook", blocks.codebook)  # IQ4's: the values the 4-bit indices stand for
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.int8_activations = False  # rows quantized per 32 inputs (quant_dot.c): int8_activations()
+
+    @property
+    def takes_int8_rows(self) -> bool:
+        """quant_dot.c's formats: 4-, 5- and 6-bit integers (not IQ4's codebook indices, 8 bits or FP8)."""
+        return self.bits in (4, 5, 6) and self.codebook is None
 
     @classmethod
     def quantize(cls, linear: nn.Linear, bits: int) -> QuantLinear:
@@ -123,7 +129,7 @@ class QuantLinear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias,
-                                                     self.supers, self.codebook)
+                                                     self.supers, self.codebook, self.int8_activations)
 
 
 def _high_bits(q: torch.Tensor, width: int) -> torch.Tensor:
@@ -205,6 +211,15 @@ class QuantEmbedding(nn.Module):
         scale = scale[..., None]
         rows = q * scale if low is None else torch.addcmul(low[..., None], q, scale)
         return rows.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
+
+
+def int8_activations(model: nn.Module) -> int:
+    """--quant-activations int8: each Linear of 4-, 5- or 6-bit blocks quantizes its rows to int8 per 32
+    inputs, as llama.cpp does (quant_dot.c); the others keep float32 rows. How many take int8 rows."""
+    taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.takes_int8_rows]
+    for module in taking:
+        module.int8_activations = True
+    return len(taking)
 
 
 def kept_weights(blocks: dict[str, QuantBlocks]) -> frozenset[str]:

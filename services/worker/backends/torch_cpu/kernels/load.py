@@ -60,7 +60,7 @@ def _register_fakes() -> None:
     lib = "switchyard_cpu::"
 
     @torch.library.register_fake(lib + "quant_linear")
-    def _(x, qweight, scales, lows, bits, bias, supers=None, codebook=None):
+    def _(x, qweight, scales, lows, bits, bias, supers=None, codebook=None, int8_activations=False):
         return x.new_empty(*x.shape[:-1], qweight.shape[0] * 16)
 
     @torch.library.register_fake(lib + "add_rms_norm")

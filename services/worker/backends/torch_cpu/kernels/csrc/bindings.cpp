@@ -31,6 +31,7 @@ struct Variant {
   const char *name;
   bool (*runs_here)();
   decltype(&quant_linear_f32_portable) quant_linear_f32;
+  decltype(&quant_linear_q8_portable) quant_linear_q8;
   decltype(&add_rms_norm_f32_portable) add_rms_norm_f32;
   decltype(&add_rms_norm_bf16_portable) add_rms_norm_bf16;
   decltype(&rotary_f32_portable) rotary_f32;
@@ -45,7 +46,7 @@ struct Variant {
 
 #define SY_ENTRY(V, RUNS)                                                                            \
   Variant {                                                                                          \
-    #V, RUNS, quant_linear_f32_##V, add_rms_norm_f32_##V, add_rms_norm_bf16_##V, rotary_f32_##V,     \
+    #V, RUNS, quant_linear_f32_##V, quant_linear_q8_##V, add_rms_norm_f32_##V, add_rms_norm_bf16_##V, rotary_f32_##V,     \
         rotary_bf16_##V, silu_and_mul_f32_##V, silu_and_mul_bf16_##V, lora_add_f32_##V,             \
         lora_add_bf16_##V, decode_attention_f32_64_##V,                                                \
         decode_attention_f32_128_##V, decode_attention_bf16_64_##V, decode_attention_bf16_128_##V    \
@@ -125,7 +126,8 @@ constexpr int64_t PANEL = 16;
 // the values the 4-bit indices stand for (IQ4's); bias: [n] float32.
 at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
                         const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias,
-                        const std::optional<at::Tensor> &supers, const std::optional<at::Tensor> &codebook) {
+                        const std::optional<at::Tensor> &supers, const std::optional<at::Tensor> &codebook,
+                        bool int8_activations) {
   check_float(x, "x");
   check_cpu(qweight, "qweight");
   check_cpu(scales, "scales");
@@ -178,10 +180,19 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));
+  const int scale_bits = scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32;
+  if (int8_activations && !e4m3 && !codebook && bits != 8) {  // quant_dot.c; the other formats keep float rows
+    const int status = current->quant_linear_q8(
+        rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
+        lows ? lows->data_ptr() : nullptr, supers ? supers->data_ptr() : nullptr, scale_bits,
+        bias ? bias->data_ptr<float>() : nullptr, n, out.data_ptr<float>());
+    TORCH_CHECK(status != -2, "quant_linear ran out of memory");
+    if (status == 0) return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  }
   const int status = current->quant_linear_f32(
       rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
       lows ? lows->data_ptr() : nullptr, supers ? supers->data_ptr() : nullptr,
-      scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32, e4m3 ? 1 : 0,
+      scale_bits, e4m3 ? 1 : 0,
       codebook ? codebook->data_ptr<int8_t>() : nullptr, bias ? bias->data_ptr<float>() : nullptr,
       n, out.data_ptr<float>());
   TORCH_CHECK(status == 0, "quant_linear has no kernel for ", bits,
@@ -356,7 +367,7 @@ at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, cons
 
 TORCH_LIBRARY(switchyard_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? lows, int bits, Tensor? bias, "
-        "Tensor? supers=None, Tensor? codebook=None) -> Tensor");
+        "Tensor? supers=None, Tensor? codebook=None, bool int8_activations=False) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");

@@ -19,6 +19,12 @@ int SY_KERNEL(quant_linear_f32)(const float *x, int64_t m, int64_t k, const void
                                 int64_t scale_bits, int64_t e4m3, const int8_t *codebook, const float *bias, int64_t n,
                                 float *out);
 
+/* quant_dot.c: quant_linear_f32's 4-, 5- and 6-bit integer formats over int8 activations (each row
+ * quantized per 32 inputs); 0, -1 for a format it has no kernel for, or -2 out of memory */
+int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
+                               int64_t group, const void *scales, const void *lows, const void *supers,
+                               int64_t scale_bits, const float *bias, int64_t n, float *out);
+
 /* fused_ops.c: the row-wise ops, float32 (f32) and bfloat16 (bf16, as uint16_t) */
 void SY_KERNEL(add_rms_norm_f32)(const float *x, const float *residual, const float *weight, float *out,
                                  float *summed, int64_t rows, int64_t dim, float eps);

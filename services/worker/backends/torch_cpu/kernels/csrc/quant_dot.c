@@ -1,0 +1,120 @@
+/* quant_linear over int8 activations (--quant-activations int8): each row quantized per 32 inputs to
+ * int8 with a float32 scale (llama.cpp's Q8_0 scheme), each group's dot an exact integer sum of
+ * unsigned weights times signed activations, for quant_linear.c's 4-, 5- and 6-bit formats.
+ *
+ * Row r's block b of 32 inputs: d = max|x| / 127, xq = rint(x * 127 / max|x|) (in -127..127). For a
+ * column, each group g of G inputs (a sub-block: G if G <= 32, else 32) adds, in order,
+ *     acc = fma((float)sum_i(u_i * xq_i), scale_g * d, acc)
+ *     acc = fma(low_g, (float)sum_i(xq_i) * d, acc)              (formats with a low)
+ * u the stored unsigned value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)). The integer
+ * sums are exact and the float steps the same in every variant, so every variant gives the same
+ * bits, at every batch size. The weights are read in quant_linear.c's panels; on x86 four inputs of
+ * a column are put side by side in 32 bits, the u8 x s8 products summed by maddubs and madd. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#define PANEL 16
+#define SUPER 256
+#define XBLOCK 32 /* inputs an activation scale covers */
+#define ROWS 4    /* rows a pass over the weights serves */
+
+/* A weight format (quant_linear.c's, integer values only). */
+struct qformat {
+    int bits, group, scale_bits, has_low;  /* scale_bits 8: int8 times a float16 super per 256 */
+};
+
+/* The rows quantized: q [m, k], d [m, k / 32], sums of q per 16 inputs [m, k / 16]. */
+struct qrows {
+    int8_t *q;
+    float *d;
+    int32_t *sums;
+};
+
+static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *rows) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t b = 0; b < k / XBLOCK; b++) {
+            const float *in = x + r * k + b * XBLOCK;
+            int8_t *q = rows->q + r * k + b * XBLOCK;
+            float top = 0.0f;
+            for (int i = 0; i < XBLOCK; i++) top = fmaxf(top, fabsf(in[i]));
+            const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+            rows->d[r * (k / XBLOCK) + b] = top / 127.0f;
+            for (int half = 0; half < 2; half++) {
+                int32_t sum = 0;
+                for (int i = half * 16; i < half * 16 + 16; i++) {
+                    q[i] = (int8_t)lrintf(in[i] * inv);
+                    sum += q[i];
+                }
+                rows->sums[r * (k / 16) + b * 2 + half] = sum;
+            }
+        }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "quant_dot_x86.h"
+#else
+#include "quant_dot_portable.h"
+#endif
+
+#define Q_FORMATS(X)                                        \
+    X(q4_g32_f16, ((struct qformat){4, 32, 16, 1}))         \
+    X(q4_g16_f32, ((struct qformat){4, 16, 32, 1}))         \
+    X(q4_g32_f32, ((struct qformat){4, 32, 32, 1}))         \
+    X(q4_g64_f32, ((struct qformat){4, 64, 32, 1}))         \
+    X(q4_g128_f32, ((struct qformat){4, 128, 32, 1}))       \
+    X(q4_g32_i8, ((struct qformat){4, 32, 8, 1}))           \
+    X(q4_g16_i8, ((struct qformat){4, 16, 8, 1}))           \
+    X(q5_g32_i8, ((struct qformat){5, 32, 8, 1}))           \
+    X(q6_g16_i8, ((struct qformat){6, 16, 8, 0}))
+
+typedef void (*panel_fn)(const uint8_t *, const void *, const void *, const uint16_t *, int64_t,
+                         const struct qrows *, int64_t, float *, int64_t);
+
+#define DEFINE_Q_FORMAT(NAME, F)                                                                             \
+    static void dot_##NAME(const uint8_t *panel, const void *scales, const void *lows, const uint16_t *supers, \
+                           int64_t k, const struct qrows *rows, int64_t m, float *out, int64_t n) {            \
+        panel_rows(panel, scales, lows, supers, k, rows, m, out, n, F);                                       \
+    }
+Q_FORMATS(DEFINE_Q_FORMAT)
+
+static panel_fn panel_fn_for(int64_t bits, int64_t group, int64_t scale_bits, int has_low) {
+#define PICK(NAME, F)                                                                                    \
+    if ((F).bits == bits && (F).group == group && (F).scale_bits == scale_bits && (F).has_low == has_low) \
+        return dot_##NAME;
+    Q_FORMATS(PICK)
+#undef PICK
+    return 0;
+}
+
+int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void *qweight, int64_t bits,
+                               int64_t group, const void *scales, const void *lows, const void *supers,
+                               int64_t scale_bits, const float *bias, int64_t n, float *out) {
+    const panel_fn fn = panel_fn_for(bits, group, scale_bits, lows != 0);
+    if (!fn || k % XBLOCK || k % group || (scale_bits == 8) != (supers != 0) || (supers && k % SUPER))
+        return -1;
+    struct qrows rows = {malloc(m * k), malloc(m * (k / XBLOCK) * sizeof(float)),
+                         malloc(m * (k / 16) * sizeof(int32_t))};
+    if (!rows.q || !rows.d || !rows.sums) {
+        free(rows.q), free(rows.d), free(rows.sums);
+        return -2;
+    }
+    quantize_rows(x, m, k, &rows);
+    const int64_t num_panels = n / PANEL, groups = k / group;
+    const int64_t panel_bytes = k * (PANEL / 2) + (bits - 4) * (k / 8) * PANEL;
+    const int64_t scale_bytes = scale_bits / 8, per_super = lows ? 2 : 1;
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t p = 0; p < num_panels; p++) {
+        const int64_t scale_at = p * groups * PANEL * scale_bytes;
+        fn((const uint8_t *)qweight + p * panel_bytes, (const uint8_t *)scales + scale_at,
+           lows ? (const uint8_t *)lows + scale_at : 0,
+           supers ? (const uint16_t *)supers + p * (k / SUPER) * per_super * PANEL : 0, k, &rows, m, out + p * PANEL, n);
+        if (bias)
+            for (int64_t r = 0; r < m; r++)
+                for (int64_t j = p * PANEL; j < (p + 1) * PANEL; j++) out[r * n + j] += bias[j];
+    }
+    free(rows.q), free(rows.d), free(rows.sums);
+    return 0;
+}

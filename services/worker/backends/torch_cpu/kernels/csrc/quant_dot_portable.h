@@ -1,0 +1,76 @@
+/* quant_dot.c without x86's vectors: one column and row at a time, the same integer sums and the same
+ * float steps (fmaf: the CPUs this form is for may lack an FMA instruction; libm's is exact). */
+
+/* The stored unsigned value of a panel's column c at input i (5 and 6 bits: the nibbles, then the
+ * bits past the fourth, as quant_linear.c lays them out). */
+static inline uint8_t value_at(const uint8_t *panel, int64_t k, int64_t i, int c, int bits) {
+    const uint8_t byte = panel[(i / 2) * PANEL + c];
+    uint8_t u = i % 2 ? byte >> 4 : byte & 0x0F;
+    if (bits > 4) {
+        const int width = bits - 4, per_row = 8 / width;
+        const uint8_t top = panel[k * (PANEL / 2) + (i / per_row) * PANEL + c];
+        u |= ((top >> ((i % per_row) * width)) & ((1 << width) - 1)) << 4;
+    }
+    return u;
+}
+
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {  /* a subnormal: exact as a float32 product */
+        const float v = (float)mantissa * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    float out;
+    __builtin_memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* A panel's column c: its group g's scale and low as float32 (two levels: the int8 times its super,
+ * exact). */
+static inline __attribute__((always_inline)) void scale_low(const void *scales, const void *lows,
+                                                            const uint16_t *supers, int64_t g, int c,
+                                                            const struct qformat f, float *scale, float *low) {
+    const int64_t at = g * PANEL + c;
+    if (f.scale_bits == 8) {
+        const int per_super = f.has_low ? 2 : 1;
+        const uint16_t *super = supers + (g * f.group / SUPER) * per_super * PANEL + c;
+        *scale = (float)((const int8_t *)scales)[at] * half_to_float(super[0]);
+        *low = f.has_low ? (float)((const int8_t *)lows)[at] * half_to_float(super[PANEL]) : 0.0f;
+    } else if (f.scale_bits == 16) {
+        *scale = half_to_float(((const uint16_t *)scales)[at]);
+        *low = f.has_low ? half_to_float(((const uint16_t *)lows)[at]) : 0.0f;
+    } else {
+        *scale = ((const float *)scales)[at];
+        *low = f.has_low ? ((const float *)lows)[at] : 0.0f;
+    }
+}
+
+static inline __attribute__((always_inline)) void panel_rows(const uint8_t *panel, const void *scales,
+                                                             const void *lows, const uint16_t *supers, int64_t k,
+                                                             const struct qrows *rows, int64_t m, float *out,
+                                                             int64_t n, const struct qformat f) {
+    const int sub = f.group < XBLOCK ? f.group : XBLOCK;
+    for (int64_t r = 0; r < m; r++)
+        for (int c = 0; c < PANEL; c++) {
+            float acc = 0.0f;
+            for (int64_t s0 = 0; s0 < k; s0 += sub) {
+                float scale, low;
+                scale_low(scales, lows, supers, s0 / f.group, c, f, &scale, &low);
+                int32_t sum = 0;
+                for (int64_t i = s0; i < s0 + sub; i++) sum += value_at(panel, k, i, c, f.bits) * rows->q[r * k + i];
+                const float d = rows->d[r * (k / XBLOCK) + s0 / XBLOCK];
+                const int32_t *s16 = rows->sums + r * (k / 16) + s0 / 16;
+                if (f.bits == 6)  /* values u - 32 (groups of 16) */
+                    sum -= 32 * s16[0];
+                acc = fmaf((float)sum, scale * d, acc);
+                if (f.has_low)
+                    acc = fmaf(low, (float)(sub == 16 ? s16[0] : s16[0] + s16[1]) * d, acc);
+            }
+            out[r * n + c] = acc;
+        }
+}

@@ -1,0 +1,76 @@
+"""quant_dot.c (--quant-activations int8) on every 4-, 5- and 6-bit format, in every variant this CPU
+runs: the rows quantized per 32 inputs as llama.cpp's Q8_0 does (here in torch), times gguf's
+dequantized weights in float64, is the oracle; a row's bits do not depend on its batch, and every
+variant, the portable one included, gives the same bits (integer sums, then the same float steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from services.worker.backends.torch_cpu.quantization import QuantLinear, int8_activations
+from services.worker.loader.gguf_blocks import decode
+from services.worker.loader.quant_blocks import QuantBlocks
+from tests.test_gguf_kquants import int8_rows, random_raw
+
+ROWS = [1, 2, 3, 4, 5, 9, 13]  # passes of 4 rows, and what is left after them
+
+
+def int4_checkpoint(n: int, k: int, group: int, generator: torch.Generator) -> QuantBlocks:
+    """AWQ / GPTQ's form: 4-bit values in groups of 64 or 128, float32 scales and lows (-zero * scale)."""
+    scale = torch.rand(n, k // group, generator=generator) * 0.02 + 1e-3
+    zero = torch.randint(0, 16, (n, k // group), generator=generator).float()
+    q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8)
+    return QuantBlocks(q, scale, -zero * scale, 4, group, torch.float32)
+
+
+CASES = ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q4_1", "int4 g64", "int4 g128"]
+
+
+def layer_and_weights(case: str, n: int, k: int) -> tuple[QuantLinear, torch.Tensor]:
+    if case.startswith("int4"):
+        blocks = int4_checkpoint(n, k, int(case.split("g")[1]), torch.Generator().manual_seed(n))
+        return QuantLinear(blocks, None), blocks.dequantized
+    raw = random_raw(case, n, k, np.random.default_rng(len(case)))
+    weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[case]).reshape(n, k))
+    return QuantLinear(decode(case, raw), None), weights
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_int8_rows_match_the_quantized_rows_matmul_in_every_variant(cpu_kernels, case):
+    n, k = 48, 512  # three panels, two super-blocks
+    layer, weights = layer_and_weights(case, n, k)
+    assert int8_activations(layer) == 1 and layer.int8_activations
+    x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
+    expected = int8_rows(x).double() @ weights.double().t()
+    float_rows = x.double() @ weights.double().t()
+    previous = torch.ops.switchyard_cpu.variant()
+    outputs = {}
+    try:
+        for variant in torch.ops.switchyard_cpu.variants():
+            torch.ops.switchyard_cpu.use_variant(variant)
+            alone = layer(x[:1])
+            for m in ROWS:
+                out = layer(x[:m])
+                torch.testing.assert_close(out.double(), expected[:m], rtol=0, atol=1e-5 * float(expected.abs().max()))
+                assert torch.equal(out[0], alone[0]), (variant, m)
+            outputs[variant] = layer(x)
+    finally:
+        torch.ops.switchyard_cpu.use_variant(previous)
+    assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
+    # the rows really are int8: further from the float rows' product than the tolerance above
+    assert (outputs["portable"].double() - float_rows).abs().max() > 1e-3 * float(float_rows.abs().max())
+
+
+def test_formats_without_an_int8_form_keep_float_rows(cpu_kernels):
+    """IQ4's codebook indices and 8-bit values: int8_activations() leaves them, so their rows stay float32."""
+    for kind in ("IQ4_XS", "Q8_0"):
+        raw = random_raw(kind, 32, 256, np.random.default_rng(1))
+        layer = QuantLinear(decode(kind, raw), None)
+        x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2))
+        before = layer(x)
+        assert int8_activations(layer) == 0 and not layer.int8_activations
+        assert torch.equal(layer(x), before)
