@@ -1,5 +1,6 @@
 """`python -m bench.quant_linear`: the C kernels' quant_linear on a k-quant's blocks at one row,
-its scales in the file's two levels (int8 x float16 per 256) against one level (float32 products).
+its scales in the file's two levels (int8 x float16 per 256) against one level (float32 products),
+and the two levels over int8 rows (--quant-activations int8, quant_dot.c) where the type has them.
 
     python -m bench.quant_linear                 # 12 layers of each type, more than the L3 holds
 
@@ -29,6 +30,17 @@ def _mib(layers: list[QuantLinear]) -> float:
     return sum(b.numel() * b.element_size() for layer in layers for b in layer.buffers()) / 2**20
 
 
+def _int8_rows(layers: list[QuantLinear]) -> list[QuantLinear]:
+    """The same layers (their buffers shared) taking int8 rows."""
+    copies = []
+    for layer in layers:
+        copy = QuantLinear.__new__(QuantLinear)
+        copy.__dict__.update(layer.__dict__)
+        copy.int8_activations = True
+        copies.append(copy)
+    return copies
+
+
 def _ms(layers: list[QuantLinear], x: torch.Tensor, reps: int) -> float:
     start = time.perf_counter()
     for _ in range(reps):
@@ -50,8 +62,8 @@ def main() -> None:
         torch.ops.switchyard_cpu.use_variant(args.variant)
     print(f"{cpu_name()}, {kernels.reason}, variant {torch.ops.switchyard_cpu.variant()}, {torch.get_num_threads()} threads, {args.rows} row(s), "
           f"{args.layers} layers a type; best of 3 runs each")
-    print("| type | layer | two levels ms | MiB | one level ms | MiB | time ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print("| type | layer | two levels ms | MiB | one level ms | MiB | time ratio | int8 rows ms | float / int8 rows |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for kind in args.types.split(","):
         n, k = SHAPES[kind]
@@ -59,12 +71,14 @@ def main() -> None:
         two = [QuantLinear(decode(kind, raw), None) for raw in raws]
         one = [QuantLinear(decode(kind, raw).flat(), None) for raw in raws]
         x = torch.randn(args.rows, k)
-        times = {"two": [], "one": []}
+        runs = {"two": two, "one": one, "int8": _int8_rows(two) if two[0].takes_int8_rows else []}
+        times = {name: [] for name, layers in runs.items() if layers}
         for _ in range(3):
-            for name, layers in (("two", two), ("one", one)):
-                times[name].append(_ms(layers, x, args.reps))
+            for name in times:
+                times[name].append(_ms(runs[name], x, args.reps))
         t2, t1 = min(times["two"]), min(times["one"])
-        print(f"| {kind} | {n}x{k} | {t2:.2f} | {_mib(two):.0f} | {t1:.2f} | {_mib(one):.0f} | {t2 / t1:.3f} |")
+        t8 = f"{min(times['int8']):.2f} | {t2 / min(times['int8']):.2f}" if "int8" in times else "- | -"
+        print(f"| {kind} | {n}x{k} | {t2:.2f} | {_mib(two):.0f} | {t1:.2f} | {_mib(one):.0f} | {t2 / t1:.3f} | {t8} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from services.worker.backends.torch_cpu.kernels import build
 from shared.cpu_features import host_cpu_flags
 
 # what x86-64's levels need (the kernel's own check is the compiler's __builtin_cpu_supports)
-LEVEL_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma", "f16c"},
+LEVEL_FLAGS = {"avx512_vnni": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx2"},
+               "avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma", "f16c"},
                "avx2": {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}}
 
 

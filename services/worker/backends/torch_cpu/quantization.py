@@ -79,8 +79,9 @@ class QuantLinear(nn.Module):
 
     @property
     def takes_int8_rows(self) -> bool:
-        """quant_dot.c's formats: 4-, 5- and 6-bit integers (not IQ4's codebook indices, 8 bits or FP8)."""
-        return self.bits in (4, 5, 6) and self.codebook is None
+        """quant_dot.c's formats: 4-, 5- and 6-bit integers (not IQ4's codebook indices, 8 bits or FP8),
+        over inputs in blocks of 32."""
+        return self.bits in (4, 5, 6) and self.codebook is None and self.in_features % 32 == 0
 
     @classmethod
     def quantize(cls, linear: nn.Linear, bits: int) -> QuantLinear:

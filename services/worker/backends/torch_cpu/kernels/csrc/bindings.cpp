@@ -10,6 +10,9 @@
 
 extern "C" {
 #if defined(__x86_64__)
+#define SY_VARIANT avx512_vnni
+#include "kernels.h"
+#undef SY_VARIANT
 #define SY_VARIANT avx512
 #include "kernels.h"
 #undef SY_VARIANT
@@ -53,6 +56,7 @@ struct Variant {
   }
 
 #if defined(__x86_64__)
+bool runs_avx512_vnni() { return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni"); }
 bool runs_avx512() { return __builtin_cpu_supports("x86-64-v4"); }
 bool runs_avx2() { return __builtin_cpu_supports("x86-64-v3"); }
 #endif
@@ -61,6 +65,7 @@ bool runs_anywhere() { return true; }
 // the best first
 const Variant VARIANTS[] = {
 #if defined(__x86_64__)
+    SY_ENTRY(avx512_vnni, runs_avx512_vnni),
     SY_ENTRY(avx512, runs_avx512),
     SY_ENTRY(avx2, runs_avx2),
 #endif

@@ -2,14 +2,15 @@
  * int8 with a float32 scale (llama.cpp's Q8_0 scheme), each group's dot an exact integer sum of
  * unsigned weights times signed activations, for quant_linear.c's 4-, 5- and 6-bit formats.
  *
- * Row r's block b of 32 inputs: d = max|x| / 127, xq = rint(x * 127 / max|x|) (in -127..127). For a
+ * Row r's block b of 32 inputs: d = max|x| / 127, xq = rint(x * (127 / max|x|)) (in -127..127). For a
  * column, each group g of G inputs (a sub-block: G if G <= 32, else 32) adds, in order,
  *     acc = fma((float)sum_i(u_i * xq_i), scale_g * d, acc)
  *     acc = fma(low_g, (float)sum_i(xq_i) * d, acc)              (formats with a low)
  * u the stored unsigned value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)). The integer
  * sums are exact and the float steps the same in every variant, so every variant gives the same
  * bits, at every batch size. The weights are read in quant_linear.c's panels; on x86 four inputs of
- * a column are put side by side in 32 bits, the u8 x s8 products summed by maddubs and madd. */
+ * a column are put side by side in 32 bits, the u8 x s8 products summed by maddubs and madd (VNNI:
+ * dpbusd). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

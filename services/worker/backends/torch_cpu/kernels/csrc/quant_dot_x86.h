@@ -124,6 +124,64 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
     }
 }
 
+#if defined(__AVX512VNNI__)
+/* AVX-512 VNNI: a panel's 16 columns at 4 inputs are one register, their 64 products summed by one
+ * dpbusd; 8 rows a pass. The float steps are pass()'s, column by column, so the bits are its. */
+#define WIDE_ROWS 8
+
+static inline __m512 wide(fcols v) { return _mm512_insertf32x8(_mm512_castps256_ps512(v.lo), v.hi, 1); }
+
+static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel, const void *scales,
+                                                            const void *lows, const uint16_t *supers, int64_t k,
+                                                            const struct qrows *rows, int64_t r0, const int R,
+                                                            float *out, int64_t n, const struct qformat f) {
+    const int sub = f.group < XBLOCK ? f.group : XBLOCK;
+    __m512 acc[WIDE_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t s0 = 0; s0 < k; s0 += sub) {
+        fcols scale, low;
+        scale_low_cols(scales, lows, supers, s0 / f.group, f, &scale, &low);
+        const __m512 scale16 = wide(scale), low16 = wide(low);
+        __m512i sums[WIDE_ROWS];
+        for (int r = 0; r < R; r++) sums[r] = _mm512_setzero_si512();
+        for (int64_t i = s0; i < s0 + sub; i += 8)
+            for (int odd = 0; odd < 2; odd++) {
+                __m256i w0, w1;
+                side_by_side(panel, k, i + 4 * odd, odd, f, &w0, &w1);
+                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);  /* 0-3, 8-11, 4-7, 12-15 */
+                for (int r = 0; r < R; r++) {
+                    int32_t four;
+                    __builtin_memcpy(&four, rows->q + (r0 + r) * k + i + 4 * odd, sizeof four);
+                    sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(four));
+                }
+            }
+        for (int r = 0; r < R; r++) {
+            __m512i sum = _mm512_shuffle_i32x4(sums[r], sums[r], _MM_SHUFFLE(3, 1, 2, 0));  /* in column order */
+            const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
+            const int32_t *s16 = rows->sums + (r0 + r) * (k / 16) + s0 / 16;
+            if (f.bits == 6)
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(32 * s16[0]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale16, _mm512_set1_ps(d)), acc[r]);
+            if (f.has_low)
+                acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps((float)(sub == 16 ? s16[0] : s16[0] + s16[1]) * d),
+                                         acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + (r0 + r) * n, acc[r]);
+}
+
+#define PASS_CASE(R) case R: wide_pass(panel, scales, lows, supers, k, rows, r0, R, out, n, f); break;
+
+static inline __attribute__((always_inline)) void panel_rows(const uint8_t *panel, const void *scales,
+                                                             const void *lows, const uint16_t *supers, int64_t k,
+                                                             const struct qrows *rows, int64_t m, float *out,
+                                                             int64_t n, const struct qformat f) {
+    for (int64_t r0 = 0; r0 < m; r0 += WIDE_ROWS)
+        switch ((int)(m - r0 < WIDE_ROWS ? m - r0 : WIDE_ROWS)) {
+            PASS_CASE(1) PASS_CASE(2) PASS_CASE(3) PASS_CASE(4) PASS_CASE(5) PASS_CASE(6) PASS_CASE(7) PASS_CASE(8)
+        }
+}
+#else
 #define PASS_CASE(R) case R: pass(panel, scales, lows, supers, k, rows, r0, R, out, n, f); break;
 
 static inline __attribute__((always_inline)) void panel_rows(const uint8_t *panel, const void *scales,
@@ -133,3 +191,4 @@ static inline __attribute__((always_inline)) void panel_rows(const uint8_t *pane
     for (int64_t r0 = 0; r0 < m; r0 += ROWS)
         switch ((int)(m - r0 < ROWS ? m - r0 : ROWS)) { PASS_CASE(1) PASS_CASE(2) PASS_CASE(3) PASS_CASE(4) }
 }
+#endif
