@@ -1,7 +1,7 @@
 """`python -m bench.profile_step`: time (and optionally profile) the worker's decode step in process.
 
     python -m bench.profile_step --batch 1,16,64 --context 128 --dtype float32,bfloat16 [--compile] [--profile]
-    [--torch-ops] [--model-path DIR]
+    [--torch-ops] [--model-path DIR] [--quantization auto --quant-activations int8]
 
 Builds the real ModelRunner on the default model (or --model-path's) with a paged KV cache, prefills `batch`
 sequences of `context` tokens, then times decode steps: ms/step and tokens/s per setting.
@@ -20,10 +20,10 @@ from services.worker.backends.torch_cpu.compiled import compile_decode_layers, w
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import native_blocks, quantize
+from services.worker.backends.torch_cpu.quantization import int8_activations, native_blocks, quantize
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
-from shared.config import QUANTIZATIONS
+from shared.config import QUANT_ACTIVATIONS, QUANTIZATIONS
 from shared.models.model_files import default_model_path
 from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
@@ -72,6 +72,8 @@ def main() -> None:
     p.add_argument("--pool-blocks", type=int, default=0, help="KV pool size in blocks (default: just enough)")
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
                    help="auto: the GGUF's own blocks, as the worker's default")
+    p.add_argument("--quant-activations", default="float32", choices=QUANT_ACTIVATIONS,
+                   help="the worker's --quant-activations: int8 rows into the 4- to 6-bit weights")
     p.add_argument("--compile", action="store_true", help="compile the decode layers (the worker's --compile)")
     p.add_argument("--torch-ops", action="store_true",
                    help="eager steps on torch's ops alone, not the C kernels (decode_attention.c, fused_ops.c), "
@@ -89,6 +91,8 @@ def main() -> None:
         loaded = load_model(args.model_path or default_model_path(), dtype=DTYPES[dtype], ops=ops)
         method = "gguf" if args.quantization == "auto" else args.quantization
         quantize(loaded.model, method, native_blocks(loaded, method))
+        if args.quant_activations == "int8":
+            int8_activations(loaded.model)
         if not args.compile and not args.mkl:
             pack_linears(loaded.model)
         if args.compile:

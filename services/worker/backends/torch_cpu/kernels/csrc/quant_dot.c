@@ -27,11 +27,13 @@ struct qformat {
     int bits, group, scale_bits, has_low;  /* scale_bits 8: int8 times a float16 super per 256 */
 };
 
-/* The rows quantized: q [m, k], d [m, k / 32], sums of q per 16 inputs [m, k / 16]. */
+/* The rows quantized: q [m, k], d [m, k / 32], the sums of q per 16 inputs [m, k / 16], and what
+ * a group's low multiplies: (float)sum * d per 16 inputs [m, k / 16] and per 32 [m, k / 32]. */
 struct qrows {
     int8_t *q;
     float *d;
     int32_t *sums;
+    float *low16, *low32;
 };
 
 static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *rows) {
@@ -50,7 +52,10 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *ro
                     sum += q[i];
                 }
                 rows->sums[r * (k / 16) + b * 2 + half] = sum;
+                rows->low16[r * (k / 16) + b * 2 + half] = (float)sum * (top / 127.0f);
             }
+            const int32_t *sums = rows->sums + r * (k / 16) + b * 2;
+            rows->low32[r * (k / XBLOCK) + b] = (float)(sums[0] + sums[1]) * (top / 127.0f);
         }
 }
 
@@ -96,10 +101,10 @@ int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void 
     const panel_fn fn = panel_fn_for(bits, group, scale_bits, lows != 0);
     if (!fn || k % XBLOCK || k % group || (scale_bits == 8) != (supers != 0) || (supers && k % SUPER))
         return -1;
-    struct qrows rows = {malloc(m * k), malloc(m * (k / XBLOCK) * sizeof(float)),
-                         malloc(m * (k / 16) * sizeof(int32_t))};
-    if (!rows.q || !rows.d || !rows.sums) {
-        free(rows.q), free(rows.d), free(rows.sums);
+    struct qrows rows = {malloc(m * k), malloc(m * (k / XBLOCK) * sizeof(float)), malloc(m * (k / 16) * sizeof(int32_t)),
+                         malloc(m * (k / 16) * sizeof(float)), malloc(m * (k / XBLOCK) * sizeof(float))};
+    if (!rows.q || !rows.d || !rows.sums || !rows.low16 || !rows.low32) {
+        free(rows.q), free(rows.d), free(rows.sums), free(rows.low16), free(rows.low32);
         return -2;
     }
     quantize_rows(x, m, k, &rows);
@@ -116,6 +121,6 @@ int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void 
             for (int64_t r = 0; r < m; r++)
                 for (int64_t j = p * PANEL; j < (p + 1) * PANEL; j++) out[r * n + j] += bias[j];
     }
-    free(rows.q), free(rows.d), free(rows.sums);
+    free(rows.q), free(rows.d), free(rows.sums), free(rows.low16), free(rows.low32);
     return 0;
 }

@@ -69,7 +69,8 @@ static inline __attribute__((always_inline)) void panel_rows(const uint8_t *pane
                     sum -= 32 * s16[0];
                 acc = fmaf((float)sum, scale * d, acc);
                 if (f.has_low)
-                    acc = fmaf(low, (float)(sub == 16 ? s16[0] : s16[0] + s16[1]) * d, acc);
+                    acc = fmaf(low, sub == 16 ? rows->low16[r * (k / 16) + s0 / 16] : rows->low32[r * (k / XBLOCK) + s0 / XBLOCK],
+                               acc);
             }
             out[r * n + c] = acc;
         }

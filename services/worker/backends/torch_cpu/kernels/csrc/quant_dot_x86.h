@@ -112,7 +112,8 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
             acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][0]), _mm256_mul_ps(scale.lo, dv), acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][1]), _mm256_mul_ps(scale.hi, dv), acc[r][1]);
             if (f.has_low) {
-                const __m256 xd = _mm256_set1_ps((float)(sub == 16 ? s16[0] : s16[0] + s16[1]) * d);
+                const __m256 xd = _mm256_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s0 / 16]
+                                                           : rows->low32[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK]);
                 acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
                 acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
             }
@@ -141,7 +142,9 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
     for (int64_t s0 = 0; s0 < k; s0 += sub) {
         fcols scale, low;
         scale_low_cols(scales, lows, supers, s0 / f.group, f, &scale, &low);
-        const __m512 scale16 = wide(scale), low16 = wide(low);
+        /* in the sums' column order (0-3, 8-11, 4-7, 12-15: a permutation its own inverse) */
+        const __m512 scale16 = _mm512_shuffle_f32x4(wide(scale), wide(scale), _MM_SHUFFLE(3, 1, 2, 0));
+        const __m512 low16 = _mm512_shuffle_f32x4(wide(low), wide(low), _MM_SHUFFLE(3, 1, 2, 0));
         __m512i sums[WIDE_ROWS];
         for (int r = 0; r < R; r++) sums[r] = _mm512_setzero_si512();
         for (int64_t i = s0; i < s0 + sub; i += 8)
@@ -156,18 +159,20 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
                 }
             }
         for (int r = 0; r < R; r++) {
-            __m512i sum = _mm512_shuffle_i32x4(sums[r], sums[r], _MM_SHUFFLE(3, 1, 2, 0));  /* in column order */
+            __m512i sum = sums[r];
             const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
             const int32_t *s16 = rows->sums + (r0 + r) * (k / 16) + s0 / 16;
             if (f.bits == 6)
                 sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(32 * s16[0]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale16, _mm512_set1_ps(d)), acc[r]);
             if (f.has_low)
-                acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps((float)(sub == 16 ? s16[0] : s16[0] + s16[1]) * d),
+                acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s0 / 16]
+                                                                         : rows->low32[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK]),
                                          acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + (r0 + r) * n, acc[r]);
+    for (int r = 0; r < R; r++)
+        _mm512_storeu_ps(out + (r0 + r) * n, _mm512_shuffle_f32x4(acc[r], acc[r], _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
 #define PASS_CASE(R) case R: wide_pass(panel, scales, lows, supers, k, rows, r0, R, out, n, f); break;
