@@ -91,10 +91,9 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
             for (int odd = 0; odd < 2; odd++) {
                 __m256i w0, w1;
                 side_by_side(panel, k, i + 4 * odd, odd, f, &w0, &w1);
+                const int32_t *fours = rows->fours + (i / 4 + odd) * rows->m + r0;  /* the rows' 4 inputs, side by side */
                 for (int r = 0; r < R; r++) {
-                    int32_t four;
-                    __builtin_memcpy(&four, rows->q + (r0 + r) * k + i + 4 * odd, sizeof four);
-                    const __m256i x = _mm256_set1_epi32(four);
+                    const __m256i x = _mm256_set1_epi32(fours[r]);
                     sums[r][0] = dot4(w0, x, sums[r][0]);
                     sums[r][1] = dot4(w1, x, sums[r][1]);
                 }
@@ -152,11 +151,8 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
                 __m256i w0, w1;
                 side_by_side(panel, k, i + 4 * odd, odd, f, &w0, &w1);
                 const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);  /* 0-3, 8-11, 4-7, 12-15 */
-                for (int r = 0; r < R; r++) {
-                    int32_t four;
-                    __builtin_memcpy(&four, rows->q + (r0 + r) * k + i + 4 * odd, sizeof four);
-                    sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(four));
-                }
+                const int32_t *fours = rows->fours + (i / 4 + odd) * rows->m + r0;
+                for (int r = 0; r < R; r++) sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(fours[r]));
             }
         for (int r = 0; r < R; r++) {
             __m512i sum = sums[r];
