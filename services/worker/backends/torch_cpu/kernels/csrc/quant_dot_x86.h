@@ -47,13 +47,15 @@ static inline __attribute__((always_inline)) void side_by_side(const uint8_t *pa
     const __m256i pairs = _mm256_loadu_si256((const __m256i *)(panel + (i / 2) * PANEL));
     __m256i low = _mm256_and_si256(pairs, nibble), high = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), nibble);
     if (f.bits > 4) {  /* the 32-bit shifts bring in a neighbour byte's bits only where the mask drops them */
-        const int width = f.bits - 4, per_row = 8 / width, first = (odd && width == 1 ? 4 : 0);  /* i % per_row: 0, or 4 (odd) */
+        const int width = f.bits - 4, per_row = 8 / width;
         const __m256i top = _mm256_broadcastsi128_si256(
             _mm_loadu_si128((const __m128i *)(panel + k * (PANEL / 2) + (i / per_row) * PANEL)));
         const __m256i keep = _mm256_set1_epi8(width == 1 ? 0x10 : 0x30);
-        const __m256i at0 = _mm256_srlv_epi32(top, _mm256_setr_epi32(first, first, first, first, first + 2 * width,
-                                                                     first + 2 * width, first + 2 * width,
-                                                                     first + 2 * width));
+        /* shift by i % per_row (0, or 4 where odd) in the first half, 2 * width more in the second:
+         * constants either way, picked, not made, whether or not the compiler unrolls the caller's loop */
+        const __m256i even_shifts = _mm256_setr_epi32(0, 0, 0, 0, 2 * width, 2 * width, 2 * width, 2 * width);
+        const __m256i odd_shifts = _mm256_setr_epi32(4, 4, 4, 4, 4 + 2 * width, 4 + 2 * width, 4 + 2 * width, 4 + 2 * width);
+        const __m256i at0 = _mm256_srlv_epi32(top, odd && width == 1 ? odd_shifts : even_shifts);
         low = _mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi32(at0, 4), keep));
         high = _mm256_or_si256(high, _mm256_and_si256(width == 1 ? _mm256_slli_epi32(at0, 3)
                                                                  : _mm256_slli_epi32(at0, 2), keep));
@@ -88,12 +90,14 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
         __m256i sums[ROWS][2];
         for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
         for (int64_t i = s0; i < s0 + sub; i += 8)
+#pragma GCC unroll 2
             for (int odd = 0; odd < 2; odd++) {
                 __m256i w0, w1;
                 side_by_side(panel, k, i + 4 * odd, odd, f, &w0, &w1);
-                const int32_t *fours = rows->fours + (i / 4 + odd) * rows->m + r0;  /* the rows' 4 inputs, side by side */
                 for (int r = 0; r < R; r++) {
-                    const __m256i x = _mm256_set1_epi32(fours[r]);
+                    int32_t four;
+                    __builtin_memcpy(&four, rows->q + (r0 + r) * k + i + 4 * odd, sizeof four);
+                    const __m256i x = _mm256_set1_epi32(four);
                     sums[r][0] = dot4(w0, x, sums[r][0]);
                     sums[r][1] = dot4(w1, x, sums[r][1]);
                 }
@@ -147,6 +151,7 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
         __m512i sums[WIDE_ROWS];
         for (int r = 0; r < R; r++) sums[r] = _mm512_setzero_si512();
         for (int64_t i = s0; i < s0 + sub; i += 8)
+#pragma GCC unroll 2
             for (int odd = 0; odd < 2; odd++) {
                 __m256i w0, w1;
                 side_by_side(panel, k, i + 4 * odd, odd, f, &w0, &w1);
