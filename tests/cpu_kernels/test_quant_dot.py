@@ -74,3 +74,6 @@ def test_formats_without_an_int8_form_keep_float_rows(cpu_kernels):
         before = layer(x)
         assert int8_activations(layer) == 0 and not layer.int8_activations
         assert torch.equal(layer(x), before)
+        layer.int8_activations = True  # asked for all the same: refused by name, never computed in float
+        with pytest.raises(RuntimeError, match="no int8-activation kernel for 4-bit codebook indices|8 bits"):
+            layer(x)

@@ -186,13 +186,16 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));
   const int scale_bits = scale_type == at::kHalf ? 16 : scale_type == at::kChar ? 8 : 32;
-  if (int8_activations && !e4m3 && !codebook && bits != 8) {  // quant_dot.c; the other formats keep float rows
-    const int status = current->quant_linear_q8(
+  if (int8_activations) {  // quant_dot.c (QuantLinear.takes_int8_rows names its formats)
+    const int status = e4m3 || codebook ? -1 : current->quant_linear_q8(
         rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
         lows ? lows->data_ptr() : nullptr, supers ? supers->data_ptr() : nullptr, scale_bits,
         bias ? bias->data_ptr<float>() : nullptr, n, out.data_ptr<float>());
     TORCH_CHECK(status != -2, "quant_linear ran out of memory");
-    if (status == 0) return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+    TORCH_CHECK(status == 0, "quant_linear has no int8-activation kernel for ", bits,
+                e4m3 ? "-bit float codes" : codebook ? "-bit codebook indices" : " bits", " in groups of ", group,
+                " with ", scale_type, " scales", lows ? " and lows" : "", " over ", k, " inputs");
+    return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
   }
   const int status = current->quant_linear_f32(
       rows.data_ptr<float>(), rows.numel() / k, k, qweight.data_ptr(), bits, group, scales.data_ptr(),
