@@ -13,7 +13,12 @@ from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import KEEPS_BLOCKS, int8_activations, kept_weights, quantize
+from services.worker.backends.torch_cpu.quantization import (
+    KEEPS_BLOCKS,
+    int8_activations,
+    kept_weights,
+    quantize,
+)
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
