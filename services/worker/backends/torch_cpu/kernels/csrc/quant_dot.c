@@ -28,13 +28,13 @@ struct qformat {
 };
 
 /* The rows quantized: q [m, k] (as fours: [k / 4, m] groups of 4 inputs, every row's side by side),
- * d [m, k / 32], the sums of q per 16 inputs [m, k / 16], and what a group's low multiplies: (float)sum
- * * d per 16 inputs [m, k / 16] and per 32 [m, k / 32]. */
+ * d [m, k / 32]; what a 6-bit group's sum less (32 sum(q) per 16 inputs, [m, k / 16]) and what a
+ * group's low multiplies ((float)sum(q) * d per 16 inputs [m, k / 16] and per 32 [m, k / 32]). */
 struct qrows {
     int8_t *q;
     int32_t *fours;
     float *d;
-    int32_t *sums;
+    int32_t *offsets;
     float *low16, *low32;
     int64_t m;
 };
@@ -49,16 +49,15 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *ro
         for (int i = 0; i < XBLOCK; i++) top = fmaxf(top, fabsf(in[i]));
         const float inv = top > 0.0f ? 127.0f / top : 0.0f;
         rows->d[r * (k / XBLOCK) + b] = top / 127.0f;
+        int32_t sums[2] = {0, 0};
         for (int half = 0; half < 2; half++) {
-            int32_t sum = 0;
             for (int i = half * 16; i < half * 16 + 16; i++) {
                 q[i] = (int8_t)lrintf(in[i] * inv);
-                sum += q[i];
+                sums[half] += q[i];
             }
-            rows->sums[r * (k / 16) + b * 2 + half] = sum;
-            rows->low16[r * (k / 16) + b * 2 + half] = (float)sum * (top / 127.0f);
+            rows->offsets[r * (k / 16) + b * 2 + half] = 32 * sums[half];
+            rows->low16[r * (k / 16) + b * 2 + half] = (float)sums[half] * (top / 127.0f);
         }
-        const int32_t *sums = rows->sums + r * (k / 16) + b * 2;
         rows->low32[r * (k / XBLOCK) + b] = (float)(sums[0] + sums[1]) * (top / 127.0f);
         for (int i = 0; i < XBLOCK; i += 4) __builtin_memcpy(rows->fours + (b * XBLOCK + i) / 4 * m + r, q + i, 4);
     }
@@ -109,8 +108,8 @@ int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void 
     struct qrows rows = {malloc(m * k), malloc(m * k), malloc(m * (k / XBLOCK) * sizeof(float)),
                          malloc(m * (k / 16) * sizeof(int32_t)), malloc(m * (k / 16) * sizeof(float)),
                          malloc(m * (k / XBLOCK) * sizeof(float)), m};
-    if (!rows.q || !rows.fours || !rows.d || !rows.sums || !rows.low16 || !rows.low32) {
-        free(rows.q), free(rows.fours), free(rows.d), free(rows.sums), free(rows.low16), free(rows.low32);
+    if (!rows.q || !rows.fours || !rows.d || !rows.offsets || !rows.low16 || !rows.low32) {
+        free(rows.q), free(rows.fours), free(rows.d), free(rows.offsets), free(rows.low16), free(rows.low32);
         return -2;
     }
     quantize_rows(x, m, k, &rows);
@@ -127,6 +126,6 @@ int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void 
             for (int64_t r = 0; r < m; r++)
                 for (int64_t j = p * PANEL; j < (p + 1) * PANEL; j++) out[r * n + j] += bias[j];
     }
-    free(rows.q), free(rows.fours), free(rows.d), free(rows.sums), free(rows.low16), free(rows.low32);
+    free(rows.q), free(rows.fours), free(rows.d), free(rows.offsets), free(rows.low16), free(rows.low32);
     return 0;
 }

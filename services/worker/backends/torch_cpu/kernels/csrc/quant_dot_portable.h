@@ -64,9 +64,8 @@ static inline __attribute__((always_inline)) void panel_rows(const uint8_t *pane
                 int32_t sum = 0;
                 for (int64_t i = s0; i < s0 + sub; i++) sum += value_at(panel, k, i, c, f.bits) * rows->q[r * k + i];
                 const float d = rows->d[r * (k / XBLOCK) + s0 / XBLOCK];
-                const int32_t *s16 = rows->sums + r * (k / 16) + s0 / 16;
                 if (f.bits == 6)  /* values u - 32 (groups of 16) */
-                    sum -= 32 * s16[0];
+                    sum -= rows->offsets[r * (k / 16) + s0 / 16];
                 acc = fmaf((float)sum, scale * d, acc);
                 if (f.has_low)
                     acc = fmaf(low, sub == 16 ? rows->low16[r * (k / 16) + s0 / 16] : rows->low32[r * (k / XBLOCK) + s0 / XBLOCK],

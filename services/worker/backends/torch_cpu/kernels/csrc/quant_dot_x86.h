@@ -5,6 +5,8 @@
 
 typedef struct { __m256 lo, hi; } fcols;
 
+#define PREFETCH 4096 /* bytes ahead in a panel's stream that a step asks the cache for */
+
 static inline fcols fcols_half(const uint16_t *p) {
     return (fcols){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
@@ -44,6 +46,9 @@ static inline __attribute__((always_inline)) void side_by_side(const uint8_t *pa
                                                                const int odd, const struct qformat f, __m256i *w0,
                                                                __m256i *w1) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
+    _mm_prefetch((const char *)(panel + (i / 2) * PANEL + PREFETCH), _MM_HINT_T0);
+    if (f.bits > 4 && i % 32 == 0)
+        _mm_prefetch((const char *)(panel + k * (PANEL / 2) + (i / (8 / (f.bits - 4))) * PANEL + PREFETCH), _MM_HINT_T0);
     const __m256i pairs = _mm256_loadu_si256((const __m256i *)(panel + (i / 2) * PANEL));
     __m256i low = _mm256_and_si256(pairs, nibble), high = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), nibble);
     if (f.bits > 4) {  /* the 32-bit shifts bring in a neighbour byte's bits only where the mask drops them */
@@ -106,9 +111,8 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
             in_order(&sums[r][0], &sums[r][1]);
             const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
             const __m256 dv = _mm256_set1_ps(d);
-            const int32_t *s16 = rows->sums + (r0 + r) * (k / 16) + s0 / 16;
             if (f.bits == 6) {  /* values u - 32: the integer sums less 32 times the activations' (exact) */
-                const __m256i off = _mm256_set1_epi32(32 * s16[0]);
+                const __m256i off = _mm256_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]);
                 sums[r][0] = _mm256_sub_epi32(sums[r][0], off);
                 sums[r][1] = _mm256_sub_epi32(sums[r][1], off);
             }
@@ -162,9 +166,8 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
         for (int r = 0; r < R; r++) {
             __m512i sum = sums[r];
             const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
-            const int32_t *s16 = rows->sums + (r0 + r) * (k / 16) + s0 / 16;
             if (f.bits == 6)
-                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(32 * s16[0]));
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale16, _mm512_set1_ps(d)), acc[r]);
             if (f.has_low)
                 acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s0 / 16]
