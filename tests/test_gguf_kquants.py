@@ -28,7 +28,7 @@ from services.worker.loader.gguf_kquants import DECODERS
 # where each type's float16 scales sit in its block (the other bytes are any values)
 HALF_AT = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q2_K": (80, 82), "IQ4_NL": (0,),
            "IQ4_XS": (0,), "Q8_0": (0,), "Q4_1": (0, 2)}
-ROWS = [1, 2, 3, 4, 5, 12, 13, 40]  # as tests/cpu_kernels/test_quant_linear.py: every path of the kernel
+ROWS = [1, 2, 3, 4, 5, 12, 13, 40]  # as tests/cpu_kernels/test_quant_linear.py: every path of the kernels (quant_dot.c: passes of 4 or 8 rows)
 
 
 def random_raw(kind: str, rows: int, k: int, rng: np.random.Generator, scale: float = 0.01) -> np.ndarray:
@@ -49,6 +49,25 @@ def int8_rows(x: torch.Tensor) -> torch.Tensor:
     q = torch.round(blocks * torch.where(top > 0, 127.0 / top, 0.0))
     assert q.abs().max() <= 127
     return (q * (top / 127.0)).view_as(x)
+
+
+def outputs_in_every_variant(layer, x: torch.Tensor, expected: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`layer`'s output for x in each variant this CPU runs; in each, every count of ROWS within
+    float32's rounding of `expected`, and the first row's bits those it has alone."""
+    previous = torch.ops.switchyard_cpu.variant()
+    outputs = {}
+    try:
+        for variant in torch.ops.switchyard_cpu.variants():
+            torch.ops.switchyard_cpu.use_variant(variant)
+            alone = layer(x[:1])
+            for m in ROWS:
+                out = layer(x[:m])
+                torch.testing.assert_close(out.double(), expected[:m], rtol=0, atol=1e-5 * float(expected.abs().max()))
+                assert torch.equal(out[0], alone[0]), (variant, m)
+            outputs[variant] = layer(x)
+    finally:
+        torch.ops.switchyard_cpu.use_variant(previous)
+    return outputs
 
 
 @pytest.mark.parametrize("kind", sorted(DECODERS))
@@ -96,21 +115,9 @@ def test_quant_linear_on_every_type_matches_the_matmul_in_every_variant(cpu_kern
     assert torch.equal(layer.dequantized, weights)  # the kernel's layout round-trips
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
     expected = x.double() @ weights.double().t()
-    previous = torch.ops.switchyard_cpu.variant()
-    outputs = {}
-    try:
-        for variant in torch.ops.switchyard_cpu.variants():
-            torch.ops.switchyard_cpu.use_variant(variant)
-            alone = layer(x[:1])
-            for m in ROWS:
-                out = layer(x[:m])
-                torch.testing.assert_close(out.double(), expected[:m], rtol=0,
-                                           atol=1e-5 * float(expected.abs().max()))
-                assert torch.equal(out[0], alone[0]), (variant, m)
-            outputs[variant] = layer(x)
-            assert torch.equal(outputs[variant], flat(x)), variant  # two levels of scales change no bit
-    finally:
-        torch.ops.switchyard_cpu.use_variant(previous)
+    outputs = outputs_in_every_variant(layer, x, expected)
+    flats = outputs_in_every_variant(flat, x, expected)
+    assert all(torch.equal(outputs[v], flats[v]) for v in outputs)  # two levels of scales change no bit
     fma = [out for name, out in outputs.items() if name != "portable"]
     assert all(torch.equal(out, fma[0]) for out in fma[1:])
 

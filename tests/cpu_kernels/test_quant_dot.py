@@ -14,9 +14,7 @@ from gguf.quants import dequantize
 from services.worker.backends.torch_cpu.quantization import QuantLinear, int8_activations
 from services.worker.loader.gguf_blocks import decode
 from services.worker.loader.quant_blocks import QuantBlocks
-from tests.test_gguf_kquants import int8_rows, random_raw
-
-ROWS = [1, 2, 3, 4, 5, 9, 13]  # passes of 4 rows, and what is left after them
+from tests.test_gguf_kquants import ROWS, int8_rows, outputs_in_every_variant, random_raw
 
 
 def int4_checkpoint(n: int, k: int, group: int, generator: torch.Generator) -> QuantBlocks:
@@ -47,19 +45,7 @@ def test_int8_rows_match_the_quantized_rows_matmul_in_every_variant(cpu_kernels,
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
     expected = int8_rows(x).double() @ weights.double().t()
     float_rows = x.double() @ weights.double().t()
-    previous = torch.ops.switchyard_cpu.variant()
-    outputs = {}
-    try:
-        for variant in torch.ops.switchyard_cpu.variants():
-            torch.ops.switchyard_cpu.use_variant(variant)
-            alone = layer(x[:1])
-            for m in ROWS:
-                out = layer(x[:m])
-                torch.testing.assert_close(out.double(), expected[:m], rtol=0, atol=1e-5 * float(expected.abs().max()))
-                assert torch.equal(out[0], alone[0]), (variant, m)
-            outputs[variant] = layer(x)
-    finally:
-        torch.ops.switchyard_cpu.use_variant(previous)
+    outputs = outputs_in_every_variant(layer, x, expected)
     assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
     # the rows really are int8: further from the float rows' product than the tolerance above
     assert (outputs["portable"].double() - float_rows).abs().max() > 1e-3 * float(float_rows.abs().max())

@@ -179,25 +179,23 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
         _mm512_storeu_ps(out + (r0 + r) * n, _mm512_shuffle_f32x4(acc[r], acc[r], _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
-#define PASS_CASE(R) case R: wide_pass(panel, scales, lows, supers, k, rows, r0, R, out, n, f); break;
-
-static inline __attribute__((always_inline)) void panel_rows(const uint8_t *panel, const void *scales,
-                                                             const void *lows, const uint16_t *supers, int64_t k,
-                                                             const struct qrows *rows, int64_t m, float *out,
-                                                             int64_t n, const struct qformat f) {
-    for (int64_t r0 = 0; r0 < m; r0 += WIDE_ROWS)
-        switch ((int)(m - r0 < WIDE_ROWS ? m - r0 : WIDE_ROWS)) {
-            PASS_CASE(1) PASS_CASE(2) PASS_CASE(3) PASS_CASE(4) PASS_CASE(5) PASS_CASE(6) PASS_CASE(7) PASS_CASE(8)
-        }
-}
+#define PASS wide_pass
+#define PASS_ROWS WIDE_ROWS
+#define FOR_EACH_PASS_ROWS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 #else
-#define PASS_CASE(R) case R: pass(panel, scales, lows, supers, k, rows, r0, R, out, n, f); break;
+#define PASS pass
+#define PASS_ROWS ROWS
+#define FOR_EACH_PASS_ROWS(X) X(1) X(2) X(3) X(4)
+#endif
+
+/* Every row against one panel, PASS_ROWS at a time: each count of rows its own loop nest, so the
+ * sums stay in registers. */
+#define PASS_CASE(R) case R: PASS(panel, scales, lows, supers, k, rows, r0, R, out, n, f); break;
 
 static inline __attribute__((always_inline)) void panel_rows(const uint8_t *panel, const void *scales,
                                                              const void *lows, const uint16_t *supers, int64_t k,
                                                              const struct qrows *rows, int64_t m, float *out,
                                                              int64_t n, const struct qformat f) {
-    for (int64_t r0 = 0; r0 < m; r0 += ROWS)
-        switch ((int)(m - r0 < ROWS ? m - r0 : ROWS)) { PASS_CASE(1) PASS_CASE(2) PASS_CASE(3) PASS_CASE(4) }
+    for (int64_t r0 = 0; r0 < m; r0 += PASS_ROWS)
+        switch ((int)(m - r0 < PASS_ROWS ? m - r0 : PASS_ROWS)) { FOR_EACH_PASS_ROWS(PASS_CASE) }
 }
-#endif
