@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 
 from services.worker.loader import gguf_kquants
 from services.worker.loader.gguf_file import fused_rows, our_name, rows_permuted, split_rows, unpermute_rotary
 from services.worker.loader.quant_blocks import BLOCK, QuantBlocks
 from services.worker.model_config import ModelConfig
+from shared.models.gguf_fields import read_header
 
 _HEADER = {"Q4_0": 2, "Q4_1": 4}  # bytes before the 16 bytes of nibbles: d, or d and m
 KEPT = (*_HEADER, "Q8_0", *gguf_kquants.DECODERS)
 
 
 def decode(kind: str, raw: np.ndarray) -> QuantBlocks:
-    """raw: [rows, row bytes] as GGUFReader gives a tensor of a KEPT type."""
+    """raw: [rows, row bytes], a tensor of a KEPT type as read_header gives it."""
     rows = raw.shape[0]
     if kind in gguf_kquants.DECODERS:
         f = gguf_kquants.DECODERS[kind](raw)
@@ -53,7 +53,7 @@ def read(path: str, config: ModelConfig) -> dict[str, QuantBlocks]:
     """Every weight of a KEPT type in the file by our weight name (Q and K rows unpermuted as the
     floats are; a tied head shares the embedding's blocks)."""
     out = {}
-    for tensor in GGUFReader(path).tensors:
+    for tensor in read_header(path).tensors:
         kind = tensor.tensor_type.name
         if kind not in KEPT or tensor.name.endswith("_exps.weight"):  # experts' stacks stay dense
             continue

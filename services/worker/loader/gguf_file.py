@@ -11,14 +11,13 @@ import os
 import msgspec
 import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from services.worker.model_config import ModelConfig
 from services.worker.rope import RopeScaling
-from shared.models.gguf_fields import read_fields
+from shared.models.gguf_fields import read_fields, read_header
 from shared.models.model_files import cache_dir_for
 
 _LAYER_NAMES = {
@@ -98,8 +97,7 @@ def load(path: str, skip: frozenset[str] = frozenset()) -> tuple[ModelConfig, di
     if cached.exists():
         return _with_rope_freqs(config, load_file(str(cached)), fields)
     state_dict = {}
-    reader = GGUFReader(path)
-    for tensor in tqdm(reader.tensors, desc="dequantizing GGUF", unit="tensor"):
+    for tensor in tqdm(read_header(path).tensors, desc="dequantizing GGUF", unit="tensor"):
         fused = fused_rows(tensor.name, config)
         names = [name for name, _ in fused] if fused else [our_name(tensor.name)]
         if all(name in skip for name in names):

@@ -48,11 +48,12 @@ def inductor_cache_dir(build_key: str, current: str | None) -> str:
     """Inductor's cache keys a compiled graph by its ops' names, not by this library's code: a graph
     compiled against another build of these kernels (another op schema) would be loaded from it and
     crash. So each build compiles into a directory of its own, beneath the one torch would use."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     name = f"switchyard-kernels-{build_key[:16]}"
-    root = current or default_cache_dir()
-    return root if Path(root).name == name else str(Path(root) / name)
+    if current is None:  # imported only here: Inductor's import costs seconds of a worker's start
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        current = default_cache_dir()
+    return current if Path(current).name == name else str(Path(current) / name)
 
 
 def _register_fakes() -> None:
