@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,13 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter on th
 # reference's exact bits asks for --deterministic itself
 
 from shared.models.model_files import default_model_path as _default_model_path
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("TRITON_INTERPRET") == "1" and "triton" in sys.modules:
+        from tests.triton_interpreter import skip_repeated_patches
+
+        skip_repeated_patches()
 
 
 @pytest.fixture(scope="session")
