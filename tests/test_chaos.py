@@ -102,13 +102,13 @@ async def test_a_worker_killed_and_restarted_by_the_launcher_under_load_loses_no
     """The issue's path: 16 greedy streams, the busier worker SIGKILLed after their first tokens;
     its requests move to the other worker, the launcher restarts it, and it rejoins while they still
     stream. Every stream ends with a lone run's tokens."""
-    distinct = [f"Write about the yard's track number {i}." for i in range(CONCURRENCY // 2)]
-    prompts = distinct * 2  # each twice, through each gateway once
+    distinct = [f"Write about the yard's track number {i}." for i in range(CONCURRENCY // 4)]
+    prompts = distinct * 4  # each four times, through each gateway twice (their lone runs are most of the time)
     clients = [openai.AsyncOpenAI(base_url=chaos_stack.stack.gateway_url(i) + "/v1", api_key="-", max_retries=0,
                                   timeout=300) for i in range(2)]
-    alone = [(await stream_completion(clients[0], model_name, p, MAX_TOKENS, asyncio.Event()))[0] for p in distinct] * 2
+    alone = [(await stream_completion(clients[0], model_name, p, MAX_TOKENS, asyncio.Event()))[0] for p in distinct] * 4
     started = [asyncio.Event() for _ in prompts]
-    streams = [asyncio.create_task(stream_completion(clients[i // len(distinct)], model_name, p, MAX_TOKENS, e))
+    streams = [asyncio.create_task(stream_completion(clients[i // len(distinct) % 2], model_name, p, MAX_TOKENS, e))
                for i, (p, e) in enumerate(zip(prompts, started, strict=True))]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
     victim = await chaos_stack.busiest_worker(random.Random(0))
