@@ -79,15 +79,17 @@ def test_device_sampling_is_seeded_per_request_and_batch_invariant():
 
 
 def test_llama31_rope_scaling_matches_transformers_on_the_cuda_path(tmp_path):
-    """Llama 3.1's scaled frequencies through the Triton rotary and attention (the torch path's
-    test is in tests/test_llama3_configs.py): 700 positions reach the blended wavelengths."""
+    """Llama 3.1's scaled frequencies through the Triton rotary and attention. The frequencies are the
+    model's, whatever the backend (tests/test_llama3_configs.py checks them at 1,500 positions, past
+    the blended wavelengths); here 300 positions over 19 blocks, interpreted, which unscaled
+    frequencies move by 0.03 (this path's difference from transformers: 2.4e-6)."""
     from tests.model_helpers import prefill_logits
     from tests.test_llama3_configs import _save
 
     hf, path = _save(tmp_path, "Llama-3.1-8B", "transformers5")
     loaded = load_model(str(path), ops=TritonOps())
-    ids = torch.randint(3, 512, (700,), generator=torch.Generator().manual_seed(1)).tolist()
-    ours = prefill_logits(cuda_runner(loaded, 48), ids)
+    ids = torch.randint(3, 512, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    ours = prefill_logits(cuda_runner(loaded, 24), ids)
     with torch.inference_mode():
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
