@@ -110,10 +110,11 @@ def partial_rotary_factor(raw: dict, where: str) -> float:
 
 
 def inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    """[head_dim / 2] float32 inverse frequencies, scaled as the rope type says."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    """[head_dim / 2] float32 inverse frequencies, scaled as the rope type says; on the host, also
+    where a model is built on meta (an op on meta imports torch._dynamo: seconds of a worker's start)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     if scaling.rope_type == "longrope":  # in transformers' order of operations: angles at long positions agree
-        return 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32) * theta**exponents)
+        return 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32, device="cpu") * theta**exponents)
     base = 1.0 / (theta**exponents)
     if scaling.rope_type == "linear":
         return base / scaling.factor

@@ -40,7 +40,7 @@ class Rotary(nn.Module):
         super().__init__()
         freqs = inv_freq(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         if cfg.rope_freq_factors is not None:
-            freqs = freqs / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
+            freqs = freqs / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32, device="cpu")
         self.register_buffer("inv_freq", freqs, persistent=False)
         self.magnitude = cfg.rope_scaling.magnitude(cfg.max_position_embeddings)  # LongRoPE's; else 1
 
@@ -55,11 +55,22 @@ class Rotary(nn.Module):
 def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
     """Linears over the same input, stacked into one whose output is their outputs side by side."""
     first = linears[0]
-    fused = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=first.bias is not None)
-    fused.weight = nn.Parameter(torch.cat([m.weight for m in linears]), requires_grad=False)
+    # on meta: its own init skipped (the weights are assigned next)
+    fused = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=first.bias is not None,
+                      device="meta")
+    fused.weight = nn.Parameter(_cat([m.weight for m in linears]), requires_grad=False)
     if first.bias is not None:
-        fused.bias = nn.Parameter(torch.cat([m.bias for m in linears]), requires_grad=False)
+        fused.bias = nn.Parameter(_cat([m.bias for m in linears]), requires_grad=False)
     return fused
+
+
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Weights still on meta (kept in their blocks, built by the backend) fuse into one of the whole
+    shape without torch.cat, which on meta imports torch._dynamo (rope.inv_freq says why that matters)."""
+    if tensors[0].is_meta:
+        return torch.empty(sum(t.shape[0] for t in tensors), *tensors[0].shape[1:], dtype=tensors[0].dtype,
+                           device="meta")
+    return torch.cat(tensors)
 
 
 class Attention(nn.Module):
@@ -149,7 +160,10 @@ class Llama(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__()
         self.config = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # the loaders build the model on meta and assign the weights: an Embedding's own init (normal_)
+        # on meta would import torch._dynamo (rope.inv_freq says why that matters)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                           _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(self.block_class(cfg, ops, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
