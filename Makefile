@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-runtime.txt | sha256sum | cut -c1-12)
-# make test: pytest-xdist workers, a test module to a worker (two stacks at once fit 2 cores and 24 GiB)
+# make test: pytest-xdist workers, a test module to a worker (two stacks at once fit 2 cores and 24 GiB),
+# in file order: xdist's default sends the modules with the most tests first, and the few-test long
+# ones (chaos, the compiles, the guide) then ran last (22.1 against 19.3 minutes, docs/benchmarks.md)
 TEST_WORKERS ?= 2
 export PYTHONPATH := $(CURDIR)
 
@@ -76,11 +78,11 @@ lint: install
 	$(BIN)/lint-imports --no-cache
 
 test: lint oci-registry kubectl
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # the inner loop: no services started, no compile or interpreted-Triton run (make test runs them all)
 test-fast: lint kubectl
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not stack and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not stack and not slow" $(PYTEST_ARGS)
 
 bench-peers: install
 	@if [ -x $(PEERS)/bin/llama-cpp-server ] && [ "$$(cat $(PEERS)/.cmake-args 2>/dev/null)" = "$(LLAMA_CPP_CMAKE)" ]; \
