@@ -89,17 +89,17 @@ def measure(path: Path) -> dict:
 
     import torch
     import transformers
-    from gguf import GGUFReader
 
     from services.worker.backends.spec import weight_bytes
     from services.worker.backends.torch_cpu.kernels.load import load
     from services.worker.backends.torch_cpu.ops import NATIVE_OPS
     from services.worker.backends.torch_cpu.quantization import kept_weights, quantize
     from services.worker.loader import load_model
+    from shared.models.gguf_fields import read_fields
     from tests.model_helpers import make_runner, prefill_logits
 
     load()
-    types = collections.Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors)
+    types = collections.Counter(read_fields(str(path))["__tensor_types__"])
     ours = load_model(str(path), ops=NATIVE_OPS, keep=kept_weights)
     quantize(ours.model, "gguf", ours.blocks, ours.unloaded)
     dense = sum(1 for m in ours.model.modules() if isinstance(m, torch.nn.Linear))

@@ -35,7 +35,7 @@ class Tensor(NamedTuple):
 
 
 class Header(NamedTuple):
-    fields: dict[str, Any]
+    fields: dict[str, Any]  # by key, each value as gguf-py's field.contents() gives it
     tensors: list[Tensor]
 
 
@@ -102,8 +102,8 @@ def read_header(path: str) -> Header:
         rows = tuple(reversed(dims))
         count = int(np.prod(dims))
         if kind in _ELEMENTS:
-            view = data[start + offset :].view(np.uint8)[: count * np.dtype(_ELEMENTS[kind]).itemsize]
-            array = view.view(_ELEMENTS[kind]).reshape(rows)
+            end = start + offset + count * np.dtype(_ELEMENTS[kind]).itemsize
+            array = data[start + offset : end].view(_ELEMENTS[kind]).reshape(rows)
         else:
             block_size, type_size = GGML_QUANT_SIZES[kind]
             array = data[start + offset : start + offset + count * type_size // block_size].reshape(
