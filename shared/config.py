@@ -13,6 +13,7 @@ import msgspec
 
 from shared.checks import MAX_CONTEXT, ConfigError, in_range, one_of
 from shared.models.hub import is_hub_id
+from shared.speculative import SpeculativeConfig, parse_speculative_config
 from shared.wire.lora import add_lora_args
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -58,6 +59,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # the worker's backend (flags in add_worker_args; a deployment's FrameworkConfig carries its own)
     gpu_memory_utilization: float = 0.9  # cuda: the share of the GPU's memory the worker takes
     max_seq_len_to_capture: int = 8192  # cuda: decode steps with longer contexts run without CUDA graphs
+    speculative_config: SpeculativeConfig | None = None  # vLLM's JSON (shared/speculative.py); None: off
 
     def validate(self) -> EngineConfig:
         for name in ENGINE_CHECKS:
@@ -65,6 +67,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.max_num_batched_tokens < self.block_size:
             raise ConfigError(f"max_num_batched_tokens = {self.max_num_batched_tokens} is out of range: "
                               f"allowed block_size ({self.block_size}) or more")
+        if self.speculative_config is not None:
+            self.speculative_config = self.speculative_config.validate()
         return self
 
 
@@ -176,10 +180,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "(or the same one back) when none can take them at once; then they end with a "
                              "retryable error (default 60)")
     parser.add_argument("--drain-grace-s", type=float, default=_env("drain_grace_s", d.drain_grace_s))
+    parser.add_argument("--speculative-config", default=_env("speculative_config", None),
+                        help="speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                             "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5} (docs/speculative_decoding.md)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     fields = {f: getattr(args, f) for f in EngineConfig.__struct_fields__ if hasattr(args, f)}
+    if "speculative_config" in fields:
+        fields["speculative_config"] = parse_speculative_config(fields["speculative_config"])
     if fields.get("model") is None:  # as vLLM's: a Hub id serves under its own name
         fields["model"] = fields.get("model_path") if is_hub_id(fields.get("model_path")) else DEFAULTS.model
     typed = msgspec.convert(fields, EngineConfig, strict=False)

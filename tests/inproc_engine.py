@@ -8,8 +8,10 @@ from __future__ import annotations
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
+from services.worker.ngram import NgramProposer
+from shared.speculative import parse_speculative_config
 from shared.wire.hashing import root_hash
-from shared.wire.messages import SamplingParams, StepResult
+from shared.wire.messages import Drafts, SamplingParams, StepResult
 from tests.model_helpers import make_runner
 
 BLOCK_SIZE = 16
@@ -17,14 +19,21 @@ BLOCK_SIZE = 16
 
 class InProcessEngine:
     def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256,
-                 num_scheduler_steps: int = 1, runner=None, scheduler: Scheduler | None = None):
+                 num_scheduler_steps: int = 1, runner=None, scheduler: Scheduler | None = None,
+                 speculative: dict | None = None):
         """runner: the worker side (default: the torch backend's over `loaded`, num_blocks blocks);
-        scheduler: the scheduler side (default: paged, over num_blocks blocks)."""
+        scheduler: the scheduler side (default: paged, over num_blocks blocks); speculative: a
+        --speculative-config, as the worker announces it to the scheduler."""
         self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=loaded.model.output.weight.dtype,
                                             max_model_len=8192, block_size=BLOCK_SIZE)
+        spec = parse_speculative_config(speculative)
+        if spec is not None:
+            self.runner.proposer = NgramProposer(spec)
         kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
-        self.scheduler = scheduler or Scheduler(kv, max_num_seqs, max_num_batched_tokens,
-                                                num_scheduler_steps=num_scheduler_steps)
+        self.scheduler = scheduler or Scheduler(
+            kv, max_num_seqs, max_num_batched_tokens, num_scheduler_steps=num_scheduler_steps,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0, spec_max_batch=spec.max_batch if spec else 0)
+        self.drafts: list[Drafts] = []  # every row's speculation, step by step
         self.outputs: dict[str, list[int]] = {}
         self.num_cached_tokens: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # requests whose row failed on the worker
@@ -37,12 +46,14 @@ class InProcessEngine:
 
     def step(self) -> None:
         plan = self.scheduler.schedule()
-        sampled = []
+        sampled, drafts = [], []
         for iteration in self.runner.iterations(plan.step):  # as the worker service runs a (multi-step) Step
             out = self.runner.execute(iteration)
             sampled.extend(out.sampled)
+            drafts.extend(out.drafts)
             self.embeddings.update(out.embeddings)
-        finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=sampled))
+        self.drafts += drafts
+        finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=sampled, drafts=drafts))
         for f in finished:
             self.outputs[f.request.request_id] = f.request.output_token_ids
             self.num_cached_tokens[f.request.request_id] = f.request.num_cached_tokens

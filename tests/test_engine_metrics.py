@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.request import Request
-from shared.wire.messages import Sampled, SamplingParams, StepResult
+from shared.wire.messages import Drafts, Sampled, SamplingParams, StepResult
 
 
 def _request(request_id: str, num_prompt: int, num_output: int = 0, is_probe: bool = False) -> Request:
@@ -26,9 +26,21 @@ def test_a_prompt_counts_whole_in_the_iteration_of_its_first_token():
 def test_a_multi_step_steps_later_iterations_count_a_token_per_row_still_running():
     metrics = EngineMetrics()
     a, b = _request("a", 4, num_output=1), _request("b", 4, num_output=1)
-    metrics.observe_step([a, b], _result("a", "b", "a", "b", "a"))  # b finished after two iterations
+    metrics.observe_step([a, b], _result("a", "b", "a", "b", "a"), num_steps=3)  # b finished after two iterations
     assert metrics.iteration_tokens.count == 3 and metrics.iteration_tokens.sum == 2 + 2 + 1
     assert metrics.iteration_tokens.counts[:2] == [1, 3]  # le=1: one iteration; le=8: all three
+
+
+def test_a_row_that_speculated_keeps_its_tokens_in_one_iteration_and_its_drafts_are_counted():
+    metrics = EngineMetrics()
+    a, b = _request("a", 4, num_output=1), _request("b", 4, num_output=1)
+    result = _result("a", "a", "a", "b")
+    result.drafts = [Drafts("a", 3, 2), Drafts("b", 4, 0)]  # a: two drafts accepted and one more token
+    metrics.observe_step([a, b], result)
+    assert metrics.iteration_tokens.count == 1 and metrics.iteration_tokens.sum == 4
+    spec = metrics.spec_decode
+    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (2, 7, 2)
+    assert spec.accepted_per_pos == [1, 1, 0, 0]
 
 
 def test_a_readiness_probe_is_in_no_series():

@@ -190,7 +190,27 @@ def engine_families(stats: dict[str, SchedulerStats]) -> list:
     for model, s in stats.items():
         if s.max_loras:  # vLLM's labels: the adapters' names, comma-separated
             lora.add_metric([model, str(s.max_loras), ",".join(s.waiting_loras), ",".join(s.running_loras)], time.time())
-    return families + [cache, iteration, preemptions, waiting, rejected, lora]
+    return families + [cache, iteration, preemptions, waiting, rejected, lora, *_spec_decode_families(stats)]
+
+
+def _spec_decode_families(stats: dict[str, SchedulerStats]) -> list:
+    """vLLM's spec_decode counters, for the models whose workers speculate (none where no model does)."""
+    if not any(s.spec_decode for s in stats.values()):
+        return []
+    names = [("num_drafts", "Rows that verified draft tokens."), ("num_draft_tokens", "Draft tokens verified."),
+             ("num_accepted_tokens", "Draft tokens accepted.")]
+    families = [CounterMetricFamily(f"vllm:spec_decode_{name}", doc, labels=["model_name"]) for name, doc in names]
+    per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted, by their position among a row's drafts (0: the first).",
+                                  labels=["model_name", "position"])
+    for model, s in stats.items():
+        if s.spec_decode is None:
+            continue
+        for family, (name, _) in zip(families, names, strict=True):
+            family.add_metric([model], getattr(s.spec_decode, name))
+        for position, n in enumerate(s.spec_decode.accepted_per_pos):
+            per_pos.add_metric([model, str(position)], n)
+    return [*families, per_pos]
 
 
 def _add_histogram(family: HistogramMetricFamily, model: str, counts: HistogramCounts | None) -> None:

@@ -61,7 +61,8 @@ def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more) -> Sc
     kind = StaticScheduler if config.batching == "static" else Scheduler
     return kind(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
                 num_scheduler_steps=num_steps, long_prefill_token_threshold=config.long_prefill_token_threshold,
-                max_loras=hello.max_loras)
+                max_loras=hello.max_loras, num_speculative_tokens=hello.num_speculative_tokens,
+                spec_max_batch=hello.spec_max_batch)
 
 
 class PoolLoop:
@@ -183,7 +184,7 @@ class PoolLoop:
     async def _take(self, plan, result: StepResult) -> None:
         """A Step's result into the metrics and the scheduler's state; finished requests end."""
         rows = [r for rid in plan.num_new_tokens if (r := self.scheduler.requests.get(rid)) is not None]
-        self.metrics.observe_step(rows, result)
+        self.metrics.observe_step(rows, result, plan.step.num_steps)
         for done in self.scheduler.update(plan, result):
             self.metrics.observe_finished(done.request)
             if done.error is not None:

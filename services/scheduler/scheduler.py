@@ -41,14 +41,19 @@ def _always() -> bool:
 class Scheduler:
     def __init__(self, kv: KVManager, max_num_seqs: int, max_num_batched_tokens: int,
                  can_run_more: Callable[[], bool] = _always, num_scheduler_steps: int = 1,
-                 long_prefill_token_threshold: int = 0, max_loras: int = 0):
+                 long_prefill_token_threshold: int = 0, max_loras: int = 0, num_speculative_tokens: int = 0,
+                 spec_max_batch: int = 0):
         """long_prefill_token_threshold: while more than one request has a prompt to compute, each
         takes at most this many tokens a step (0: a quarter of the budget), so a long prompt does not
         hold back the first token of short ones; a prompt computed alone takes the whole budget.
-        max_loras: the LoRA adapters one step may mix (the worker's slots)."""
+        max_loras: the LoRA adapters one step may mix (the worker's slots).
+        num_speculative_tokens, spec_max_batch: speculative decoding's lookahead slots per decode row,
+        in steps of at most spec_max_batch running requests (0: the worker does not speculate)."""
         self.kv = kv
         self.long_prefill_tokens = long_prefill_token_threshold or max(kv.block_size, max_num_batched_tokens // 4)
         self.num_scheduler_steps = num_scheduler_steps
+        self.num_speculative_tokens = num_speculative_tokens
+        self.spec_max_batch = spec_max_batch
         self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -127,8 +132,9 @@ class Scheduler:
             budget = self._admit_waiting(out, budget, share, focus)
         if held and len(out.step.new_seqs) == num_new_seqs and not any(
                 r.request_id in out.num_new_tokens for r in prefilling if r.priority <= focus):
-            self._schedule_running(out, held, budget, share)  # the better prompt could not go this step
-        self._look_ahead(out)
+            budget, _ = self._schedule_running(out, held, budget, share)  # the better prompt could not go
+        if not self._speculate(out, budget):
+            self._look_ahead(out)
         out.step.dropped_ids = self.take_dropped_ids()
         return out
 
@@ -194,6 +200,30 @@ class Scheduler:
             self._emit(out, request, num_new, [b.block_id for b in new_blocks])
             budget -= num_new
         return budget, preempted_any
+
+    def _speculate(self, out: SchedulerOutput, budget: int) -> bool:
+        """Speculative decoding: each decode row gets slots for up to num_speculative_tokens draft
+        tokens past its one, while the token budget lasts, which the worker fills with its proposer's
+        drafts and verifies in this step's forward; a row whose slots would need a block that is not
+        free goes without (lookahead never preempts). Off for a step of more than spec_max_batch
+        running requests, where verifying drafts costs more than it saves. Returns whether it is on."""
+        if not self.num_speculative_tokens or len(self.running) > self.spec_max_batch:
+            return False
+        for row in out.step.scheduled:
+            request = self.requests[row.request_id]
+            if budget <= 0:
+                break
+            if row.num_new_tokens != 1 or request.num_tokens - request.num_computed_tokens != 1:
+                continue  # a prompt chunk
+            room = min(self.num_speculative_tokens, budget,
+                       request.sampling.max_tokens - len(request.output_token_ids) - 1)
+            more = self.kv.allocate_slots(request, 1 + room) if room > 0 else None
+            if more is None:
+                continue
+            row.new_block_ids.extend(b.block_id for b in more)
+            row.num_lookahead = room
+            budget -= room
+        return True
 
     def _look_ahead(self, out: SchedulerOutput) -> None:
         """Multi-step: a batch of decode rows with nothing waiting runs up to num_scheduler_steps
@@ -271,8 +301,9 @@ class Scheduler:
     # ---- results --------------------------------------------------------------------------------
 
     def update(self, out: SchedulerOutput, result: StepResult) -> list[FinishedRequest]:
-        # a multi-step Step computed one more token per extra iteration of each row
-        num_sampled = Counter(s.request_id for s in result.sampled) if out.step.num_steps > 1 else {}
+        # a multi-step Step computed one more token per extra iteration of each row, and a row that
+        # speculated one more per draft token accepted
+        num_sampled = Counter(s.request_id for s in result.sampled)
         for request_id, num_new in out.num_new_tokens.items():
             request = self.requests.get(request_id)
             if request is not None and request.status == RequestStatus.RUNNING:

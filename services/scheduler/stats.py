@@ -10,6 +10,7 @@ from shared.wire.messages import (
     ITERATION_TOKEN_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
     SchedulerStats,
+    SpecDecodeCounts,
 )
 
 
@@ -41,4 +42,12 @@ def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_
         max_loras=max((p.hello.max_loras for p in alive), default=0),
         running_loras=sorted({r.lora for p in alive for r in p.scheduler.running if r.lora}),
         waiting_loras=sorted({r.lora for p in alive for r in p.scheduler.waiting if r.lora}),
+        spec_decode=_spec_decode(every) if any(p.hello.num_speculative_tokens for p in every) else None,
     )
+
+
+def _spec_decode(pools) -> SpecDecodeCounts:
+    total = SpecDecodeCounts()
+    for pool in pools:
+        total.add(pool.metrics.spec_decode)
+    return total

@@ -19,6 +19,7 @@ from services.worker.lora.adapter import LoraError
 from services.worker.lora.manager import LoraManager
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
 from services.worker.model_runner import ModelRunner
+from services.worker.ngram import NgramProposer
 from services.worker.service import WorkerService
 from services.worker.settings import WorkerSettings, resolve
 from shared import log as sylog
@@ -83,8 +84,9 @@ def main() -> None:
     backend.warm_up()
     # sleep mode's wake builds the backend again from the file (a background compile would hold the old one)
     rebuild = None if spec.compile else lambda: create_backend(device, spec)
+    proposer = spec_proposer(backend, settings)
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild,
-                         lora=lora)
+                         lora=lora, proposer=proposer)
     info = backend.describe()
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
@@ -93,7 +95,9 @@ def main() -> None:
                         max_loras=lora.limits.max_loras if lora else 0, loras=lora.infos if lora else [],
                         backend=info.backend, kind=info.kind, num_blocks=info.num_blocks, block_size=info.block_size,
                         dtype=info.dtype, device=info.device, prefill_seq_len=info.prefill_seq_len,
-                        kv_cache_dtype=info.kv_cache_dtype or config.kv_cache_dtype)
+                        kv_cache_dtype=info.kv_cache_dtype or config.kv_cache_dtype,
+                        num_speculative_tokens=proposer.num_speculative_tokens if proposer else 0,
+                        spec_max_batch=config.speculative_config.max_batch if proposer else 0)
     del backend  # the runner holds it alone, so that sleep mode frees it
     executor = MainThreadExecutor()
 
@@ -142,6 +146,19 @@ def lora_manager(backend, settings: WorkerSettings) -> LoraManager | None:
     except LoraError as exc:
         raise ConfigError(str(exc)) from None
     return manager
+
+
+def spec_proposer(backend, settings: WorkerSettings) -> NgramProposer | None:
+    """Speculative decoding's drafts (--speculative-config); None: off."""
+    spec = settings.config.speculative_config
+    if spec is None:
+        return None
+    if backend.kind == WorkerKind.SLOTS:
+        raise ConfigError("speculative decoding: the qaic backend runs programs compiled for one token per decode "
+                          "slot (docs/qaic.md); speculate on the cpu or cuda backend")
+    if backend.encoder is not None or backend.config.pooling is not None:
+        raise ConfigError(f"speculative decoding: {backend.config.architecture} generates no tokens")
+    return NgramProposer(spec)
 
 
 def engine_defaults(settings: WorkerSettings) -> EngineDefaults:

@@ -17,9 +17,10 @@ from services.worker import memory
 from services.worker.backends.base import Backend, BatchRow
 from services.worker.guided import GrammarCompiler
 from services.worker.lora.manager import LoraManager
+from services.worker.ngram import NgramProposer
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
-from shared.wire.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
+from shared.wire.messages import Drafts, FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
 
 
 class SequenceDrift(RuntimeError):
@@ -30,17 +31,26 @@ class SequenceDrift(RuntimeError):
 class StepOutput:
     sampled: list[Sampled]
     finished: dict[str, SeqState]  # sequences that ended this step (state already dropped)
-    logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the sampled token, when asked
+    logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)  # of each sampled token, when asked
     prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)  # with a first token
     embeddings: dict[str, bytes] = field(default_factory=dict)  # pooling rows' (float32, little-endian)
+    drafts: list[Drafts] = field(default_factory=list)  # rows that verified draft tokens
+
+    def merge(self, later: StepOutput) -> None:
+        """A later sampling round of the same step (speculative decoding's accepted positions)."""
+        self.sampled += later.sampled
+        self.finished.update(later.finished)
+        for request_id, logprobs in later.logprobs.items():
+            self.logprobs.setdefault(request_id, []).extend(logprobs)
 
 
 class ModelRunner:
     def __init__(self, backend: Backend, max_model_len: int, eos_token_ids: list[int],
                  grammar: GrammarCompiler | None = None, rebuild: Callable[[], Backend] | None = None,
-                 lora: LoraManager | None = None):
+                 lora: LoraManager | None = None, proposer: NgramProposer | None = None):
         """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep.
-        lora: the adapters attached to the backend's model (None: it serves the base model alone)."""
+        lora: the adapters attached to the backend's model (None: it serves the base model alone).
+        proposer: speculative decoding's drafts for rows given lookahead slots (None: it does not speculate)."""
         self.backend: Backend | None = backend
         self.lora = lora
         self.rebuild = rebuild
@@ -48,6 +58,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.grammar = grammar
+        self.proposer = proposer
         self.seqs: dict[str, SeqState] = {}
         self._row_errors: dict[str, str] = {}  # this iteration's rows that failed on their own
 
@@ -127,33 +138,82 @@ class ModelRunner:
             return self._record([], [], [])
         if self.backend.encoder is not None:
             return self._encode(batch)
-        hidden = self.forward(batch)
-        # only sequences whose every known token is now computed produce a token
+        if self.proposer is not None:
+            batch = self._add_drafts(batch, {row.request_id: row.num_lookahead for row in step.scheduled})
+        all_hidden = self.forward(batch)
+        # only sequences whose every known token is now computed produce a token (from the row of
+        # their last known token: a row's drafts follow it)
         rows, to_sample, end = [], [], 0
         for seq, num_new in batch:
             if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
-                self._score_prompt(seq, hidden[end : end + num_new])
+                self._score_prompt(seq, all_hidden[end : end + num_new])
             end += num_new
-            seq.num_computed_tokens += num_new
+            seq.num_computed_tokens += num_new - len(seq.draft_ids)
             if seq.num_computed_tokens == len(seq.token_ids):
-                rows.append(end - 1)
+                rows.append(end - 1 - len(seq.draft_ids))
                 to_sample.append(seq)
         if not to_sample:
             return self._record([], [], [])
-        hidden = _select(hidden, rows)
+        hidden = _select(all_hidden, rows)
         pooled = {s.request_id: pool(hidden[i], s.sampling.pooling) for i, s in enumerate(to_sample)
                   if s.sampling.pooling is not None}
         if pooled:  # their output is the embedding: they sample nothing
             keep = [i for i, s in enumerate(to_sample) if s.request_id not in pooled]
-            to_sample, hidden = [to_sample[i] for i in keep], hidden[keep]
-        token_ids, logprobs = [], []
-        if to_sample:
-            try:
-                rows_in = [s.sample_row(self.eos_token_ids) for s in to_sample]
-                token_ids, logprobs = self.backend.sample(self.backend.compute_logits(hidden), rows_in)
-            except Exception:  # some row's processors raised: sample each row alone, to find which
-                token_ids, logprobs = self._sample_each(to_sample, hidden)
-        return self._record(to_sample, token_ids, logprobs, pooled)
+            to_sample, hidden, rows = [to_sample[i] for i in keep], hidden[keep], [rows[i] for i in keep]
+        token_ids, logprobs = self._sample(to_sample, hidden) if to_sample else ([], [])
+        out = self._record(to_sample, token_ids, logprobs, pooled)
+        drafting = [(seq, row) for seq, row in zip(to_sample, rows, strict=True) if seq.draft_ids]
+        if drafting:
+            self._verify(out, drafting, all_hidden)
+        return out
+
+    def _sample(self, seqs: list[SeqState], hidden: torch.Tensor) -> tuple[list[int], list[Logprobs | None]]:
+        try:
+            rows_in = [s.sample_row(self.eos_token_ids) for s in seqs]
+            return self.backend.sample(self.backend.compute_logits(hidden), rows_in)
+        except Exception:  # some row's processors raised: sample each row alone, to find which
+            return self._sample_each(seqs, hidden)
+
+    # ---- speculative decoding ------------------------------------------------------------------
+
+    def _add_drafts(self, batch: list[BatchRow], lookahead: dict[str, int]) -> list[BatchRow]:
+        """Each decode row the scheduler gave lookahead slots gets the proposer's draft tokens, as
+        many as its slots, its max_tokens and the context leave room for."""
+        out = []
+        for seq, num_new in batch:
+            room = lookahead.get(seq.request_id, 0)
+            if room and num_new == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1:
+                room = min(room, seq.sampling.max_tokens - seq.num_output_tokens - 1,
+                           self.max_model_len - len(seq.token_ids),
+                           len(seq.block_table) * self.backend.block_size - len(seq.token_ids))
+                seq.draft_ids = self.proposer.propose(seq.token_ids, room)
+                num_new += len(seq.draft_ids)
+            out.append((seq, num_new))
+        return out
+
+    def _verify(self, out: StepOutput, drafting: list[tuple[SeqState, int]], hidden: torch.Tensor) -> None:
+        """Each drafting row's token was sampled from its last known token's row as usual; while it
+        equals the next draft, the draft's KV (computed in this forward) is kept and the token after it
+        is sampled from the draft's row, as a step without drafts would have sampled it (the same
+        processors, the same draw per output index). With one proposal per position, that is
+        rejection sampling exactly (docs/speculative_decoding.md)."""
+        num_accepted = dict.fromkeys((seq.request_id for seq, _ in drafting), 0)
+        position = 0
+        while drafting:
+            drafting = [(seq, row) for seq, row in drafting if seq.request_id in self.seqs
+                        and position < len(seq.draft_ids) and seq.token_ids[-1] == seq.draft_ids[position]]
+            position += 1
+            for seq, _ in drafting:
+                seq.num_computed_tokens += 1
+                num_accepted[seq.request_id] += 1
+            if drafting:
+                seqs = [seq for seq, _ in drafting]
+                token_ids, logprobs = self._sample(seqs, _select(hidden, [row + position for _, row in drafting]))
+                out.merge(self._record(seqs, token_ids, logprobs))
+        for request_id, accepted in num_accepted.items():
+            seq = self.seqs.get(request_id) or out.finished[request_id]
+            out.drafts.append(Drafts(request_id, len(seq.draft_ids), accepted))
+            seq.draft_ids = []
 
     def forward(self, batch: list[BatchRow]) -> torch.Tensor:
         """The ragged forward, with each row's LoRA adapter (if any) in place for its tokens."""
@@ -228,20 +288,21 @@ class ModelRunner:
             self.seqs[request_id].embedding = embedding
             out.sampled.append(Sampled(request_id=request_id, token_id=-1, finish_reason=FinishReason.STOP))
             out.finished[request_id] = self.seqs.pop(request_id)
-        for request_id, error in self._row_errors.items():
+        errors, self._row_errors = self._row_errors, {}  # a later round of the step has its own
+        for request_id, error in errors.items():
             out.sampled.append(Sampled(request_id=request_id, token_id=-1, finish_reason=FinishReason.ERROR,
                                        error=error))
             state = self.seqs.pop(request_id, None)
             if state is not None:
                 out.finished[request_id] = state
         for seq, token_id, lp in zip(seqs, token_ids, logprobs, strict=True):
-            if seq.request_id in self._row_errors:
+            if seq.request_id in errors:
                 continue
             seq.token_ids.append(token_id)
             if seq.matcher is not None:
                 seq.matcher.advance([token_id])
             if lp is not None:
-                out.logprobs[seq.request_id] = lp
+                out.logprobs[seq.request_id] = [lp]
             if seq.prompt_logprobs is not None:
                 out.prompt_logprobs[seq.request_id], seq.prompt_logprobs = seq.prompt_logprobs, None
             reason: FinishReason | None = seq.check_finished(token_id, self.eos_token_ids, self.max_model_len)

@@ -35,6 +35,8 @@ class SeqState:
     finish_reason: FinishReason | None = None  # once the final entry was published
     embedding: bytes | None = None  # a pooling request's output, once computed
     lora: str | None = None  # the LoRA adapter its rows run on
+    # speculative decoding: tokens proposed after token_ids, computed in this step's forward to be verified
+    draft_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:
@@ -50,6 +52,13 @@ class SeqState:
         if new.sampling.prompt_logprobs is not None and state.num_output_tokens == 0:
             state.prompt_logprobs = [None]  # the first prompt token has no context to be scored in
         return state
+
+    def input_ids(self, start: int, num: int) -> list[int]:
+        """The tokens at positions [start, start + num): known ones, then drafts."""
+        ids = self.token_ids[start : start + num]
+        if len(ids) < num:
+            ids = ids + self.draft_ids[: num - len(ids)]
+        return ids
 
     @property
     def num_output_tokens(self) -> int:

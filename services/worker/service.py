@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import Executor
 
 import msgspec
@@ -163,7 +163,7 @@ class WorkerService:
             log.info("step_repeated", step_id=step.step_id)  # our reply was lost: the same one again
             await msg.respond(self._last_reply[1])
             return
-        sampled, forward_seconds = [], 0.0
+        sampled, drafts, forward_seconds = [], [], 0.0
         for iteration in self.runner.iterations(step):  # one, or step.num_steps of them (multi-step)
             started = time.perf_counter()
             try:
@@ -178,7 +178,9 @@ class WorkerService:
             forward_seconds += time.perf_counter() - started  # the step itself, not the publishing after it
             await self._publish_tokens(out)
             sampled.extend(out.sampled)
-        await self._respond(msg, StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds))
+            drafts.extend(out.drafts)
+        await self._respond(msg, StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds,
+                                            drafts=drafts))
         self.last_step_at = time.monotonic()
 
     async def _respond(self, msg: Msg, result: StepResult) -> None:
@@ -200,26 +202,34 @@ class WorkerService:
             return
         now = time.time()
         by_reply: dict[str, list[TokenEntry]] = defaultdict(list)
+        entries: dict[str, TokenEntry] = {}  # a row that speculated keeps several tokens: one entry
+        num_tokens = Counter(s.request_id for s in out.sampled if s.error is None)
         for sampled in out.sampled:
             if sampled.error is not None:
                 continue  # a row that failed alone: the scheduler tells its client
+            if (entry := entries.get(sampled.request_id)) is not None:
+                entry.token_ids.append(sampled.token_id)
+                entry.finish_reason = sampled.finish_reason
+                continue
             seq = self.runner.seqs.get(sampled.request_id) or out.finished[sampled.request_id]
             pooled = seq.embedding is not None  # its one entry: the embedding, no token
-            offset = 0 if pooled else seq.num_output_tokens - 1
+            offset = 0 if pooled else seq.num_output_tokens - num_tokens[seq.request_id]
             entry = TokenEntry(request_id=seq.request_id, offset=offset, token_ids=[] if pooled else [sampled.token_id],
                                produced_at=now, finish_reason=sampled.finish_reason, embedding=seq.embedding,
-                               logprobs=[out.logprobs[seq.request_id]] if seq.request_id in out.logprobs else None)
+                               logprobs=out.logprobs.get(seq.request_id))
             if offset == 0:  # per-request constants ride in the stream's first entry only
                 entry.num_prompt_tokens = seq.num_prompt_tokens
                 entry.num_cached_tokens = seq.num_cached_tokens
                 entry.first_scheduled_at = seq.first_scheduled_at
                 entry.prompt_logprobs = out.prompt_logprobs.get(seq.request_id)
+            entries[seq.request_id] = entry
             by_reply[seq.reply_to].append(entry)
-            self.sent.record(seq, entry)
+        for request_id, entry in entries.items():
+            self.sent.record(self.runner.seqs.get(request_id) or out.finished[request_id], entry)
         all_entries = []
-        for reply_to, entries in by_reply.items():
-            all_entries.extend(entries)
-            for batch in self._batches(entries, out) if reply_to else []:
+        for reply_to, subject_entries in by_reply.items():
+            all_entries.extend(subject_entries)
+            for batch in self._batches(subject_entries, out) if reply_to else []:
                 await self.nc.publish(reply_to, batch)
         self.sent.remember_finished(out.finished)
         # the observer reads tokens, not logprobs: its batch stays small whatever the rows asked

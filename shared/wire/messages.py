@@ -245,6 +245,9 @@ class ScheduledSeq(msgspec.Struct, array_like=True):
     num_new_tokens: int
     num_computed_tokens: int  # the scheduler's count before this step: a worker whose own differs has drifted
     new_block_ids: list[int] = []
+    # speculative decoding: slots allocated past this step's token for up to this many draft tokens,
+    # verified in the same forward (StepResult then lists the row's accepted tokens and one more)
+    num_lookahead: int = 0
 
 
 class Step(msgspec.Struct, tag="step", array_like=True):
@@ -271,12 +274,21 @@ class Sampled(msgspec.Struct, array_like=True):
     error: str | None = None
 
 
+class Drafts(msgspec.Struct, array_like=True):
+    """One row's speculation in a step: how many draft tokens it verified, how many were accepted."""
+
+    request_id: RequestId
+    num_drafted: int
+    num_accepted: int
+
+
 class StepResult(msgspec.Struct, tag="step_result", array_like=True):
     step_id: int
-    sampled: list[Sampled] = []
+    sampled: list[Sampled] = []  # in order; a row that speculated lists each token it keeps
     error: str | None = None
     forward_seconds: float = 0.0
     fenced: bool = False  # refused: a scheduler with a newer lease token leads
+    drafts: list[Drafts] = []  # the rows that verified draft tokens (vLLM's spec_decode metrics)
 
 
 # ---- worker discovery ----------------------------------------------------------------------
@@ -306,6 +318,10 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     embedding: EmbeddingSpec | None = None  # what /v1/embeddings gives for this model
     max_loras: int = 0  # LoRA adapters one step may mix (0: it serves the base model alone)
     loras: list[LoraInfo] = []  # the adapters it serves (said again after each load and unload)
+    # speculative decoding (its --speculative-config): draft tokens a decode row may verify per step,
+    # in steps of at most spec_max_batch rows (0: it does not speculate)
+    num_speculative_tokens: int = 0
+    spec_max_batch: int = 0
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
@@ -373,6 +389,36 @@ class SleepState(msgspec.Struct, tag="sleep_state"):
     error: str | None = None  # the order could not be carried out (a worker refused or did not answer)
 
 
+class SpecDecodeCounts(msgspec.Struct):
+    """vLLM's spec_decode counters: rows that verified drafts, the draft tokens, those accepted,
+    and accepted at each draft position (index 0: the first draft token)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = []
+
+    def observe(self, drafts: list[Drafts]) -> None:
+        for row in drafts:
+            self.num_drafts += 1
+            self.num_draft_tokens += row.num_drafted
+            self.num_accepted_tokens += row.num_accepted
+            self._widen(row.num_drafted)
+            for pos in range(row.num_accepted):
+                self.accepted_per_pos[pos] += 1
+
+    def add(self, other: SpecDecodeCounts) -> None:
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        self._widen(len(other.accepted_per_pos))
+        for pos, n in enumerate(other.accepted_per_pos):
+            self.accepted_per_pos[pos] += n
+
+    def _widen(self, width: int) -> None:
+        self.accepted_per_pos += [0] * (width - len(self.accepted_per_pos))
+
+
 class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     model: str
     num_workers: int
@@ -411,6 +457,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     max_loras: int = 0
     running_loras: list[str] = []
     waiting_loras: list[str] = []
+    spec_decode: SpecDecodeCounts | None = None  # speculative decoding's counters (None: it is off)
 
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's

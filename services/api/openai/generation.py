@@ -7,13 +7,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from services.api.errors import APIError
 from services.api.metrics import ApiMetrics
 from services.api.openai.format import Usage
 from shared.bus.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
 from shared.models.detokenizer import IncrementalDetokenizer
-from shared.wire.messages import FinishReason, Logprobs, RejectCode, SamplingParams
+from shared.wire.messages import FinishReason, Logprobs, RejectCode, SamplingParams, TokenEntry
 
 if TYPE_CHECKING:
     from services.api.context import ApiContext, ServedModel
@@ -87,6 +89,7 @@ class Generation:
         self.on_finished = on_finished
         self.keeps_output = keeps_output or on_finished is not None
         self.held_ids: list[int] = []  # tokens with no text yet (a split character, a possible stop string)
+        self.num_taken = 0  # output tokens read from the stream (not those after a stop string in one entry)
         self.output_ids: list[int] = []
         self.output_text: list[str] = []
 
@@ -103,7 +106,7 @@ class Generation:
 
     @property
     def num_output_tokens(self) -> int:
-        return self.stream.num_tokens if self.stream else 0
+        return self.num_taken
 
     def usage(self) -> Usage:
         now = time.monotonic()
@@ -178,24 +181,26 @@ class Generation:
                     status = 504 if entry.finish_reason == FinishReason.TIMEOUT else 503
                     raise APIError(status, entry.error or "the engine failed this request",
                                    code=entry.finish_reason.openai_name)
-                text = self.detokenizer.push(self._visible(entry))
-                delta = Delta(text, None, tuple(entry.token_ids), entry.logprobs, entry.prompt_logprobs)
-                if self.detokenizer.is_stopped:
-                    self.finish_reason = delta.finish_reason = "stop"
-                    delta.stop_reason = self.detokenizer.matched_stop
-                    yield self._sent(delta)
-                    return
-                if entry.finish_reason is not None:
-                    is_done = True
-                    self.finish_reason = delta.finish_reason = entry.finish_reason.openai_name
-                    delta.stop_reason = self._stop_token(entry)
-                    delta.text += self.detokenizer.flush()
-                    yield self._sent(delta)
-                    return
-                if text or delta.logprobs or delta.prompt_logprobs:
-                    yield self._sent(delta)
-                else:  # they ride on the next delta sent (a delta with logprobs is always sent)
-                    self.held_ids.extend(delta.token_ids)
+                for piece in _one_by_one(entry) if self.detokenizer.stop else [entry]:
+                    self.num_taken += len(piece.token_ids)
+                    text = self.detokenizer.push(self._visible(piece))
+                    delta = Delta(text, None, tuple(piece.token_ids), piece.logprobs, piece.prompt_logprobs)
+                    if self.detokenizer.is_stopped:
+                        self.finish_reason = delta.finish_reason = "stop"
+                        delta.stop_reason = self.detokenizer.matched_stop
+                        yield self._sent(delta)
+                        return
+                    if piece.finish_reason is not None:
+                        is_done = True
+                        self.finish_reason = delta.finish_reason = piece.finish_reason.openai_name
+                        delta.stop_reason = self._stop_token(piece)
+                        delta.text += self.detokenizer.flush()
+                        yield self._sent(delta)
+                        return
+                    if text or delta.logprobs or delta.prompt_logprobs:
+                        yield self._sent(delta)
+                    else:  # they ride on the next delta sent (a delta with logprobs is always sent)
+                        self.held_ids.extend(delta.token_ids)
         except TimeoutError:
             raise APIError(504, f"no token for {self.idle_timeout_s}s; the request was aborted",
                            code="timeout") from None
@@ -240,6 +245,19 @@ class Generation:
         log.info("request_finished", request_id=self.stream.request_id, model=self.model, user=self.user,
                  prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                  cached_tokens=u.cached_tokens, ttft_s=round(u.ttft, 4), finish_reason=self.finish_reason)
+
+
+def _one_by_one(entry: TokenEntry) -> list[TokenEntry]:
+    """An entry's tokens one at a time (a row that speculated sends several in one): where stop strings
+    are checked, the tokens after the one that completes a stop string are then neither returned nor
+    counted, as without speculation, where they are never computed."""
+    if len(entry.token_ids) < 2:
+        return [entry]
+    last = len(entry.token_ids) - 1
+    return [msgspec.structs.replace(
+        entry, offset=entry.offset + i, token_ids=[token_id], finish_reason=entry.finish_reason if i == last else None,
+        logprobs=entry.logprobs[i : i + 1] if entry.logprobs else entry.logprobs,
+        prompt_logprobs=entry.prompt_logprobs if i == 0 else None) for i, token_id in enumerate(entry.token_ids)]
 
 
 def engine_request(ctx: ApiContext, model: ServedModel, body, prompt_ids: list[int], sampling: SamplingParams,

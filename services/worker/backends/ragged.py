@@ -22,7 +22,7 @@ def flatten(batch: list[BatchRow], block_size: int) -> RaggedBatch:
     for seq, num_new in batch:
         start = seq.num_computed_tokens
         row = len(out.input_ids)
-        out.input_ids.extend(seq.token_ids[start : start + num_new])
+        out.input_ids.extend(seq.input_ids(start, num_new))
         out.positions.extend(range(start, start + num_new))
         out.slots.extend(seq.block_table[p // block_size] * block_size + p % block_size
                          for p in range(start, start + num_new))

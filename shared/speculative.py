@@ -1,0 +1,82 @@
+"""--speculative-config: vLLM's JSON keys, typed and checked once; which methods run here."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from shared.checks import ConfigError
+
+METHODS = ("ngram",)
+# vLLM's other methods: known by name, refused with a message rather than an unknown-key error
+METHODS_NOT_BUILT = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+MAX_SPECULATIVE_TOKENS = 16
+# rows in a step above which no row speculates, where the config names no disable_by_batch_size: the
+# crossover measured on the CPU worker (docs/speculative_decoding.md, docs/benchmarks.md)
+DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+
+
+class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What vLLM's SpeculativeConfig takes for the methods built here, with its defaults."""
+
+    method: str | None = None
+    model: str | None = None  # vLLM's older spelling of the n-gram method: "[ngram]"
+    num_speculative_tokens: int | None = None
+    prompt_lookup_min: int | None = None  # n-gram: the shortest suffix matched (vLLM: 5 when neither is set)
+    prompt_lookup_max: int | None = None  # n-gram: the longest
+    disable_by_batch_size: int | None = None  # a step of more rows than this speculates for none
+
+    @property
+    def max_batch(self) -> int:
+        """The most rows a step may have and still speculate."""
+        return self.disable_by_batch_size or DEFAULT_DISABLE_BY_BATCH_SIZE
+
+    def validate(self) -> SpeculativeConfig:
+        """Settles vLLM's defaults (n-gram sizes) and refuses what cannot run, naming the key."""
+        method = self.method or ("ngram" if self.model == "[ngram]" else None)
+        if method is None:
+            raise ConfigError("speculative_config: name a method (\"method\": \"ngram\")")
+        if method in METHODS_NOT_BUILT:
+            raise ConfigError(f"speculative_config: method {method!r} is not built here yet; this engine "
+                              f"speculates with {', '.join(METHODS)} (prompt lookup)")
+        if method not in METHODS:
+            raise ConfigError(f"speculative_config: unknown method {method!r}; allowed: {', '.join(METHODS)}")
+        if self.model not in (None, "[ngram]"):
+            raise ConfigError("speculative_config: \"model\" names a draft model, and the n-gram method takes none")
+        k = self.num_speculative_tokens
+        if k is None or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"speculative_config: num_speculative_tokens must be 1 to {MAX_SPECULATIVE_TOKENS} "
+                              f"(got {k})")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = 5  # vLLM's
+        low, high = low or high, high or low
+        if low < 1 or high < low:
+            raise ConfigError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max "
+                              f"(got {low} and {high})")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ConfigError(f"speculative_config: disable_by_batch_size must be 1 or more "
+                              f"(got {self.disable_by_batch_size})")
+        return msgspec.structs.replace(self, method=method, model=None, prompt_lookup_min=low,
+                                       prompt_lookup_max=high)
+
+
+def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
+    """A flag's JSON text, a deployment's dict or None -> a validated config (None: no speculation)."""
+    if value is None or value == "" or isinstance(value, SpeculativeConfig):
+        return value.validate() if isinstance(value, SpeculativeConfig) else None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"speculative_config is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError("speculative_config must be a JSON object, e.g. "
+                          "{\"method\": \"ngram\", \"num_speculative_tokens\": 4}")
+    try:
+        config = msgspec.convert(value, SpeculativeConfig)
+    except msgspec.ValidationError as exc:
+        known = ", ".join(SpeculativeConfig.__struct_fields__)
+        raise ConfigError(f"speculative_config: {exc} (keys taken here: {known})") from None
+    return config.validate()
