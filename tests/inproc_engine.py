@@ -46,14 +46,15 @@ class InProcessEngine:
 
     def step(self) -> None:
         plan = self.scheduler.schedule()
-        sampled, drafts = [], []
+        result = StepResult(step_id=plan.step.step_id)
         for iteration in self.runner.iterations(plan.step):  # as the worker service runs a (multi-step) Step
             out = self.runner.execute(iteration)
-            sampled.extend(out.sampled)
-            drafts.extend(out.drafts)
+            result.sampled += out.sampled
+            result.drafts += out.drafts
+            result.iteration_sizes.append(len(out.sampled))
             self.embeddings.update(out.embeddings)
-        self.drafts += drafts
-        finished = self.scheduler.update(plan, StepResult(step_id=plan.step.step_id, sampled=sampled, drafts=drafts))
+        self.drafts += result.drafts
+        finished = self.scheduler.update(plan, result)
         for f in finished:
             self.outputs[f.request.request_id] = f.request.output_token_ids
             self.num_cached_tokens[f.request.request_id] = f.request.num_cached_tokens

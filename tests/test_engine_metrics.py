@@ -26,7 +26,9 @@ def test_a_prompt_counts_whole_in_the_iteration_of_its_first_token():
 def test_a_multi_step_steps_later_iterations_count_a_token_per_row_still_running():
     metrics = EngineMetrics()
     a, b = _request("a", 4, num_output=1), _request("b", 4, num_output=1)
-    metrics.observe_step([a, b], _result("a", "b", "a", "b", "a"), num_steps=3)  # b finished after two iterations
+    result = _result("a", "b", "a", "b", "a")  # b finished after two iterations
+    result.iteration_sizes = [2, 2, 1]
+    metrics.observe_step([a, b], result)
     assert metrics.iteration_tokens.count == 3 and metrics.iteration_tokens.sum == 2 + 2 + 1
     assert metrics.iteration_tokens.counts[:2] == [1, 3]  # le=1: one iteration; le=8: all three
 

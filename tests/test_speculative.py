@@ -124,9 +124,9 @@ def test_a_step_of_more_rows_than_the_limit_speculates_for_none():
 # ---- exact: the same tokens as without speculation ----------------------------------------------
 
 
-def _run(loaded_model, prompts, speculative, num_blocks=256, budget=256, **sampling):
+def _run(loaded_model, prompts, speculative, num_blocks=256, budget=256, steps=1, **sampling):
     engine = InProcessEngine(loaded_model, num_blocks=num_blocks, max_num_batched_tokens=budget,
-                             speculative=speculative)
+                             num_scheduler_steps=steps, speculative=speculative)
     for i, p in enumerate(prompts):
         engine.add(f"r{i}", p, 48, **sampling)
     outputs = engine.run()
@@ -135,14 +135,15 @@ def _run(loaded_model, prompts, speculative, num_blocks=256, budget=256, **sampl
     return outputs, engine
 
 
-@pytest.mark.parametrize("case", ["greedy", "seeded", "penalties", "small-pool", "chunked"])
+@pytest.mark.parametrize("case", ["greedy", "seeded", "penalties", "small-pool", "chunked", "multi-step"])
 def test_speculation_gives_the_tokens_of_the_engine_without_it(loaded_model, prompts, case):
     """small-pool: 14 blocks, rows preempted and recomputed; chunked: prompts in chunks of 16 tokens
-    beside the decoding rows. Seeded: the draw at each output index is the one without speculation."""
+    beside the decoding rows; multi-step: Steps of 4 iterations, each speculating. Seeded: the draw
+    at each output index is the one without speculation."""
     sampling = {"seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 11},
                 "penalties": {"temperature": 0.5, "seed": 3, "repetition_penalty": 1.05, "frequency_penalty": 0.05,
                               "min_tokens": 6}}.get(case, {})
-    kwargs = {"small-pool": {"num_blocks": 14}, "chunked": {"budget": 16}}.get(case, {})
+    kwargs = {"small-pool": {"num_blocks": 14}, "chunked": {"budget": 16}, "multi-step": {"steps": 4}}.get(case, {})
     plain, _ = _run(loaded_model, prompts, None, **kwargs, **sampling)
     spec, engine = _run(loaded_model, prompts, SPEC, **kwargs, **sampling)
     assert spec == plain

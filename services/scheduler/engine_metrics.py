@@ -20,23 +20,26 @@ class EngineMetrics:
         self.request_num_preemptions = HistogramCounts.empty(REQUEST_NUM_PREEMPTIONS_BUCKETS)
         self.spec_decode = SpecDecodeCounts()
 
-    def observe_step(self, rows: list[Request], result: StepResult, num_steps: int = 1) -> None:
-        """vLLM's iteration_tokens_total: per iteration, each token sampled plus the whole prompt of a
-        request in the iteration of its first token (a prefill chunk that samples nothing adds 0);
-        a multi-step Step's later iterations, one token per row still running (a row that speculated
-        keeps its tokens in one iteration). And the spec_decode counters. Called before the result
-        is applied (a row's output is still what it was). Probes are left out."""
+    def observe_step(self, rows: list[Request], result: StepResult) -> None:
+        """vLLM's iteration_tokens_total: per iteration, each token sampled (a row that speculated may
+        keep several) plus the whole prompt of a request in the iteration of its first token (a
+        prefill chunk that samples nothing adds 0); a multi-step Step's iterations each. And the
+        spec_decode counters. Called before the result is applied (a row's output is still what it
+        was). Probes are left out."""
         rows_by_id = {r.request_id: r for r in rows if not r.is_probe}
         if not rows_by_id:
             return
         self.spec_decode.observe([d for d in result.drafts if d.request_id in rows_by_id])
-        per_row = Counter(s.request_id for s in result.sampled if s.request_id in rows_by_id)
-        first = sum((1 if num_steps > 1 else n) + (0 if rows_by_id[rid].output_token_ids else
-                                                   rows_by_id[rid].num_prompt_tokens)
-                    for rid, n in per_row.items())
-        self.iteration_tokens.observe(first)
-        for i in range(1, max(per_row.values(), default=1) if num_steps > 1 else 1):
-            self.iteration_tokens.observe(sum(1 for n in per_row.values() if n > i))
+        start = 0
+        for i, size in enumerate(result.iteration_sizes or [len(result.sampled)]):
+            per_row = Counter(s.request_id for s in result.sampled[start : start + size] if s.request_id in rows_by_id)
+            start += size
+            if i == 0:
+                self.iteration_tokens.observe(sum(n + (0 if rows_by_id[rid].output_token_ids else
+                                                       rows_by_id[rid].num_prompt_tokens)
+                                                  for rid, n in per_row.items()))
+            elif per_row:
+                self.iteration_tokens.observe(sum(per_row.values()))
 
     def observe_finished(self, request: Request) -> None:
         """vLLM's request_num_preemptions: once per request that finished on a worker."""

@@ -184,7 +184,7 @@ class PoolLoop:
     async def _take(self, plan, result: StepResult) -> None:
         """A Step's result into the metrics and the scheduler's state; finished requests end."""
         rows = [r for rid in plan.num_new_tokens if (r := self.scheduler.requests.get(rid)) is not None]
-        self.metrics.observe_step(rows, result, plan.step.num_steps)
+        self.metrics.observe_step(rows, result)
         for done in self.scheduler.update(plan, result):
             self.metrics.observe_finished(done.request)
             if done.error is not None:

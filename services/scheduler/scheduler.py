@@ -133,8 +133,8 @@ class Scheduler:
         if held and len(out.step.new_seqs) == num_new_seqs and not any(
                 r.request_id in out.num_new_tokens for r in prefilling if r.priority <= focus):
             budget, _ = self._schedule_running(out, held, budget, share)  # the better prompt could not go
-        if not self._speculate(out, budget):
-            self._look_ahead(out)
+        speculating = self._speculate(out, budget)
+        self._look_ahead(out, 1 + self.num_speculative_tokens if speculating else 1)
         out.step.dropped_ids = self.take_dropped_ids()
         return out
 
@@ -206,9 +206,10 @@ class Scheduler:
         tokens past its one, while the token budget lasts, which the worker fills with its proposer's
         drafts and verifies in this step's forward; a row whose slots would need a block that is not
         free goes without (lookahead never preempts). Off for a step of more than spec_max_batch
-        running requests, where verifying drafts costs more than it saves. Returns whether it is on."""
+        running requests, where verifying drafts costs more than it saves. Returns whether it is on
+        (a multi-step Step then speculates in each of its iterations)."""
         if not self.num_speculative_tokens or len(self.running) > self.spec_max_batch:
-            return False
+            return False  # multi-step may take the step instead
         for row in out.step.scheduled:
             request = self.requests[row.request_id]
             if budget <= 0:
@@ -225,11 +226,12 @@ class Scheduler:
             budget -= room
         return True
 
-    def _look_ahead(self, out: SchedulerOutput) -> None:
+    def _look_ahead(self, out: SchedulerOutput, tokens_per_iteration: int = 1) -> None:
         """Multi-step: a batch of decode rows with nothing waiting runs up to num_scheduler_steps
         iterations in one Step, which saves the round trip between them. Only then, because a request
-        arriving meanwhile waits for the Step to end. A row gets slots up to its max_tokens only (the
-        worker ends it there)."""
+        arriving meanwhile waits for the Step to end. A row gets slots for tokens_per_iteration tokens
+        an iteration (1 + its drafts' where it speculates), up to its max_tokens only (the worker ends
+        it there, and drafts only into the slots it has)."""
         rows = out.step.scheduled
         if self.num_scheduler_steps == 1 or self.waiting or out.step.new_seqs or not rows:
             return
@@ -241,7 +243,7 @@ class Scheduler:
         if num_steps < 2:
             return
         for row, request, left in zip(rows, requests, remaining, strict=True):
-            more = self.kv.allocate_slots(request, min(num_steps, left))
+            more = self.kv.allocate_slots(request, min(num_steps * tokens_per_iteration, left))
             if more is None:
                 return  # one iteration (blocks already added to earlier rows stay theirs, listed below)
             row.new_block_ids.extend(b.block_id for b in more)

@@ -160,17 +160,24 @@ class ModelRunner:
         if pooled:  # their output is the embedding: they sample nothing
             keep = [i for i, s in enumerate(to_sample) if s.request_id not in pooled]
             to_sample, hidden, rows = [to_sample[i] for i in keep], hidden[keep], [rows[i] for i in keep]
-        token_ids, logprobs = self._sample(to_sample, hidden) if to_sample else ([], [])
-        out = self._record(to_sample, token_ids, logprobs, pooled)
         drafting = [(seq, row) for seq, row in zip(to_sample, rows, strict=True) if seq.draft_ids]
+        logits = draft_logits = None
+        if drafting:  # the logits after each draft too, in the same pass over the output weights
+            draft_rows = [row + 1 + i for seq, row in drafting for i in range(len(seq.draft_ids))]
+            logits = self.backend.compute_logits(_select(all_hidden, rows + draft_rows))
+            logits, draft_logits = logits[: len(rows)], logits[len(rows) :]
+        token_ids, logprobs = self._sample(to_sample, hidden, logits) if to_sample else ([], [])
+        out = self._record(to_sample, token_ids, logprobs, pooled)
         if drafting:
-            self._verify(out, drafting, all_hidden)
+            self._verify(out, drafting, all_hidden, draft_logits)
         return out
 
-    def _sample(self, seqs: list[SeqState], hidden: torch.Tensor) -> tuple[list[int], list[Logprobs | None]]:
+    def _sample(self, seqs: list[SeqState], hidden: torch.Tensor,
+                logits: torch.Tensor | None = None) -> tuple[list[int], list[Logprobs | None]]:
+        """One token per row from its hidden state (or its logits, computed already)."""
         try:
             rows_in = [s.sample_row(self.eos_token_ids) for s in seqs]
-            return self.backend.sample(self.backend.compute_logits(hidden), rows_in)
+            return self.backend.sample(self.backend.compute_logits(hidden) if logits is None else logits, rows_in)
         except Exception:  # some row's processors raised: sample each row alone, to find which
             return self._sample_each(seqs, hidden)
 
@@ -183,7 +190,7 @@ class ModelRunner:
         for seq, num_new in batch:
             room = lookahead.get(seq.request_id, 0)
             if room and num_new == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1:
-                room = min(room, seq.sampling.max_tokens - seq.num_output_tokens - 1,
+                room = min(room, seq.max_drafts or room, seq.sampling.max_tokens - seq.num_output_tokens - 1,
                            self.max_model_len - len(seq.token_ids),
                            len(seq.block_table) * self.backend.block_size - len(seq.token_ids))
                 seq.draft_ids = self.proposer.propose(seq.token_ids, room)
@@ -191,28 +198,38 @@ class ModelRunner:
             out.append((seq, num_new))
         return out
 
-    def _verify(self, out: StepOutput, drafting: list[tuple[SeqState, int]], hidden: torch.Tensor) -> None:
+    def _verify(self, out: StepOutput, drafting: list[tuple[SeqState, int]], hidden: torch.Tensor,
+                logits: torch.Tensor) -> None:
         """Each drafting row's token was sampled from its last known token's row as usual; while it
         equals the next draft, the draft's KV (computed in this forward) is kept and the token after it
         is sampled from the draft's row, as a step without drafts would have sampled it (the same
         processors, the same draw per output index). With one proposal per position, that is
-        rejection sampling exactly (docs/speculative_decoding.md)."""
+        rejection sampling exactly (docs/speculative_decoding.md). logits: those after each draft, in
+        the drafting rows' order."""
         num_accepted = dict.fromkeys((seq.request_id for seq, _ in drafting), 0)
+        first, at = {}, 0
+        for seq, _ in drafting:
+            first[seq.request_id], at = at, at + len(seq.draft_ids)
         position = 0
         while drafting:
             drafting = [(seq, row) for seq, row in drafting if seq.request_id in self.seqs
                         and position < len(seq.draft_ids) and seq.token_ids[-1] == seq.draft_ids[position]]
-            position += 1
             for seq, _ in drafting:
                 seq.num_computed_tokens += 1
                 num_accepted[seq.request_id] += 1
             if drafting:
                 seqs = [seq for seq, _ in drafting]
-                token_ids, logprobs = self._sample(seqs, _select(hidden, [row + position for _, row in drafting]))
+                index = [first[seq.request_id] + position for seq in seqs]
+                token_ids, logprobs = self._sample(seqs, _select(hidden, [row + 1 + position for _, row in drafting]),
+                                                   logits[index])
                 out.merge(self._record(seqs, token_ids, logprobs))
+            position += 1
         for request_id, accepted in num_accepted.items():
             seq = self.seqs.get(request_id) or out.finished[request_id]
             out.drafts.append(Drafts(request_id, len(seq.draft_ids), accepted))
+            # each draft costs its row a token's compute: after a miss, draft one past the last kept
+            # next time; after all were kept, one more (docs/speculative_decoding.md)
+            seq.max_drafts = len(seq.draft_ids) + 1 if accepted == len(seq.draft_ids) else accepted + 1
             seq.draft_ids = []
 
     def forward(self, batch: list[BatchRow]) -> torch.Tensor:
@@ -265,7 +282,8 @@ class ModelRunner:
         Each is yielded for `execute`; the next is formed once the previous has run."""
         yield step
         for _ in range(step.num_steps - 1):
-            rows = [ScheduledSeq(row.request_id, 1, self.seqs[row.request_id].num_computed_tokens)
+            rows = [ScheduledSeq(row.request_id, 1, self.seqs[row.request_id].num_computed_tokens,
+                                 num_lookahead=row.num_lookahead)
                     for row in step.scheduled if row.request_id in self.seqs]
             if not rows:
                 return

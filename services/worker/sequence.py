@@ -37,6 +37,7 @@ class SeqState:
     lora: str | None = None  # the LoRA adapter its rows run on
     # speculative decoding: tokens proposed after token_ids, computed in this step's forward to be verified
     draft_ids: list[int] = field(default_factory=list)
+    max_drafts: int = 0  # the most it drafts next step, after how its last drafts fared (0: as many as allowed)
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:

@@ -163,7 +163,7 @@ class WorkerService:
             log.info("step_repeated", step_id=step.step_id)  # our reply was lost: the same one again
             await msg.respond(self._last_reply[1])
             return
-        sampled, drafts, forward_seconds = [], [], 0.0
+        sampled, drafts, sizes, forward_seconds = [], [], [], 0.0
         for iteration in self.runner.iterations(step):  # one, or step.num_steps of them (multi-step)
             started = time.perf_counter()
             try:
@@ -179,8 +179,9 @@ class WorkerService:
             await self._publish_tokens(out)
             sampled.extend(out.sampled)
             drafts.extend(out.drafts)
+            sizes.append(len(out.sampled))
         await self._respond(msg, StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds,
-                                            drafts=drafts))
+                                            drafts=drafts, iteration_sizes=sizes if step.num_steps > 1 else []))
         self.last_step_at = time.monotonic()
 
     async def _respond(self, msg: Msg, result: StepResult) -> None:

@@ -14,6 +14,7 @@ import msgspec
 
 from shared.checks import MAX_CONTEXT, ConfigError, in_range, is_bool, one_of
 from shared.config import CHECKPOINT_QUANTIZATIONS, DEFAULTS, DEPLOYMENT_MAX_NUM_SEQS, check_engine_field
+from shared.speculative import parse_speculative_config
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: also a NATS subject token
 ACCELS = ("cpu", "cuda", "qaic")
@@ -155,9 +156,15 @@ def check_qaic_framework(framework: FrameworkConfig, qaic: QaicConfig) -> None:
 
 class ContinuousBatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_concurrent_batch_size: int = DEFAULTS.max_concurrent_batch_size
+    # speculative decoding, as vLLM's --speculative-config (shared/speculative.py); None: off
+    speculative_config: dict | None = None
 
     def validate(self) -> ContinuousBatchingConfig:
         check_engine_field("max_concurrent_batch_size", self.max_concurrent_batch_size, "continuous_batching_config.")
+        try:
+            parse_speculative_config(self.speculative_config)
+        except ConfigError as exc:
+            raise ConfigError(f"continuous_batching_config.{exc}") from None
         return self
 
 

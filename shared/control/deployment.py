@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from shared.config import DEFAULTS, ConfigError, EngineConfig
 from shared.control.deploy_config import DeploymentConfig, parse_memory
 from shared.control.registry import ModelVersion, Pipeline, Registry
+from shared.speculative import parse_speculative_config
 
 
 @dataclass
@@ -45,6 +46,7 @@ class DeployedModel:
             gpu_memory_utilization=fc.gpu_memory_utilization, max_seq_len_to_capture=fc.max_seq_len_to_capture,
             max_concurrent_batch_size=1 if self.is_single_batch else (
                 cb.max_concurrent_batch_size if cb else DEFAULTS.max_concurrent_batch_size),
+            speculative_config=parse_speculative_config(cb.speculative_config) if cb else None,
         ).validate()
 
     # ---- one worker process (the seed product's sidekick) ----------------------------------------

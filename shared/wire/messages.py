@@ -289,6 +289,7 @@ class StepResult(msgspec.Struct, tag="step_result", array_like=True):
     forward_seconds: float = 0.0
     fenced: bool = False  # refused: a scheduler with a newer lease token leads
     drafts: list[Drafts] = []  # the rows that verified draft tokens (vLLM's spec_decode metrics)
+    iteration_sizes: list[int] = []  # a multi-step Step's: how many of `sampled` each iteration added
 
 
 # ---- worker discovery ----------------------------------------------------------------------

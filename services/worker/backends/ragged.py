@@ -17,7 +17,9 @@ class RaggedBatch:
 
 
 def flatten(batch: list[BatchRow], block_size: int) -> RaggedBatch:
-    """A row of one new token decodes; a row of several is a prefill chunk after its computed tokens."""
+    """A row of one new token decodes; a row of several is a prefill chunk after its computed tokens,
+    unless its tokens past the first are speculative decoding's drafts: then each of its tokens is a
+    decode query that sees the context up to itself (the decode kernels' arithmetic, as without drafts)."""
     out = RaggedBatch()
     for seq, num_new in batch:
         start = seq.num_computed_tokens
@@ -27,8 +29,8 @@ def flatten(batch: list[BatchRow], block_size: int) -> RaggedBatch:
         out.slots.extend(seq.block_table[p // block_size] * block_size + p % block_size
                          for p in range(start, start + num_new))
         table = seq.block_table[: (start + num_new + block_size - 1) // block_size]
-        if num_new == 1:
-            out.decodes.append((row, table, start + 1))
+        if num_new == 1 or seq.draft_ids:  # a row with drafts: each token a decode query of its own length
+            out.decodes.extend((row + i, table, start + i + 1) for i in range(num_new))
         else:
             out.prefills.append((row, num_new, start, table))
     return out
