@@ -1,10 +1,11 @@
 """`python -m bench.speculative`: n-gram speculative decoding against the same stack without it.
 
-    python -m bench.speculative [--spec JSON] [--num 8] [--max-tokens 128] [--concurrency 16,64]
+    python -m bench.speculative [--spec JSON] [--num 12] [--max-tokens 128] [--concurrency 16,64]
 
 One stack at a time (one worker, `make run`'s defaults), without and with --speculative-config:
 greedy chat at c=1 on repetition-heavy work (rename in code, edit a JSON object, summarise a given
-text) and on ordinary chat, TPOT p50 of each; output tok/s at each --concurrency on ordinary
+text) and on ordinary chat, TPOT mean and p50 over each workload's requests; optionally output tok/s
+of the repetition-heavy chat at each --mix-concurrency; output tok/s at each --concurrency on ordinary
 text; the acceptance rate per draft position from /metrics. Prints a markdown table and the ratios.
 """
 
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 
 import httpx
 
@@ -50,6 +52,7 @@ def summary_prompt(rng: random.Random) -> str:
     return "Summarise this text, quoting its key sentences.\n\n" + " ".join(sentences[start : start + 4])
 
 
+REPETITIVE = ("code", "json", "summary")
 WORKLOADS = {"code": code_prompt, "json": json_prompt, "summary": summary_prompt,
              "chat": lambda rng: rng.choice(CHAT_QUESTIONS)}
 
@@ -63,11 +66,19 @@ async def measure(base_url: str, args: argparse.Namespace) -> dict:
         rng = random.Random(7)
         prompts = [Prompt(make(rng), 0, args.max_tokens) for _ in range(args.num + 1)]
         await run_load(spec, prompts[:1], concurrency=1, progress=False)  # warm-up
-        results, wall = await run_load(spec, prompts[1:], concurrency=1, progress=False)
-        point = summarize(results, wall, 1, float("inf"))
-        out[name] = {"tpot_ms": point["tpot_ms"]["p50"], "tokens": point["mean_output_tokens"],
-                     "failed": point["num_failed"]}
-        print(f"  {name}: TPOT p50 {out[name]['tpot_ms']:.1f} ms over {out[name]['tokens']:.0f} tokens", flush=True)
+        results, _ = await run_load(spec, prompts[1:], concurrency=1, progress=False)
+        out[name] = {"tpots_ms": [r.tpot * 1e3 for r in results if r.ok and r.num_output_tokens > 1],
+                     "tokens": sum(r.num_output_tokens for r in results) / len(results),
+                     "failed": sum(not r.ok for r in results)}
+        print(f"  {name}: TPOT mean {statistics.fmean(out[name]['tpots_ms']):.1f} ms, p50 "
+              f"{statistics.median(out[name]['tpots_ms']):.1f} ms over {out[name]['tokens']:.0f} tokens", flush=True)
+    for c in (int(x) for x in args.mix_concurrency.split(",") if x):  # where speculating stops paying
+        rng = random.Random(c)
+        prompts = [Prompt(WORKLOADS[name](rng), 0, args.max_tokens) for _ in range(c) for name in REPETITIVE]
+        results, wall = await run_load(spec, prompts, concurrency=c, progress=False)
+        out[f"mix c={c}"] = {"output_tok_s": summarize(results, wall, c, float("inf"))["output_tok_s"],
+                             "failed": sum(not r.ok for r in results)}
+        print(f"  repetition-heavy c={c}: {out[f'mix c={c}']['output_tok_s']:.1f} output tok/s", flush=True)
     tokenizer = dataset.load()
     throughput = LoadSpec(base_url=base_url, model=MODEL, endpoint="completions", ignore_eos=True)
     for c in (int(x) for x in args.concurrency.split(",") if x):
@@ -108,12 +119,20 @@ def run_stack(speculative: dict | None, args: argparse.Namespace) -> dict:
         stack.stop()
 
 
+def _row(name: str, plain: list[float], spec: list[float], tokens: str) -> None:
+    (pm, p50), (sm, s50) = ((statistics.fmean(v), statistics.median(v)) for v in (plain, spec))
+    print(f"| {name} | {pm:.1f} / {p50:.1f} | {sm:.1f} / {s50:.1f} | {sm / pm:.2f}x / {s50 / p50:.2f}x | {tokens} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", default=json.dumps(SPEC), help="the --speculative-config measured")
-    parser.add_argument("--num", type=int, default=8, help="requests per workload at c=1")
+    parser.add_argument("--num", type=int, default=12, help="requests per workload at c=1")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", default="16,64", help="throughput points (ordinary text, 64 in, 64 out)")
+    parser.add_argument("--mix-concurrency", default="",
+                        help="throughput points of the repetition-heavy chat (e.g. 2,4,8,16, with a --spec whose "
+                             "disable_by_batch_size is above them: where speculation stops paying)")
     args = parser.parse_args(argv)
     print(f"on {cpu_name()}", flush=True)
     runs = {}
@@ -121,13 +140,15 @@ def main(argv: list[str] | None = None) -> None:
         print(label, flush=True)
         runs[label] = run_stack(speculative, args)
     plain, spec = runs["plain"], runs["ngram"]
-    print("\n| workload | TPOT p50 plain (ms) | TPOT p50 ngram (ms) | ratio | output tokens (plain / ngram) |")
+    print("\n| workload (c=1) | TPOT mean / p50 plain (ms) | TPOT mean / p50 ngram (ms) | ratio of means / p50s "
+          "| output tokens (plain / ngram) |")
     print("|---|---|---|---|---|")
     for name in WORKLOADS:
-        p, s = plain[name], spec[name]
-        print(f"| {name} | {p['tpot_ms']:.1f} | {s['tpot_ms']:.1f} | {s['tpot_ms'] / p['tpot_ms']:.2f}x | "
-              f"{p['tokens']:.0f} / {s['tokens']:.0f} |")
-    for key in (k for k in plain if k.startswith("c=")):
+        _row(name, plain[name]["tpots_ms"], spec[name]["tpots_ms"], f"{plain[name]['tokens']:.0f} / "
+             f"{spec[name]['tokens']:.0f}")
+    _row("repetition-heavy (code, json, summary)", [t for n in REPETITIVE for t in plain[n]["tpots_ms"]],
+         [t for n in REPETITIVE for t in spec[n]["tpots_ms"]], "")
+    for key in (k for k in plain if "c=" in k):
         p, s = plain[key]["output_tok_s"], spec[key]["output_tok_s"]
         print(f"| {key} output tok/s | {p:.1f} | {s:.1f} | {s / p:.2f}x | |")
     m = spec["metrics"]

@@ -14,7 +14,7 @@ METHODS_NOT_BUILT = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator
 MAX_SPECULATIVE_TOKENS = 16
 # rows in a step above which no row speculates, where the config names no disable_by_batch_size: the
 # crossover measured on the CPU worker (docs/speculative_decoding.md, docs/benchmarks.md)
-DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+DEFAULT_DISABLE_BY_BATCH_SIZE = 16
 
 
 class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -2,7 +2,7 @@
 backend, run on the CPU under TRITON_INTERPRET=1 in float32: the same greedy tokens on SmolLM2,
 and on small random models (a Llama with GQA, a Qwen3, a Qwen3-MoE, a Gemma 3 with sliding
 windows, a soft-capped Gemma 2) the same tokens batched as alone, with prefix-cache hits, chunked
-prefills and preemption. (CUDA graphs and memory sizing need a GPU: tests/gpu/.)"""
+prefills and preemption, and with speculative decoding's drafts. (CUDA graphs and memory sizing need a GPU: tests/gpu/.)"""
 
 from __future__ import annotations
 
@@ -56,6 +56,24 @@ def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(reque
         assert engine.scheduler.num_preemptions > 0
         assert sum(engine.num_cached_tokens.values()) > 0  # the shared prefix hit the cache
     assert outputs[1] == outputs[0]
+
+
+def test_speculation_on_the_cuda_path_gives_the_torch_backends_tokens(small_llama):
+    """n-gram drafts verified by the CUDA path's kernels (a draft's position a decode query): the
+    torch backend's tokens without speculation, with drafts accepted."""
+    reference, triton = load_model(small_llama, "dummy", ops=TORCH_OPS), load_model(small_llama, "dummy", ops=TritonOps())
+    gen = torch.Generator().manual_seed(5)
+    motif = torch.randint(0, 299, (5,), generator=gen).tolist()
+    prompts = [motif * 5, torch.randint(0, 299, (9,), generator=gen).tolist() * 3]
+    outputs = []
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    for loaded, runner, speculative in ((reference, None, None), (triton, cuda_runner(triton, 16), spec)):
+        engine = InProcessEngine(loaded, num_blocks=16, runner=runner, speculative=speculative)
+        for i, ids in enumerate(prompts):
+            engine.add(f"r{i}", ids, 16, ignore_eos=True)
+        outputs.append(engine.run())
+    assert outputs[1] == outputs[0]
+    assert sum(d.num_accepted for d in engine.drafts) > 0
 
 
 def test_device_sampling_is_seeded_per_request_and_batch_invariant():
