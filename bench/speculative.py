@@ -4,8 +4,8 @@
 
 One stack at a time (one worker, `make run`'s defaults), without and with --speculative-config:
 greedy chat at c=1 on repetition-heavy work (rename in code, edit a JSON object, summarise a given
-text) and on ordinary chat, TPOT mean and p50 over each workload's requests; optionally output tok/s
-of the repetition-heavy chat at each --mix-concurrency; output tok/s at each --concurrency on ordinary
+text) and on ordinary chat, TPOT mean and p50 over each workload's requests (with --llama-cpp, llama.cpp's
+server on the same GGUF too); optionally output tok/s of the repetition-heavy chat at each --mix-concurrency; output tok/s at each --concurrency on ordinary
 text; the acceptance rate per draft position from /metrics. Prints a markdown table and the ratios.
 """
 
@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
+import subprocess
 
 import httpx
 
@@ -24,8 +26,10 @@ from bench.client import LoadSpec, run_load
 from bench.cpu_flags import cpu_name
 from bench.dataset import CHAT_QUESTIONS, ENGLISH, Prompt
 from bench.stats import summarize
+from bench.suite import llama_server_binary, wait_http
+from shared.models.model_files import resolve_model_path
 from switchyard.launcher import Stack
-from switchyard.nats_server import NatsServer, free_port
+from switchyard.nats_server import NatsServer, free_port, wait_for_port
 
 MODEL = "SmolLM2-135M-Instruct"
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
@@ -57,9 +61,9 @@ WORKLOADS = {"code": code_prompt, "json": json_prompt, "summary": summary_prompt
              "chat": lambda rng: rng.choice(CHAT_QUESTIONS)}
 
 
-async def measure(base_url: str, args: argparse.Namespace) -> dict:
-    """TPOT p50 of each workload at c=1 (greedy, to the model's own end or max_tokens), then output
-    tok/s of ordinary text at each concurrency."""
+async def measure(base_url: str, args: argparse.Namespace, c1_only: bool = False) -> dict:
+    """TPOT of each workload's requests at c=1 (greedy, to the model's own end or max_tokens), then
+    output tok/s of the repetition-heavy chat and of ordinary text at each concurrency."""
     spec = LoadSpec(base_url=base_url, model=MODEL, endpoint="chat", ignore_eos=False)
     out = {}
     for name, make in WORKLOADS.items():
@@ -72,6 +76,8 @@ async def measure(base_url: str, args: argparse.Namespace) -> dict:
                      "failed": sum(not r.ok for r in results)}
         print(f"  {name}: TPOT mean {statistics.fmean(out[name]['tpots_ms']):.1f} ms, p50 "
               f"{statistics.median(out[name]['tpots_ms']):.1f} ms over {out[name]['tokens']:.0f} tokens", flush=True)
+    if c1_only:
+        return out
     for c in (int(x) for x in args.mix_concurrency.split(",") if x):  # where speculating stops paying
         rng = random.Random(c)
         prompts = [Prompt(WORKLOADS[name](rng), 0, args.max_tokens) for _ in range(c) for name in REPETITIVE]
@@ -105,6 +111,25 @@ def spec_metrics(text: str) -> dict:
     return {**values, "accepted_per_pos": [per_pos[p] / drafts for p in sorted(per_pos)] if drafts else []}
 
 
+def run_llama_cpp(args: argparse.Namespace, spec_flags: list[str]) -> dict | None:
+    """llama.cpp's server on the same GGUF, one slot: the c=1 workloads (its own n-gram flags, if any)."""
+    binary = llama_server_binary()
+    if binary is None:
+        print("llama.cpp's server is not built: run `make bench-peers` (skipped)", flush=True)
+        return None
+    port = free_port()
+    argv = [binary, "-m", resolve_model_path(None), "--host", "127.0.0.1", "--port", str(port), "-np", "1",
+            "-c", "4096", "-t", str(os.cpu_count() or 1), "--no-webui", *spec_flags]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, timeout=60)
+        wait_http(f"http://127.0.0.1:{port}/health")
+        return asyncio.run(measure(f"http://127.0.0.1:{port}", args, c1_only=True))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def run_stack(speculative: dict | None, args: argparse.Namespace) -> dict:
     bus = NatsServer(auth=True).start()
     extra = ["--speculative-config", json.dumps(speculative)] if speculative else []
@@ -133,12 +158,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mix-concurrency", default="",
                         help="throughput points of the repetition-heavy chat (e.g. 2,4,8,16, with a --spec whose "
                              "disable_by_batch_size is above them: where speculation stops paying)")
+    parser.add_argument("--llama-cpp", action="store_true", help="also llama.cpp's server (make bench-peers), c=1")
+    parser.add_argument("--llama-cpp-args", default="", help="its extra flags, e.g. its own n-gram speculation's")
     args = parser.parse_args(argv)
     print(f"on {cpu_name()}", flush=True)
     runs = {}
     for label, speculative in (("plain", None), ("ngram", json.loads(args.spec))):
         print(label, flush=True)
         runs[label] = run_stack(speculative, args)
+    if args.llama_cpp:
+        print("llama.cpp", flush=True)
+        llama = run_llama_cpp(args, args.llama_cpp_args.split())
+        if llama is not None:
+            runs["llama.cpp"] = llama
     plain, spec = runs["plain"], runs["ngram"]
     print("\n| workload (c=1) | TPOT mean / p50 plain (ms) | TPOT mean / p50 ngram (ms) | ratio of means / p50s "
           "| output tokens (plain / ngram) |")
@@ -148,6 +180,14 @@ def main(argv: list[str] | None = None) -> None:
              f"{spec[name]['tokens']:.0f}")
     _row("repetition-heavy (code, json, summary)", [t for n in REPETITIVE for t in plain[n]["tpots_ms"]],
          [t for n in REPETITIVE for t in spec[n]["tpots_ms"]], "")
+    if "llama.cpp" in runs:
+        llama = runs["llama.cpp"]
+        print("\n| workload (c=1) | TPOT mean / p50 llama.cpp (ms) | ngram's mean / p50 over llama.cpp's |")
+        print("|---|---|---|")
+        for name in WORKLOADS:
+            lm, l50 = statistics.fmean(llama[name]["tpots_ms"]), statistics.median(llama[name]["tpots_ms"])
+            sm, s50 = statistics.fmean(spec[name]["tpots_ms"]), statistics.median(spec[name]["tpots_ms"])
+            print(f"| {name} | {lm:.1f} / {l50:.1f} | {sm / lm:.2f}x / {s50 / l50:.2f}x |")
     for key in (k for k in plain if "c=" in k):
         p, s = plain[key]["output_tok_s"], spec[key]["output_tok_s"]
         print(f"| {key} output tok/s | {p:.1f} | {s:.1f} | {s / p:.2f}x | |")

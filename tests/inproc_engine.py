@@ -11,7 +11,8 @@ from services.scheduler.scheduler import Scheduler
 from services.worker.ngram import NgramProposer
 from shared.speculative import parse_speculative_config
 from shared.wire.hashing import root_hash
-from shared.wire.messages import Drafts, SamplingParams, StepResult
+from shared.wire.messages import SamplingParams, StepResult
+from shared.wire.spec_decode import Drafts
 from tests.model_helpers import make_runner
 
 BLOCK_SIZE = 16

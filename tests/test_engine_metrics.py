@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.request import Request
-from shared.wire.messages import Drafts, Sampled, SamplingParams, StepResult
+from shared.wire.messages import Sampled, SamplingParams, StepResult
+from shared.wire.spec_decode import Drafts
 
 
 def _request(request_id: str, num_prompt: int, num_output: int = 0, is_probe: bool = False) -> Request:

@@ -9,9 +9,9 @@ from shared.wire.histogram import HistogramCounts
 from shared.wire.messages import (
     ITERATION_TOKEN_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    SpecDecodeCounts,
     StepResult,
 )
+from shared.wire.spec_decode import SpecDecodeCounts
 
 
 class EngineMetrics:

@@ -10,8 +10,8 @@ from shared.wire.messages import (
     ITERATION_TOKEN_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
     SchedulerStats,
-    SpecDecodeCounts,
 )
+from shared.wire.spec_decode import SpecDecodeCounts
 
 
 def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_draining: bool,

@@ -20,7 +20,8 @@ from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
-from shared.wire.messages import Drafts, FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
+from shared.wire.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
+from shared.wire.spec_decode import Drafts
 
 
 class SequenceDrift(RuntimeError):

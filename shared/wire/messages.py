@@ -15,6 +15,7 @@ import msgspec
 
 from shared.wire.histogram import HistogramCounts
 from shared.wire.lora import LoraInfo
+from shared.wire.spec_decode import Drafts, SpecDecodeCounts
 
 RequestId = NewType("RequestId", str)
 WorkerId = NewType("WorkerId", str)
@@ -274,14 +275,6 @@ class Sampled(msgspec.Struct, array_like=True):
     error: str | None = None
 
 
-class Drafts(msgspec.Struct, array_like=True):
-    """One row's speculation in a step: how many draft tokens it verified, how many were accepted."""
-
-    request_id: RequestId
-    num_drafted: int
-    num_accepted: int
-
-
 class StepResult(msgspec.Struct, tag="step_result", array_like=True):
     step_id: int
     sampled: list[Sampled] = []  # in order; a row that speculated lists each token it keeps
@@ -388,36 +381,6 @@ class WakeUp(msgspec.Struct, tag="wake_up"):
 class SleepState(msgspec.Struct, tag="sleep_state"):
     is_sleeping: bool
     error: str | None = None  # the order could not be carried out (a worker refused or did not answer)
-
-
-class SpecDecodeCounts(msgspec.Struct):
-    """vLLM's spec_decode counters: rows that verified drafts, the draft tokens, those accepted,
-    and accepted at each draft position (index 0: the first draft token)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = []
-
-    def observe(self, drafts: list[Drafts]) -> None:
-        for row in drafts:
-            self.num_drafts += 1
-            self.num_draft_tokens += row.num_drafted
-            self.num_accepted_tokens += row.num_accepted
-            self._widen(row.num_drafted)
-            for pos in range(row.num_accepted):
-                self.accepted_per_pos[pos] += 1
-
-    def add(self, other: SpecDecodeCounts) -> None:
-        self.num_drafts += other.num_drafts
-        self.num_draft_tokens += other.num_draft_tokens
-        self.num_accepted_tokens += other.num_accepted_tokens
-        self._widen(len(other.accepted_per_pos))
-        for pos, n in enumerate(other.accepted_per_pos):
-            self.accepted_per_pos[pos] += n
-
-    def _widen(self, width: int) -> None:
-        self.accepted_per_pos += [0] * (width - len(self.accepted_per_pos))
 
 
 class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
