@@ -159,18 +159,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="throughput points of the repetition-heavy chat (e.g. 2,4,8,16, with a --spec whose "
                              "disable_by_batch_size is above them: where speculation stops paying)")
     parser.add_argument("--llama-cpp", action="store_true", help="also llama.cpp's server (make bench-peers), c=1")
-    parser.add_argument("--llama-cpp-args", default="", help="its extra flags, e.g. its own n-gram speculation's")
+    parser.add_argument("--llama-cpp-args", default="",
+                        help="its extra flags, ';' between the settings measured, e.g. ';--spec-type ngram-simple' "
+                             "(without, then with its own n-gram speculation)")
     args = parser.parse_args(argv)
     print(f"on {cpu_name()}", flush=True)
     runs = {}
     for label, speculative in (("plain", None), ("ngram", json.loads(args.spec))):
         print(label, flush=True)
         runs[label] = run_stack(speculative, args)
-    if args.llama_cpp:
-        print("llama.cpp", flush=True)
-        llama = run_llama_cpp(args, args.llama_cpp_args.split())
-        if llama is not None:
-            runs["llama.cpp"] = llama
+    llamas = {}
+    for flags in args.llama_cpp_args.split(";") if args.llama_cpp else []:
+        print(f"llama.cpp {flags}", flush=True)
+        if (llama := run_llama_cpp(args, flags.split())) is not None:
+            llamas[flags.strip() or "plain"] = llama
     plain, spec = runs["plain"], runs["ngram"]
     print("\n| workload (c=1) | TPOT mean / p50 plain (ms) | TPOT mean / p50 ngram (ms) | ratio of means / p50s "
           "| output tokens (plain / ngram) |")
@@ -180,13 +182,15 @@ def main(argv: list[str] | None = None) -> None:
              f"{spec[name]['tokens']:.0f}")
     _row("repetition-heavy (code, json, summary)", [t for n in REPETITIVE for t in plain[n]["tpots_ms"]],
          [t for n in REPETITIVE for t in spec[n]["tpots_ms"]], "")
-    if "llama.cpp" in runs:
-        llama = runs["llama.cpp"]
-        print("\n| workload (c=1) | TPOT mean / p50 llama.cpp (ms) | ngram's mean / p50 over llama.cpp's |")
+    for flags, llama in llamas.items():
+        print(f"\n| workload (c=1) | llama.cpp ({flags}): TPOT mean / p50 (ms) | ngram's mean / p50 over its |")
         print("|---|---|---|")
-        for name in WORKLOADS:
-            lm, l50 = statistics.fmean(llama[name]["tpots_ms"]), statistics.median(llama[name]["tpots_ms"])
-            sm, s50 = statistics.fmean(spec[name]["tpots_ms"]), statistics.median(spec[name]["tpots_ms"])
+        for name in (*WORKLOADS, "repetition-heavy"):
+            names = REPETITIVE if name == "repetition-heavy" else (name,)
+            theirs = [t for n in names for t in llama[n]["tpots_ms"]]
+            ours = [t for n in names for t in spec[n]["tpots_ms"]]
+            lm, l50 = statistics.fmean(theirs), statistics.median(theirs)
+            sm, s50 = statistics.fmean(ours), statistics.median(ours)
             print(f"| {name} | {lm:.1f} / {l50:.1f} | {sm / lm:.2f}x / {s50 / l50:.2f}x |")
     for key in (k for k in plain if "c=" in k):
         p, s = plain[key]["output_tok_s"], spec[key]["output_tok_s"]

@@ -50,21 +50,23 @@ def make_adapters(folder: Path, model_path: str) -> dict[str, str]:
     return paths
 
 
-def start_stack(log_dir: Path, kv_cache_gib: float = 0.25) -> ChaosStack:
+def start_stack(log_dir: Path, kv_cache_gib: float = 0.25, extra_args: list[str] = ()) -> ChaosStack:
     """The platform's layout on `make run`'s defaults, with two adapters from start, a KV pool small
-    enough for a burst of long prompts to preempt, and a context that fits it."""
+    enough for a burst of long prompts to preempt, and a context that fits it; extra_args: more flags
+    for every service (e.g. --speculative-config)."""
     from shared.models.model_files import default_model_path
 
     adapters = make_adapters(log_dir / "adapters", default_model_path())
     stack = ChaosStack(log_dir, ["--kv-cache-memory-gib", str(kv_cache_gib), "--max-model-len", "2048",
                                  "--max-loras", "2", "--lora-modules",
-                                 *(f"{name}={path}" for name, path in adapters.items())])
+                                 *(f"{name}={path}" for name, path in adapters.items()), *extra_args])
     return stack.start()
 
 
-def run_chaos(log_dir: Path, minutes: float, seed: int = 0, fixed: bool = False, concurrency: int = 10) -> ChaosResult:
+def run_chaos(log_dir: Path, minutes: float, seed: int = 0, fixed: bool = False, concurrency: int = 10,
+              extra_args: list[str] = ()) -> ChaosResult:
     """A stack of its own, the run, and the stack stopped: what `python -m bench.chaos` does."""
-    stack = start_stack(log_dir)
+    stack = start_stack(log_dir, extra_args=extra_args)
     try:
         result = asyncio.run(run_load(stack, minutes, seed, fixed, concurrency))
     finally:
