@@ -122,7 +122,7 @@ def test_the_guide_cell_by_cell(guide_stack, default_model_path, tmp_path):
                          output_schema=output_schema, \
                          continuous_batch_config=continuous_batch_config \
                         )
-    assert vllm_model.record["continuous_batching_config"] == {"max_concurrent_batch_size": 100}
+    assert vllm_model.record["continuous_batching_config"] == {"max_concurrent_batch_size": 100, "speculative_config": None}
 
     # ---- Deploy: the guide's cell asks for an NVIDIA GPU, which this host does not have
     with pytest.raises(switchyard.SwitchyardError, match="sidekick_gpus = 1 is not allowed for accel .cpu."):
