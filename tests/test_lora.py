@@ -150,6 +150,28 @@ def test_greedy_tokens_alone_and_batched_equal_the_merged_models(lora_model):
     assert again.outputs["twice-1"] == expected["mlp-r8"] and again.num_cached_tokens["twice-1"] == 32
 
 
+def test_speculating_rows_on_adapters_keep_their_merged_models_tokens(lora_model):
+    """n-gram drafts verified on LoRA rows (a row's adapter applies to its drafts too), beside a row
+    of the base model: each keeps its merged model's greedy tokens, and drafts were kept."""
+    base_dir, adapters = lora_model
+    motif = torch.randint(0, 299, (6,), generator=torch.Generator().manual_seed(11)).tolist()
+    prompt, names = motif * 5, ["base", "all-r8", "mlp-r8"]
+    expected = {}
+    for name in names:
+        with torch.inference_mode():
+            out = merged(base_dir, adapters.get(name)).generate(torch.tensor([prompt]), max_new_tokens=16,
+                                                                min_new_tokens=16, do_sample=False)
+        expected[name] = out[0, len(prompt):].tolist()
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    engine = InProcessEngine(None, num_blocks=64, runner=our_runner(base_dir, adapters), speculative=spec)
+    engine.scheduler.max_loras = 4
+    for name in names:
+        engine.add(name, prompt, 16, min_tokens=16)
+        engine.scheduler.requests[name].lora = None if name == "base" else name
+    assert engine.run() == expected and not engine.errors
+    assert sum(d.num_accepted for d in engine.drafts) > 0
+
+
 def test_an_unknown_adapter_fails_its_row_alone(lora_model):
     base_dir, adapters = lora_model
     runner = our_runner(base_dir, {"all-r8": adapters["all-r8"]})
