@@ -261,14 +261,19 @@ def lock_store(store: Path):
 
 
 def check_service_args(service_args: list[str]) -> None:
-    """Every flag meant for the services must be one some service reads: a typo is refused here."""
+    """Every flag meant for the services must be one some service reads, and the engine's values
+    allowed: a typo or a bad value is refused here, before any service starts."""
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="make run ARGS=...", description="flags passed to the services")
     try:
         for add in (add_engine_args, add_worker_args, add_api_args, add_agent_args, add_scheduler_args):
             add(parser)
     except ConfigError as exc:  # an SY_* variable that is not what its flag takes
         parser.error(str(exc))
-    parser.parse_args(service_args)  # exits with a usage message on an unknown flag
+    args = parser.parse_args(service_args)  # exits with a usage message on an unknown flag
+    try:
+        engine_config_from_args(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
 
 
 def engine_defaults_lines(service_args: list[str], fetched_path: str | None = None) -> list[str]:
