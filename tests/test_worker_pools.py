@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pools import WorkerPools
 from services.scheduler.request import Request
 from shared.wire.lora import LoraInfo
 from shared.wire.messages import SamplingParams
+from shared.wire.spec_decode import Drafts
 
 
 @dataclass
@@ -19,14 +21,31 @@ class Hello:
 
 
 @dataclass
+class Counts:
+    num_preemptions: int = 0
+    num_queried_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    @property
+    def kv(self) -> Counts:
+        return self
+
+
+@dataclass
 class Pool:
-    """What WorkerPools reads of a PoolLoop: its id, liveness, load, adapters and what fits it."""
+    """What WorkerPools reads of a PoolLoop: its id, liveness, load, adapters and what fits it, and
+    the counters it keeps for the model's metrics."""
 
     worker_id: str
     max_tokens: int = 1000
     is_alive: bool = True
     hello: Hello = field(default_factory=Hello)
     added: list[str] = field(default_factory=list)
+    metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    scheduler: Counts = field(default_factory=Counts)  # its num_preemptions, its kv's prefix counts
+    steps_run: int = 0
+    step_seconds: float = 0.0
+    forward_seconds: float = 0.0
 
     @property
     def load(self) -> int:
@@ -86,3 +105,19 @@ def test_a_dead_pool_takes_nothing():
     assert [p for _, p in pools.place([_request("a")])] == [None]
     pools.remove(dead)
     assert list(pools) == []
+
+
+def test_a_removed_pools_counts_live_on_in_the_models():
+    """The model's counters (steps, preemptions, prefix-cache lookups, the histograms and the
+    spec_decode counters) sum the pools there are and those that are gone: they never go back."""
+    pools = WorkerPools(ModelLoras(), grace_s=60)
+    first, second = Pool("w1", steps_run=5, scheduler=Counts(2, 100, 40)), Pool("w2", steps_run=7)
+    first.metrics.iteration_tokens.observe(3)
+    first.metrics.spec_decode.observe([Drafts("a", 4, 2)])
+    pools.add(first)
+    pools.add(second)
+    pools.remove(first)
+    pools.remove(first)  # a second removal of the same pool counts nothing twice
+    gone = pools.retired
+    assert (gone.steps_run, gone.num_preemptions, gone.prefix_cache_queries, gone.prefix_cache_hits) == (5, 2, 100, 40)
+    assert gone.metrics.iteration_tokens.count == 1 and gone.metrics.spec_decode.num_accepted_tokens == 2

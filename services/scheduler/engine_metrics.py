@@ -41,6 +41,14 @@ class EngineMetrics:
             elif per_row:
                 self.iteration_tokens.observe(sum(per_row.values()))
 
+    def add(self, other: EngineMetrics) -> None:
+        """Another pool's counts into these (a pool that is gone: the model's counters never go back)."""
+        self.iteration_tokens = HistogramCounts.total([self.iteration_tokens, other.iteration_tokens],
+                                                      ITERATION_TOKEN_BUCKETS)
+        self.request_num_preemptions = HistogramCounts.total(
+            [self.request_num_preemptions, other.request_num_preemptions], REQUEST_NUM_PREEMPTIONS_BUCKETS)
+        self.spec_decode.add(other.spec_decode)
+
     def observe_finished(self, request: Request) -> None:
         """vLLM's request_num_preemptions: once per request that finished on a worker."""
         if not request.is_probe:

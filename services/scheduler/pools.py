@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
+from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.request import Request
@@ -26,6 +28,29 @@ def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
     return None
 
 
+@dataclass
+class RetiredCounts:
+    """What the model's pools that are gone counted, so that its counters never go back when a
+    worker dies (Prometheus would read a drop as a restart)."""
+
+    metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    steps_run: int = 0
+    step_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    def absorb(self, pool: PoolLoop) -> None:
+        self.metrics.add(pool.metrics)
+        self.steps_run += pool.steps_run
+        self.step_seconds += pool.step_seconds
+        self.forward_seconds += pool.forward_seconds
+        self.num_preemptions += pool.scheduler.num_preemptions
+        self.prefix_cache_queries += pool.scheduler.kv.num_queried_tokens
+        self.prefix_cache_hits += pool.scheduler.kv.num_hit_tokens
+
+
 class WorkerPools:
     def __init__(self, loras: ModelLoras, grace_s: float):
         """grace_s: how long a request whose worker is gone waits for one that can take it."""
@@ -33,6 +58,7 @@ class WorkerPools:
         self.grace_s = grace_s
         self._pools: dict[str, PoolLoop] = {}
         self.held: dict[str, tuple[Request, float]] = {}  # request id -> (request, monotonic deadline)
+        self.retired = RetiredCounts()
 
     # ---- membership -----------------------------------------------------------------------------
 
@@ -48,6 +74,7 @@ class WorkerPools:
     def remove(self, pool: PoolLoop) -> None:
         if self._pools.get(pool.worker_id) is pool:
             del self._pools[pool.worker_id]
+            self.retired.absorb(pool)
 
     @property
     def alive(self) -> list[PoolLoop]:

@@ -1,4 +1,4 @@
-"""A model's SchedulerStats, summed over its pools (the API's /metrics and /health read them)."""
+"""A model's SchedulerStats, summed over its pools, counters over those gone too (the API's /metrics and /health read them)."""
 
 from __future__ import annotations
 
@@ -17,24 +17,25 @@ from shared.wire.spec_decode import SpecDecodeCounts
 def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_draining: bool,
                     num_deadline_exceeded: int, num_admission_rejections: int, num_migrations: int, is_sleeping: bool, sleep_level: int,
                     loras: list[LoraInfo]) -> SchedulerStats:
-    alive, every = pools.alive, list(pools)
+    alive, every, gone = pools.alive, list(pools), pools.retired  # counters: every pool there was
     kvs = [p.scheduler.kv for p in alive]
     return SchedulerStats(
         model=model, num_workers=len(alive), num_running=pools.num_running, num_waiting=pools.num_waiting,
         kv_cache_usage=sum(kv.usage for kv in kvs) / len(kvs) if kvs else 0.0,
-        num_preemptions=sum(p.scheduler.num_preemptions for p in alive),
-        prefix_cache_queries=sum(kv.num_queried_tokens for kv in kvs),
-        prefix_cache_hits=sum(kv.num_hit_tokens for kv in kvs),
+        num_preemptions=gone.num_preemptions + sum(p.scheduler.num_preemptions for p in every),
+        prefix_cache_queries=gone.prefix_cache_queries + sum(p.scheduler.kv.num_queried_tokens for p in every),
+        prefix_cache_hits=gone.prefix_cache_hits + sum(p.scheduler.kv.num_hit_tokens for p in every),
         max_model_len=pools.max_model_len if alive else 0,
-        steps_run=sum(p.steps_run for p in every),
-        step_seconds=sum(p.step_seconds for p in every),
-        forward_seconds=sum(p.forward_seconds for p in every),
+        steps_run=gone.steps_run + sum(p.steps_run for p in every),
+        step_seconds=gone.step_seconds + sum(p.step_seconds for p in every),
+        forward_seconds=gone.forward_seconds + sum(p.forward_seconds for p in every),
         is_draining=is_draining, num_deadline_exceeded=num_deadline_exceeded,
         block_size=alive[0].hello.block_size if alive else 0,
         kv_cache_dtype=alive[0].hello.kv_cache_dtype if alive else "",
         num_blocks=sum(p.hello.num_blocks for p in alive), enable_prefix_caching=config.enable_prefix_caching,
-        iteration_tokens=HistogramCounts.total([p.metrics.iteration_tokens for p in every], ITERATION_TOKEN_BUCKETS),
-        request_num_preemptions=HistogramCounts.total([p.metrics.request_num_preemptions for p in every],
+        iteration_tokens=HistogramCounts.total([p.metrics.iteration_tokens for p in [*every, gone]],
+                                               ITERATION_TOKEN_BUCKETS),
+        request_num_preemptions=HistogramCounts.total([p.metrics.request_num_preemptions for p in [*every, gone]],
                                                       REQUEST_NUM_PREEMPTIONS_BUCKETS),
         num_waiting_deferred=pools.num_deferred, num_admission_rejections=num_admission_rejections,
         devices=pools.devices, architectures=pools.architectures, embedding=pools.embedding,
@@ -42,7 +43,8 @@ def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_
         max_loras=max((p.hello.max_loras for p in alive), default=0),
         running_loras=sorted({r.lora for p in alive for r in p.scheduler.running if r.lora}),
         waiting_loras=sorted({r.lora for p in alive for r in p.scheduler.waiting if r.lora}),
-        spec_decode=_spec_decode(every) if any(p.hello.num_speculative_tokens for p in every) else None,
+        spec_decode=_spec_decode([*every, gone]) if any(p.hello.num_speculative_tokens for p in every)
+        or gone.metrics.spec_decode.num_drafts else None,
     )
 
 
