@@ -246,9 +246,7 @@ class ScheduledSeq(msgspec.Struct, array_like=True):
     num_new_tokens: int
     num_computed_tokens: int  # the scheduler's count before this step: a worker whose own differs has drifted
     new_block_ids: list[int] = []
-    # speculative decoding: slots allocated past this step's token for up to this many draft tokens,
-    # verified in the same forward (StepResult then lists the row's accepted tokens and one more)
-    num_lookahead: int = 0
+    num_lookahead: int = 0  # speculative decoding: slots past this token for up to this many drafts
 
 
 class Step(msgspec.Struct, tag="step", array_like=True):
@@ -312,10 +310,8 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     embedding: EmbeddingSpec | None = None  # what /v1/embeddings gives for this model
     max_loras: int = 0  # LoRA adapters one step may mix (0: it serves the base model alone)
     loras: list[LoraInfo] = []  # the adapters it serves (said again after each load and unload)
-    # speculative decoding (its --speculative-config): draft tokens a decode row may verify per step,
-    # in steps of at most spec_max_batch rows (0: it does not speculate)
-    num_speculative_tokens: int = 0
-    spec_max_batch: int = 0
+    num_speculative_tokens: int = 0  # drafts a decode row may verify per step (0: it does not speculate)
+    spec_max_batch: int = 0  # ...in steps of at most this many running requests
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
