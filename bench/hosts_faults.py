@@ -86,11 +86,11 @@ async def main(args) -> None:
 
         async def kill_leader():
             leader = await cluster.leader()
-            cluster.hosts[cluster.services[leader][0]].kill()
+            cluster.kill_host(cluster.services[leader][0])
             cluster.run(leader)  # back at once, as the standby
 
         async def kill_gateway():
-            cluster.hosts["b"].kill()
+            cluster.kill_host("b")
 
         rows = []
         for _ in range(args.rounds):

@@ -2,6 +2,9 @@
 
   host a: nats-0, api, kvcache   host b: nats-1, api   host c: nats-2
   host d, e: scheduler (one leads by lease, one stands by)   host f, g: a worker each
+
+Each host's services are supervised as the launcher or systemd would: one that exits (a deposed
+leader, lease.DEPOSED_EXIT) starts again, unless its host was killed (`kill_host`).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +40,11 @@ class Cluster:
                                 log_dir=str(log_dir))
         self.services: dict[str, tuple[str, list[str]]] = {}  # name -> (host, argv)
         self.procs: dict[str, object] = {}
+        self.down: set[str] = set()  # killed hosts: nothing restarts there until `run`
+        self.restarts: list[tuple[str, int]] = []  # (service, the exit status it was restarted after)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True)
 
     def start(self) -> Cluster:
         self.nats.start(timeout=60)
@@ -54,15 +63,37 @@ class Cluster:
         }
         for name in self.services:
             self.run(name)
+        self._supervisor.start()
         for api in ("api-a", "api-b"):
             self.wait_ready(api)
         return self
 
     def run(self, name: str) -> None:
+        """Start (or start again) a service on its host, which is then up."""
         host, argv = self.services[name]
         env = dict(os.environ) | nats_auth.env_for(nats_auth.user_of(name.rsplit("-", 1)[0]), self.nats.auth_dir)
         env |= {"SY_NATS_REPLICAS": "3", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-        self.procs[name] = self.hosts[host].run(argv, env, self.log_dir / f"{name}.log")
+        with self._lock:
+            self.down.discard(host)
+            self.procs[name] = self.hosts[host].run(argv, env, self.log_dir / f"{name}.log")
+
+    def kill_host(self, host: str) -> None:
+        """Every process on the host, -9, its supervisor with them."""
+        with self._lock:
+            self.down.add(host)
+            self.hosts[host].kill()
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(0.5):
+            for name, (host, _) in self.services.items():
+                with self._lock:
+                    status = self.procs[name].poll()
+                    if status is None or host in self.down:
+                        continue
+                self.restarts.append((name, status))
+                with open(self.log_dir / f"{name}.log", "a") as log:
+                    log.write(f"[supervisor] {name} exited with {status}; restarting\n")
+                self.run(name)
 
     def base_url(self, api: str) -> str:
         return f"http://{self.hosts[self.services[api][0]].address}:{API_PORT}"
@@ -105,5 +136,8 @@ class Cluster:
         return servers(nats_auth.url_with_login(self.nats.url, "admin", self.nats.auth_dir))
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._supervisor.is_alive():
+            self._supervisor.join()
         self.hosts.remove()
         self.nats.stop()

@@ -46,8 +46,9 @@ def _client(base_url: str):
     return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-async def _stream(client, model: str, prompt: str, started: asyncio.Event) -> tuple[str, str, float]:
-    return await stream_completion(client, model, prompt, MAX_TOKENS, started)
+async def _stream(client, model: str, prompt: str, started: asyncio.Event,
+                  errors: list[str] | None = None) -> tuple[str, str, float]:
+    return await stream_completion(client, model, prompt, MAX_TOKENS, started, errors=errors)
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +60,40 @@ def alone(cluster, model_name) -> list[str]:
     return asyncio.run(lone_runs())
 
 
-async def _under_fault(cluster, model_name, fault) -> tuple[list[tuple[str, str, float]], float]:
+class Outcome(list):
+    """The streams' (text, finish, ended) in order, the errors' words, and when the fault came."""
+
+    def __init__(self, done, errors: list[str], at: float):
+        super().__init__(done)
+        self.errors, self.at = errors, at
+
+
+async def _under_fault(cluster, model_name, fault) -> Outcome:
     """16 streams, half through each gateway; `fault()` once all are mid-stream; their ends."""
     clients = [_client(cluster.base_url("api-a")), _client(cluster.base_url("api-b"))]
     started = [asyncio.Event() for _ in PROMPTS]
-    streams = [asyncio.create_task(_stream(clients[i % 2], model_name, p, e))
+    errors: list[str] = []
+    streams = [asyncio.create_task(_stream(clients[i % 2], model_name, p, e, errors))
                for i, (p, e) in enumerate(zip(PROMPTS, started, strict=True))]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
     at = time.monotonic()
     await fault()
-    return await asyncio.wait_for(asyncio.gather(*streams), 240), at
+    return Outcome(await asyncio.wait_for(asyncio.gather(*streams), 240), errors, at)
 
 
-def _check(done, alone, at: float, spared=range(CONCURRENCY)) -> int:
-    """Each completed with a lone run's tokens or ended with an error soon; those in `spared` completed."""
-    for i, ((text, finish, ended), lone) in enumerate(zip(done, alone, strict=True)):
-        assert finish in ("length", "error"), i
-        if finish == "length":
-            assert text == lone, i
-        else:
-            assert i not in spared and ended - at < ERROR_WITHIN_S, i
+def _check(cluster, done: Outcome, alone, spared=range(CONCURRENCY)) -> int:
+    """Each completed with a lone run's tokens or ended with an error soon; those in `spared` completed.
+    A failure prints the errors' words and the services' logs."""
+    try:
+        for i, ((text, finish, ended), lone) in enumerate(zip(done, alone, strict=True)):
+            assert finish in ("length", "error"), i
+            if finish == "length":
+                assert text == lone, i
+            else:
+                assert i not in spared and ended - done.at < ERROR_WITHIN_S, (i, ended - done.at, done.errors[:2])
+    except AssertionError:
+        show_logs(cluster.log_dir)
+        raise
     return sum(finish == "length" for _, finish, _ in done)
 
 
@@ -91,11 +106,11 @@ async def test_a_nats_node_killed(cluster, alone, model_name):
     async def kill_node():
         node.proc.kill()
 
-    done, at = await _under_fault(cluster, model_name, kill_node)
+    done = await _under_fault(cluster, model_name, kill_node)
     node.proc.wait()
     node.start()
     cluster.hosts["a"].adopt(node.proc)
-    assert _check(done, alone, at) == CONCURRENCY
+    assert _check(cluster, done, alone) == CONCURRENCY
     assert files.files.content(kept.id).read() == b'{"kept": 1}\n'  # JetStream kept it on the others
 
 
@@ -107,29 +122,28 @@ async def test_a_worker_host_cut_off_for_10s(cluster, alone, model_name):
         await asyncio.sleep(CUT_S)  # the partition's length
         host.heal()
 
-    done, at = await _under_fault(cluster, model_name, cut)
-    assert _check(done, alone, at) == CONCURRENCY  # its requests moved to the other worker
+    done = await _under_fault(cluster, model_name, cut)
+    assert _check(cluster, done, alone) == CONCURRENCY  # its requests moved to the other worker
     await cluster.until_workers(model_name, 2)  # and it is back
 
 
 async def test_the_scheduler_host_killed(cluster, alone, model_name):
     leader = await cluster.leader()
-    host = cluster.hosts[cluster.services[leader][0]]
 
     async def kill_host():
-        host.kill()
+        cluster.kill_host(cluster.services[leader][0])
 
-    done, at = await _under_fault(cluster, model_name, kill_host)
-    assert _check(done, alone, at) == CONCURRENCY  # the standby took the lease and the streams
-    cluster.run(leader)  # back, as the standby now
+    try:
+        done = await _under_fault(cluster, model_name, kill_host)
+        assert _check(cluster, done, alone) == CONCURRENCY  # the standby took the lease and the streams
+    finally:
+        cluster.run(leader)  # back, as the standby now
 
 
 async def test_a_gateway_host_killed_spares_the_other_gateways_clients(cluster, alone, model_name):
-    host = cluster.hosts["b"]  # api-b and a NATS node
-
     async def kill_host():
-        host.kill()
+        cluster.kill_host("b")  # api-b and a NATS node
 
-    done, at = await _under_fault(cluster, model_name, kill_host)
-    completed = _check(done, alone, at, spared=range(0, CONCURRENCY, 2))  # api-a's clients: every one
+    done = await _under_fault(cluster, model_name, kill_host)
+    completed = _check(cluster, done, alone, spared=range(0, CONCURRENCY, 2))  # api-a's clients: every one
     assert completed >= CONCURRENCY // 2
