@@ -8,9 +8,10 @@ import msgspec
 
 from shared.checks import ConfigError
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 # vLLM's other methods: known by name, refused with a message rather than an unknown-key error
-METHODS_NOT_BUILT = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+METHODS_NOT_BUILT = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+NGRAM_MODEL = "[ngram]"  # vLLM's older spelling of the n-gram method, as the "model"
 MAX_SPECULATIVE_TOKENS = 16
 # rows in a step above which no row speculates, where the config names no disable_by_batch_size: the
 # crossover measured on the CPU worker (docs/speculative_decoding.md, docs/benchmarks.md)
@@ -21,7 +22,7 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     """What vLLM's SpeculativeConfig takes for the methods built here, with its defaults."""
 
     method: str | None = None
-    model: str | None = None  # vLLM's older spelling of the n-gram method: "[ngram]"
+    model: str | None = None  # draft_model: the draft's checkpoint (a path or Hub id); "[ngram]": n-gram
     num_speculative_tokens: int | None = None
     prompt_lookup_min: int | None = None  # n-gram: the shortest suffix matched (vLLM: 5 when neither is set)
     prompt_lookup_max: int | None = None  # n-gram: the longest
@@ -34,20 +35,25 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
     def validate(self) -> SpeculativeConfig:
         """Settles vLLM's defaults (n-gram sizes) and refuses what cannot run, naming the key."""
-        method = self.method or ("ngram" if self.model == "[ngram]" else None)
+        method = self.method or {None: None, NGRAM_MODEL: "ngram"}.get(self.model, "draft_model")  # as vLLM infers
         if method is None:
-            raise ConfigError("speculative_config: name a method (\"method\": \"ngram\")")
+            raise ConfigError("speculative_config: name a method (\"method\": \"ngram\", or \"model\": a draft model)")
         if method in METHODS_NOT_BUILT:
             raise ConfigError(f"speculative_config: method {method!r} is not built here yet; this engine "
-                              f"speculates with {', '.join(METHODS)} (prompt lookup)")
+                              f"speculates with {' and '.join(METHODS)}")
         if method not in METHODS:
             raise ConfigError(f"speculative_config: unknown method {method!r}; allowed: {', '.join(METHODS)}")
-        if self.model not in (None, "[ngram]"):
+        if method == "ngram" and self.model not in (None, NGRAM_MODEL):
             raise ConfigError("speculative_config: \"model\" names a draft model, and the n-gram method takes none")
-        k = self.num_speculative_tokens
-        if k is None or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ConfigError(f"speculative_config: num_speculative_tokens must be 1 to {MAX_SPECULATIVE_TOKENS} "
-                              f"(got {k})")
+        if method == "draft_model" and self.model in (None, NGRAM_MODEL):
+            raise ConfigError("speculative_config: the draft_model method needs \"model\": the draft's checkpoint, "
+                              "a smaller model of the same vocabulary")
+        self._check_common()
+        if method == "draft_model":
+            if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+                raise ConfigError("speculative_config: prompt_lookup_min/max are the n-gram method's; "
+                                  "the draft_model method drafts with its model")
+            return msgspec.structs.replace(self, method=method)
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is None and high is None:
             low = high = 5  # vLLM's
@@ -55,11 +61,17 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if low < 1 or high < low:
             raise ConfigError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max "
                               f"(got {low} and {high})")
+        return msgspec.structs.replace(self, method=method, model=None, prompt_lookup_min=low,
+                                       prompt_lookup_max=high)
+
+    def _check_common(self) -> None:
+        k = self.num_speculative_tokens
+        if k is None or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"speculative_config: num_speculative_tokens must be 1 to {MAX_SPECULATIVE_TOKENS} "
+                              f"(got {k})")
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ConfigError(f"speculative_config: disable_by_batch_size must be 1 or more "
                               f"(got {self.disable_by_batch_size})")
-        return msgspec.structs.replace(self, method=method, model=None, prompt_lookup_min=low,
-                                       prompt_lookup_max=high)
 
 
 def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
+from services.worker.backends.kv_pool import KVSpec
+from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+from services.worker.draft_proposer import DraftModelProposer
 from services.worker.ngram import NgramProposer
 from shared.speculative import parse_speculative_config
 from shared.wire.hashing import root_hash
@@ -21,14 +24,20 @@ BLOCK_SIZE = 16
 class InProcessEngine:
     def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256,
                  num_scheduler_steps: int = 1, runner=None, scheduler: Scheduler | None = None,
-                 speculative: dict | None = None):
+                 speculative: dict | None = None, draft=None):
         """runner: the worker side (default: the torch backend's over `loaded`, num_blocks blocks);
         scheduler: the scheduler side (default: paged, over num_blocks blocks); speculative: a
-        --speculative-config, as the worker announces it to the scheduler."""
+        --speculative-config, as the worker announces it to the scheduler; draft: the draft_model
+        method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it."""
         self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=loaded.model.output.weight.dtype,
                                             max_model_len=8192, block_size=BLOCK_SIZE)
         spec = parse_speculative_config(speculative)
-        if spec is not None:
+        if spec is not None and spec.method == "draft_model":
+            backend = self.runner.backend
+            backend.draft = TorchCpuBackend(draft, KVSpec.of(draft.config, BLOCK_SIZE, backend.kv.dtype),
+                                            backend.num_blocks)
+            self.runner.proposer = DraftModelProposer(spec)
+        elif spec is not None:
             self.runner.proposer = NgramProposer(spec)
         kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
         self.scheduler = scheduler or Scheduler(

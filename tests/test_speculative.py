@@ -38,6 +38,8 @@ def prompts(hf_tokenizer):
 
 
 def test_the_config_takes_vllms_keys_and_defaults():
+    spec = parse_speculative_config('{"model": "/models/draft", "num_speculative_tokens": 5}')  # vLLM infers it
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/models/draft", 5)
     spec = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3}')
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)  # vLLM's when neither is set
     assert spec.max_batch == DEFAULT_DISABLE_BY_BATCH_SIZE
@@ -60,6 +62,9 @@ def test_the_config_takes_vllms_keys_and_defaults():
     ('{"method": "ngram", "num_speculative_tokens": 4, "acceptance_method": "typical"}', "acceptance_method"),
     ('{"method": "lookahead", "num_speculative_tokens": 4}', "unknown method 'lookahead'"),
     ('{"num_speculative_tokens": 4}', "name a method"),
+    ('{"method": "draft_model", "num_speculative_tokens": 4}', "needs \"model\": the draft's checkpoint"),
+    ('{"model": "/m", "num_speculative_tokens": 4, "prompt_lookup_max": 3}', "prompt_lookup_min/max are the n-gram"),
+    ('{"method": "ngram", "model": "/m", "num_speculative_tokens": 4}', "the n-gram method takes none"),
     ("ngram", "is not JSON"),
 ])
 def test_a_config_that_cannot_run_is_refused_naming_why(value, message):
@@ -124,9 +129,19 @@ def test_a_step_of_more_rows_than_the_limit_speculates_for_none():
 # ---- exact: the same tokens as without speculation ----------------------------------------------
 
 
-def _run(loaded_model, prompts, speculative, num_blocks=256, budget=256, steps=1, **sampling):
+_PLAIN: dict[str, dict] = {}  # the runs without speculation, by their settings: computed once
+
+
+def _plain(loaded_model, prompts, **settings) -> dict:
+    key = repr(sorted(settings.items()))
+    if key not in _PLAIN:
+        _PLAIN[key] = _run(loaded_model, prompts, None, **settings)[0]
+    return _PLAIN[key]
+
+
+def _run(loaded_model, prompts, speculative, num_blocks=256, budget=256, steps=1, draft=None, **sampling):
     engine = InProcessEngine(loaded_model, num_blocks=num_blocks, max_num_batched_tokens=budget,
-                             num_scheduler_steps=steps, speculative=speculative)
+                             num_scheduler_steps=steps, speculative=speculative, draft=draft)
     for i, p in enumerate(prompts):
         engine.add(f"r{i}", p, 48, **sampling)
     outputs = engine.run()
@@ -144,10 +159,56 @@ def test_speculation_gives_the_tokens_of_the_engine_without_it(loaded_model, pro
                 "penalties": {"temperature": 0.5, "seed": 3, "repetition_penalty": 1.05, "frequency_penalty": 0.05,
                               "min_tokens": 6}}.get(case, {})
     kwargs = {"small-pool": {"num_blocks": 14}, "chunked": {"budget": 16}, "multi-step": {"steps": 4}}.get(case, {})
-    plain, _ = _run(loaded_model, prompts, None, **kwargs, **sampling)
+    plain = _plain(loaded_model, prompts, **kwargs, **sampling)
     spec, engine = _run(loaded_model, prompts, SPEC, **kwargs, **sampling)
     assert spec == plain
     accepted = sum(d.num_accepted for d in engine.drafts)
     assert accepted > 0 and engine.drafts  # drafts were verified and some kept: the test is not vacuous
     if case == "small-pool":
+        assert engine.scheduler.num_preemptions > 0
+
+
+# ---- the draft_model method ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def random_draft(tmp_path_factory):
+    """A 2-layer Llama of SmolLM2's vocabulary with random weights, saved by transformers: a draft
+    that is mostly wrong, so rejections and the draft's KV catch-up run often."""
+    transformers = pytest.importorskip("transformers")
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
+    from services.worker.loader import load_model
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    folder = tmp_path_factory.mktemp("random-draft")
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return load_model(str(folder), ops=TORCH_OPS)
+
+
+DRAFT_SPEC = {"model": "the-draft", "num_speculative_tokens": 4}
+
+
+@pytest.mark.parametrize("case", ["self-greedy", "self-seeded", "random-greedy", "random-small-pool", "self-chunked",
+                                  "self-multi-step"])
+def test_a_draft_model_gives_the_tokens_of_the_engine_without_it(loaded_model, random_draft, prompts, case):
+    """self: SmolLM2 drafting for itself (every draft kept: the draft's KV caught up two tokens at a
+    time); random: a random draft (most rejected: its KV past the kept tokens recomputed)."""
+    draft, _, variant = case.partition("-")
+    sampling = {"seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 11}}.get(variant, {})
+    kwargs = {"small-pool": {"num_blocks": 14}, "chunked": {"budget": 16}, "multi-step": {"steps": 4}}.get(variant, {})
+    plain = _plain(loaded_model, prompts, **kwargs, **sampling)
+    spec, engine = _run(loaded_model, prompts, DRAFT_SPEC, draft=loaded_model if draft == "self" else random_draft,
+                        **kwargs, **sampling)
+    assert spec == plain
+    proposed, accepted = sum(d.num_drafted for d in engine.drafts), sum(d.num_accepted for d in engine.drafts)
+    assert engine.drafts and accepted > 0
+    if draft == "self" and variant == "greedy":
+        assert accepted == proposed  # the model's own greedy tokens: every draft kept
+    if draft == "random":
+        assert accepted < proposed / 2
+    if variant == "small-pool":
         assert engine.scheduler.num_preemptions > 0

@@ -1,6 +1,7 @@
 """--speculative-config through the real services at `make run`'s defaults: the OpenAI answers (greedy,
-seeded, logprobs, stop strings, guided JSON, chat) are the session stack's without speculation,
-vLLM's spec_decode counters move, and a worker killed mid-stream loses no token."""
+seeded, logprobs, stop strings, guided JSON, chat) are the session stack's without speculation, by
+n-gram and by a draft model, vLLM's spec_decode counters move, and a worker killed mid-stream loses
+no token."""
 
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ def spec_stack(tmp_path_factory, model_name):
     s = _start_stack(tmp_path_factory, "speculative", num_workers=2,
                      extra_args=["--speculative-config", json.dumps(SPEC)])
     asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def draft_stack(tmp_path_factory, default_model_path):
+    """The draft_model method, SmolLM2 drafting for itself (a user's draft is smaller; the answers
+    are the target's either way)."""
+    from tests.conftest import _start_stack
+
+    draft = {"model": default_model_path, "num_speculative_tokens": 3}
+    s = _start_stack(tmp_path_factory, "draft-model", num_workers=1, extra_args=["--speculative-config", json.dumps(draft),
+                                                                         "--kv-cache-memory-gib", "0.8"])
     yield s
     s.stop()
 
@@ -66,6 +80,22 @@ def _summary(answer) -> tuple:
         return choice.message.content, choice.finish_reason, answer.usage.completion_tokens
     logprobs = choice.logprobs.token_logprobs if choice.logprobs else None
     return choice.text, choice.finish_reason, answer.usage.completion_tokens, logprobs
+
+
+def _accepted(stack) -> float:
+    metrics = httpx.get(stack.base_url + "/metrics", timeout=10).text
+    return next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+
+
+def test_a_draft_models_answers_are_those_without_speculation(draft_stack, stack, model_name):
+    plain = [_summary(a) for a in asyncio.run(_answers(stack, model_name))]
+    spec = [_summary(a) for a in asyncio.run(_answers(draft_stack, model_name))]
+    for got, want in zip(spec, plain, strict=True):
+        assert got[:3] == want[:3]
+    assert _accepted(draft_stack) > 0
+    models = httpx.get(draft_stack.base_url + "/v1/models", timeout=10).text
+    assert "draft model" in models
 
 
 def test_the_answers_are_those_without_speculation(spec_stack, stack, model_name):

@@ -14,6 +14,7 @@ from services.worker.backends import create_backend
 from services.worker.backends.spec import WorkerSpec
 from services.worker.custom_runtime import supervise
 from services.worker.deployment import drain_when_orphaned
+from services.worker.draft_proposer import DraftModelProposer
 from services.worker.guided import GrammarCompiler
 from services.worker.lora.adapter import LoraError
 from services.worker.lora.manager import LoraManager
@@ -34,7 +35,7 @@ from shared.config import (
     resolve_max_model_len,
 )
 from shared.engine_defaults import EngineDefaults, checkpoint_quantization, pick_for_host
-from shared.models.model_files import cache_root
+from shared.models.model_files import cache_root, resolve_model_path
 from shared.models.tokenizer import load_tokenizer
 from shared.wire.messages import WorkerHello, WorkerKind
 
@@ -76,7 +77,8 @@ def main() -> None:
         configured=config.max_model_len is not None)
     if backend.kind == WorkerKind.SLOTS and config.max_model_len is None:
         max_model_len = min(max_model_len, backend.block_size)  # a slot holds ctx_len tokens
-    backend.kv.check_capacity(backend.num_blocks, max_model_len)
+    backend.kv.check_capacity(backend.num_blocks, max_model_len,
+                              extra_per_block=backend.draft.kv.bytes_per_block if backend.draft else 0)
     generates = config.load_format != "dummy" and backend.config.pooling is None  # an encoder samples nothing
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if generates else None
@@ -148,7 +150,7 @@ def lora_manager(backend, settings: WorkerSettings) -> LoraManager | None:
     return manager
 
 
-def spec_proposer(backend, settings: WorkerSettings) -> NgramProposer | None:
+def spec_proposer(backend, settings: WorkerSettings) -> NgramProposer | DraftModelProposer | None:
     """Speculative decoding's drafts (--speculative-config); None: off."""
     spec = settings.config.speculative_config
     if spec is None:
@@ -158,6 +160,11 @@ def spec_proposer(backend, settings: WorkerSettings) -> NgramProposer | None:
                           "slot (docs/qaic.md); speculate on the cpu or cuda backend")
     if backend.encoder is not None or backend.config.pooling is not None:
         raise ConfigError(f"speculative decoding: {backend.config.architecture} generates no tokens")
+    if spec.method == "draft_model":
+        if backend.draft is None:
+            raise ConfigError(f"speculative decoding: the draft_model method runs on the cpu backend; the "
+                              f"{backend.name.value} backend speculates with ngram (docs/speculative_decoding.md)")
+        return DraftModelProposer(spec)
     return NgramProposer(spec)
 
 
@@ -188,8 +195,16 @@ def worker_spec(settings: WorkerSettings, defaults: EngineDefaults | None = None
         deterministic=defaults.deterministic.value if defaults else False,
         max_num_batched_tokens=config.max_num_batched_tokens, kv_cache_bytes=settings.kv_cache_bytes,
         gpu_memory_utilization=config.gpu_memory_utilization, max_seq_len_to_capture=config.max_seq_len_to_capture,
-        qaic=settings.qaic,
+        qaic=settings.qaic, draft_model_path=draft_model_path(config),
     )
+
+
+def draft_model_path(config) -> str | None:
+    """The draft_model method's checkpoint as a local path (a Hub id fetched as --model-path's is)."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    return resolve_model_path(spec.model, None, config.download_dir)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from services.worker import memory
 from services.worker.backends.base import Backend, BatchRow
+from services.worker.draft_proposer import DraftModelProposer
 from services.worker.guided import GrammarCompiler
 from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
@@ -48,7 +49,7 @@ class StepOutput:
 class ModelRunner:
     def __init__(self, backend: Backend, max_model_len: int, eos_token_ids: list[int],
                  grammar: GrammarCompiler | None = None, rebuild: Callable[[], Backend] | None = None,
-                 lora: LoraManager | None = None, proposer: NgramProposer | None = None):
+                 lora: LoraManager | None = None, proposer: NgramProposer | DraftModelProposer | None = None):
         """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep.
         lora: the adapters attached to the backend's model (None: it serves the base model alone).
         proposer: speculative decoding's drafts for rows given lookahead slots (None: it does not speculate)."""
@@ -187,17 +188,16 @@ class ModelRunner:
     def _add_drafts(self, batch: list[BatchRow], lookahead: dict[str, int]) -> list[BatchRow]:
         """Each decode row the scheduler gave lookahead slots gets the proposer's draft tokens, as
         many as its slots, its max_tokens and the context leave room for."""
-        out = []
+        rooms = []
         for seq, num_new in batch:
+            seq.draft_ids = []
             room = lookahead.get(seq.request_id, 0)
             if room and num_new == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1:
-                room = min(room, seq.max_drafts or room, seq.sampling.max_tokens - seq.num_output_tokens - 1,
-                           self.max_model_len - len(seq.token_ids),
-                           len(seq.block_table) * self.backend.block_size - len(seq.token_ids))
-                seq.draft_ids = self.proposer.propose(seq.token_ids, room)
-                num_new += len(seq.draft_ids)
-            out.append((seq, num_new))
-        return out
+                rooms.append((seq, min(room, seq.max_drafts or room, seq.sampling.max_tokens - seq.num_output_tokens - 1,
+                                       self.max_model_len - len(seq.token_ids),
+                                       len(seq.block_table) * self.backend.block_size - len(seq.token_ids))))
+        self.proposer.propose_rows(self.backend, rooms)
+        return [(seq, num_new + len(seq.draft_ids)) for seq, num_new in batch]
 
     def _verify(self, out: StepOutput, drafting: list[tuple[SeqState, int]], hidden: torch.Tensor,
                 logits: torch.Tensor) -> None:
@@ -232,6 +232,8 @@ class ModelRunner:
             # next time; after all were kept, one more (docs/speculative_decoding.md)
             seq.max_drafts = len(seq.draft_ids) + 1 if accepted == len(seq.draft_ids) else accepted + 1
             seq.draft_ids = []
+            # a draft model's KV past the kept tokens is of rejected drafts: computed again next time
+            seq.draft_computed = min(seq.draft_computed, seq.num_computed_tokens)
 
     def forward(self, batch: list[BatchRow]) -> torch.Tensor:
         """The ragged forward, with each row's LoRA adapter (if any) in place for its tokens."""

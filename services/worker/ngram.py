@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from services.worker.sequence import SeqState
 from shared.speculative import SpeculativeConfig
 
 
@@ -14,6 +15,11 @@ class NgramProposer:
         self.num_speculative_tokens = config.num_speculative_tokens
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
+
+    def propose_rows(self, backend, rows: list[tuple[SeqState, int]]) -> None:
+        """Each row's draft_ids, up to its room (the backend is the draft_model method's)."""
+        for seq, room in rows:
+            seq.draft_ids = self.propose(seq.token_ids, room)
 
     def propose(self, token_ids: list[int], max_drafts: int) -> list[int]:
         """Up to max_drafts tokens: those after an earlier match of the longest suffix of min_n..max_n

@@ -38,6 +38,7 @@ class SeqState:
     # speculative decoding: tokens proposed after token_ids, computed in this step's forward to be verified
     draft_ids: list[int] = field(default_factory=list)
     max_drafts: int = 0  # the most it drafts next step, after how its last drafts fared (0: as many as allowed)
+    draft_computed: int = 0  # the draft_model method: tokens whose KV the draft model holds (a prefix)
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:

@@ -94,6 +94,7 @@ class Backend(Protocol):
     model: torch.nn.Module
     config: ModelConfig  # the model's architecture
     encoder: Encoder | None  # an encoder model pools instead of sampling (only the torch CPU backend runs one)
+    draft: Backend | None  # speculative decoding's draft model over the same KV blocks (the torch CPU backend's)
     kv: KVSpec  # the pool's geometry and dtype (a slots backend's: qaic/kv_slots.py's SlotKVSpec)
     block_size: int
     num_blocks: int  # usable KV blocks (announced; a slots backend's: its slots); a paged pool holds one more, the null block

@@ -41,15 +41,16 @@ class KVSpec:
         element = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
-    def num_blocks_for_budget(self, budget_bytes: int) -> int:
-        """Blocks the scheduler may hand out; the null block comes on top of the budget's."""
-        return max(budget_bytes // self.bytes_per_block - 1, 0)
+    def num_blocks_for_budget(self, budget_bytes: int, extra_per_block: int = 0) -> int:
+        """Blocks the scheduler may hand out; the null block comes on top of the budget's.
+        extra_per_block: what else each block holds (a draft model's KV)."""
+        return max(budget_bytes // (self.bytes_per_block + extra_per_block) - 1, 0)
 
-    def check_capacity(self, num_blocks: int, max_model_len: int) -> None:
+    def check_capacity(self, num_blocks: int, max_model_len: int, extra_per_block: int = 0) -> None:
         """One sequence of max_model_len must fit in the pool, or a long request could never finish."""
         if num_blocks * self.block_size >= max_model_len:
             return
-        need_gib = (-(-max_model_len // self.block_size) + 1) * self.bytes_per_block / 2**30
+        need_gib = (-(-max_model_len // self.block_size) + 1) * (self.bytes_per_block + extra_per_block) / 2**30
         raise ConfigError(
             f"the KV cache holds {num_blocks * self.block_size} tokens ({num_blocks} blocks of {self.block_size}), "
             f"fewer than max_model_len {max_model_len}: give it at least {need_gib:.2f} GiB "

@@ -38,6 +38,7 @@ class WorkerSpec:
     gpu_memory_utilization: float = DEFAULTS.gpu_memory_utilization  # CUDA: the device memory's share
     max_seq_len_to_capture: int = DEFAULTS.max_seq_len_to_capture  # CUDA: longer decode contexts run without graphs
     qaic: QaicConfig | None = None  # QAIC: the program's shapes and formats
+    draft_model_path: str | None = None  # speculative decoding's draft model (the local file or folder)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -42,6 +42,7 @@ class CudaBackend:
         self.model = loaded.model
         self.config = loaded.config
         self.encoder = None  # encoders are refused at load (refuse_encoder)
+        self.draft = None  # speculative decoding's draft_model method runs on the cpu backend alone
         self.kv = kv
         self.device = device
         self.block_size = kv.block_size

@@ -7,7 +7,7 @@ import torch
 
 from services.worker.backends.base import BackendInfo
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
-from services.worker.backends.spec import WorkerSpec
+from services.worker.backends.spec import WorkerSpec, weight_bytes
 from services.worker.backends.torch_cpu.compiled import BackgroundCompile
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
@@ -51,6 +51,7 @@ class TorchCpuBackend:
         self.quant_activations = quant_activations
         self.compiling: BackgroundCompile | None = None  # once warm_up() starts it
         self.native = self.model.layers[0].attention.ops.native  # the C kernels' ops (kernels/)
+        self.draft: TorchCpuBackend | None = None  # speculative decoding's draft model, over the same blocks
 
     @classmethod
     def create(cls, spec: WorkerSpec) -> TorchCpuBackend:
@@ -64,9 +65,7 @@ class TorchCpuBackend:
         if not native and (spec.quantization in QUANT_LINEAR or spec.compile):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
-        keeps_blocks = spec.quantization in KEEPS_BLOCKS  # the file's blocks are never dequantized then
-        loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops=NATIVE_OPS if native else TORCH_OPS,
-                            keep=kept_weights if keeps_blocks else None)
+        loaded = _load(spec.model_path, spec, native)
         if getattr(loaded.model, "is_encoder", False) and (spec.compile or spec.quantization != "none"):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
@@ -78,11 +77,19 @@ class TorchCpuBackend:
                               "Q4_0/Q4_1, --quantization int4, an AWQ/GPTQ int4 checkpoint)")
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
+        draft = _draft(spec, native, loaded) if spec.draft_model_path else None
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
-        num_blocks = spec.num_kv_blocks or kv.num_blocks_for_budget(spec.kv_budget(loaded.model))
-        return cls(loaded, kv, num_blocks, compile_max_seqs=spec.max_num_seqs if spec.compile else 0,
-                   compile_nice=spec.compile_nice,
-                   quantization=spec.quantization, quant_activations=spec.quant_activations)
+        draft_kv = KVSpec.of(draft.config, spec.block_size, spec.kv_torch_dtype) if draft else None
+        # a draft's KV lives in the same blocks (its own layers' tensors): each block holds both
+        budget = spec.kv_cache_bytes(weight_bytes(loaded.model) + (weight_bytes(draft.model) if draft else 0))
+        num_blocks = spec.num_kv_blocks or kv.num_blocks_for_budget(
+            budget, extra_per_block=draft_kv.bytes_per_block if draft else 0)
+        backend = cls(loaded, kv, num_blocks, compile_max_seqs=spec.max_num_seqs if spec.compile else 0,
+                      compile_nice=spec.compile_nice,
+                      quantization=spec.quantization, quant_activations=spec.quant_activations)
+        if draft is not None:
+            backend.draft = cls(draft, draft_kv, num_blocks, quantization=spec.quantization)
+        return backend
 
     def prepare(self, batch) -> TorchInputs:
         return build_inputs(batch, self.block_size, self.null_block)
@@ -109,6 +116,27 @@ class TorchCpuBackend:
         dtype = str(dense.weight.dtype).removeprefix("torch.")
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
             [f"{self.quant_activations} activations"] * (self.quant_activations != "float32") + \
-            [load_kernels().reason] * self.native + ([self.compiling.state] if self.compiling else [])
+            [load_kernels().reason] * self.native + ([self.compiling.state] if self.compiling else []) + \
+            ([f"draft model {self.draft.config.architecture} of {self.draft.config.num_layers} layers"] if self.draft else [])
         return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
                            dtype=dtype, device=f"cpu ({', '.join(how)})")
+
+
+
+def _load(path: str, spec: WorkerSpec, native: bool) -> LoadedModel:
+    keeps_blocks = spec.quantization in KEEPS_BLOCKS  # the file's blocks are never dequantized then
+    return load_model(path, spec.load_format, spec.torch_dtype, ops=NATIVE_OPS if native else TORCH_OPS,
+                      keep=kept_weights if keeps_blocks else None)
+
+
+def _draft(spec: WorkerSpec, native: bool, target: LoadedModel) -> LoadedModel:
+    """Speculative decoding's draft model, as the target's weights are held (its file's blocks kept
+    under the same quantization), run eagerly; it must share the target's vocabulary."""
+    draft = _load(spec.draft_model_path, spec, native)
+    if draft.config.vocab_size != target.config.vocab_size or getattr(draft.model, "is_encoder", False):
+        raise ConfigError(f"speculative_config: the draft model ({draft.config.architecture}, "
+                          f"{draft.config.vocab_size} tokens) must be a decoder of the model's vocabulary "
+                          f"({target.config.vocab_size} tokens): a smaller model of the same tokenizer")
+    quantize(draft.model, spec.quantization, draft.blocks, draft.unloaded)
+    pack_linears(draft.model)
+    return draft
