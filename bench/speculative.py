@@ -1,6 +1,7 @@
-"""`python -m bench.speculative`: n-gram speculative decoding against the same stack without it.
+"""`python -m bench.speculative`: speculative decoding against the same stack without it.
 
     python -m bench.speculative [--spec JSON] [--num 12] [--max-tokens 128] [--concurrency 16,64]
+        [--service-args "--quantization none"] [--random-draft]
 
 One stack at a time (one worker, `make run`'s defaults), without and with --speculative-config:
 greedy chat at c=1 on repetition-heavy work (rename in code, edit a JSON object, summarise a given
@@ -16,8 +17,10 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
+import tempfile
 
 import httpx
 
@@ -134,7 +137,7 @@ def run_stack(speculative: dict | None, args: argparse.Namespace) -> dict:
     bus = NatsServer(auth=True).start()
     extra = ["--speculative-config", json.dumps(speculative)] if speculative else []
     stack = Stack(nats_url=bus.url, auth_dir=bus.auth_dir, api_port=free_port(), num_workers=1,
-                  service_args=["--kv-cache-memory-gib", "1", *extra])
+                  service_args=["--kv-cache-memory-gib", "2", *shlex.split(args.service_args), *extra])
     stack.nats = bus
     stack.start()
     try:
@@ -142,6 +145,19 @@ def run_stack(speculative: dict | None, args: argparse.Namespace) -> dict:
         return asyncio.run(measure(stack.base_url, args))
     finally:
         stack.stop()
+
+
+def random_draft() -> str:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                                      tie_word_embeddings=True)
+    folder = tempfile.mkdtemp(prefix="sy-random-draft-")
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return folder
 
 
 def _row(name: str, plain: list[float], spec: list[float], tokens: str) -> None:
@@ -162,10 +178,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llama-cpp-args", default="",
                         help="its extra flags, ';' between the settings measured, e.g. ';--spec-type ngram-simple' "
                              "(without, then with its own n-gram speculation)")
+    parser.add_argument("--service-args", default="", help="more flags for both stacks' services, e.g. "
+                        "\"--quantization none\" (a float32 target, for a GGUF draft of the same weights)")
+    parser.add_argument("--random-draft", action="store_true",
+                        help="the draft_model method with a random 2-layer Llama of the model's vocabulary, saved by "
+                             "transformers: every draft wrong, the method's cost alone")
     args = parser.parse_args(argv)
     print(f"on {cpu_name()}", flush=True)
+    measured = json.loads(args.spec)
+    if args.random_draft:
+        measured = {"model": random_draft(), "num_speculative_tokens": measured["num_speculative_tokens"]}
     runs = {}
-    for label, speculative in (("plain", None), ("ngram", json.loads(args.spec))):
+    for label, speculative in (("plain", None), ("spec", measured)):
         print(label, flush=True)
         runs[label] = run_stack(speculative, args)
     llamas = {}
@@ -173,9 +197,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"llama.cpp {flags}", flush=True)
         if (llama := run_llama_cpp(args, flags.split())) is not None:
             llamas[flags.strip() or "plain"] = llama
-    plain, spec = runs["plain"], runs["ngram"]
-    print("\n| workload (c=1) | TPOT mean / p50 plain (ms) | TPOT mean / p50 ngram (ms) | ratio of means / p50s "
-          "| output tokens (plain / ngram) |")
+    plain, spec = runs["plain"], runs["spec"]
+    print("\n| workload (c=1) | TPOT mean / p50 plain (ms) | TPOT mean / p50 speculating (ms) | ratio of means / p50s "
+          "| output tokens (plain / speculating) |")
     print("|---|---|---|---|---|")
     for name in WORKLOADS:
         _row(name, plain[name]["tpots_ms"], spec[name]["tpots_ms"], f"{plain[name]['tokens']:.0f} / "
@@ -183,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     _row("repetition-heavy (code, json, summary)", [t for n in REPETITIVE for t in plain[n]["tpots_ms"]],
          [t for n in REPETITIVE for t in spec[n]["tpots_ms"]], "")
     for flags, llama in llamas.items():
-        print(f"\n| workload (c=1) | llama.cpp ({flags}): TPOT mean / p50 (ms) | ngram's mean / p50 over its |")
+        print(f"\n| workload (c=1) | llama.cpp ({flags}): TPOT mean / p50 (ms) | speculating: mean / p50 over its |")
         print("|---|---|---|")
         for name in (*WORKLOADS, "repetition-heavy"):
             names = REPETITIVE if name == "repetition-heavy" else (name,)

@@ -11,6 +11,10 @@ from services.worker.backends.base import Backend
 from services.worker.sequence import SeqState
 from shared.speculative import SpeculativeConfig
 
+# a row whose drafts were all rejected n steps in a row drafts at one output token in 2**n (n <= 4):
+# a draft model that does not fit the text costs its forward at every step, an n-gram miss nothing
+MAX_BACKOFF_LOG2 = 4
+
 
 @dataclass
 class _DraftRow:
@@ -41,9 +45,11 @@ class DraftModelProposer:
         """Each row's draft_ids: up to `room` tokens, one draft forward per position over every
         drafting row at once. The first forward also computes the draft's KV of the tokens it has not
         seen (a new sequence's prompt, the target's last token, a draft it never ran), so a draft
-        costs one token's forward of the draft model in the steady state."""
+        costs one token's forward of the draft model in the steady state. A row that keeps missing
+        drafts less often (MAX_BACKOFF_LOG2)."""
         draft = backend.draft
-        rows = [(seq, room) for seq, room in rows if room > 0]
+        rows = [(seq, room) for seq, room in rows
+                if room > 0 and seq.num_output_tokens % (1 << min(seq.num_missed, MAX_BACKOFF_LOG2)) == 0]
         batch = [(_DraftRow(seq), len(seq.token_ids) - seq.draft_computed) for seq, _ in rows]
         while batch:
             hidden = draft.forward(draft.prepare(batch))

@@ -231,6 +231,7 @@ class ModelRunner:
             # each draft costs its row a token's compute: after a miss, draft one past the last kept
             # next time; after all were kept, one more (docs/speculative_decoding.md)
             seq.max_drafts = len(seq.draft_ids) + 1 if accepted == len(seq.draft_ids) else accepted + 1
+            seq.num_missed = 0 if accepted else seq.num_missed + 1
             seq.draft_ids = []
             # a draft model's KV past the kept tokens is of rejected drafts: computed again next time
             seq.draft_computed = min(seq.draft_computed, seq.num_computed_tokens)

@@ -39,6 +39,7 @@ class SeqState:
     draft_ids: list[int] = field(default_factory=list)
     max_drafts: int = 0  # the most it drafts next step, after how its last drafts fared (0: as many as allowed)
     draft_computed: int = 0  # the draft_model method: tokens whose KV the draft model holds (a prefix)
+    num_missed: int = 0  # steps in a row whose drafts were all rejected
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:

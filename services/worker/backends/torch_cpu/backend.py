@@ -3,6 +3,8 @@ the fast path on the C kernels (quantized Linears, row ops, decode attention; op
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from services.worker.backends.base import BackendInfo
@@ -88,7 +90,7 @@ class TorchCpuBackend:
                       compile_nice=spec.compile_nice,
                       quantization=spec.quantization, quant_activations=spec.quant_activations)
         if draft is not None:
-            backend.draft = cls(draft, draft_kv, num_blocks, quantization=spec.quantization)
+            backend.draft = cls(draft, draft_kv, num_blocks, quantization="gguf" if native else "none")
         return backend
 
     def prepare(self, batch) -> TorchInputs:
@@ -130,13 +132,15 @@ def _load(path: str, spec: WorkerSpec, native: bool) -> LoadedModel:
 
 
 def _draft(spec: WorkerSpec, native: bool, target: LoadedModel) -> LoadedModel:
-    """Speculative decoding's draft model, as the target's weights are held (its file's blocks kept
-    under the same quantization), run eagerly; it must share the target's vocabulary."""
-    draft = _load(spec.draft_model_path, spec, native)
+    """Speculative decoding's draft model as its file holds it (a GGUF's or a quantized checkpoint's
+    blocks kept on the C kernels, float weights left as they are), whatever the target's
+    quantization, run eagerly; it must be a decoder of the target's vocabulary."""
+    method = "gguf" if native else "none"  # gguf: every file's own blocks kept (quantization.FILES_OWN)
+    draft = _load(spec.draft_model_path, dataclasses.replace(spec, quantization=method), native)
     if draft.config.vocab_size != target.config.vocab_size or getattr(draft.model, "is_encoder", False):
         raise ConfigError(f"speculative_config: the draft model ({draft.config.architecture}, "
                           f"{draft.config.vocab_size} tokens) must be a decoder of the model's vocabulary "
                           f"({target.config.vocab_size} tokens): a smaller model of the same tokenizer")
-    quantize(draft.model, spec.quantization, draft.blocks, draft.unloaded)
+    quantize(draft.model, method, draft.blocks, draft.unloaded)
     pack_linears(draft.model)
     return draft
