@@ -14,7 +14,11 @@ from services.scheduler.scheduler import Scheduler
 from services.worker.ngram import NgramProposer
 from shared.checks import ConfigError
 from shared.config import add_engine_args, engine_config_from_args
-from shared.speculative import DEFAULT_DISABLE_BY_BATCH_SIZE, parse_speculative_config
+from shared.speculative import (
+    DEFAULT_DISABLE_BY_BATCH_SIZE,
+    DRAFT_MODEL_DISABLE_BY_BATCH_SIZE,
+    parse_speculative_config,
+)
 from shared.wire.hashing import root_hash
 from shared.wire.messages import FinishReason, Sampled, SamplingParams, StepResult
 from tests.inproc_engine import InProcessEngine
@@ -40,6 +44,7 @@ def prompts(hf_tokenizer):
 def test_the_config_takes_vllms_keys_and_defaults():
     spec = parse_speculative_config('{"model": "/models/draft", "num_speculative_tokens": 5}')  # vLLM infers it
     assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/models/draft", 5)
+    assert spec.max_batch == DRAFT_MODEL_DISABLE_BY_BATCH_SIZE < DEFAULT_DISABLE_BY_BATCH_SIZE
     spec = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3}')
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)  # vLLM's when neither is set
     assert spec.max_batch == DEFAULT_DISABLE_BY_BATCH_SIZE
@@ -171,25 +176,50 @@ def test_speculation_gives_the_tokens_of_the_engine_without_it(loaded_model, pro
 # ---- the draft_model method ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def random_draft(tmp_path_factory):
-    """A 2-layer Llama of SmolLM2's vocabulary with random weights, saved by transformers: a draft
-    that is mostly wrong, so rejections and the draft's KV catch-up run often."""
+def _random_llama(folder, vocab_size: int) -> str:
+    """A 2-layer Llama with random weights, saved by transformers."""
     transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def random_draft_path(tmp_path_factory) -> str:
+    """Of SmolLM2's vocabulary: a draft that is mostly wrong, so rejections and the draft's KV
+    catch-up run often."""
+    return _random_llama(tmp_path_factory.mktemp("random-draft"), 49152)
+
+
+@pytest.fixture(scope="module")
+def random_draft(random_draft_path):
     from services.worker.backends.torch_cpu.ops import TORCH_OPS
     from services.worker.loader import load_model
 
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    folder = tmp_path_factory.mktemp("random-draft")
-    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    return load_model(str(folder), ops=TORCH_OPS)
+    return load_model(random_draft_path, ops=TORCH_OPS)
 
 
-DRAFT_SPEC = {"model": "the-draft", "num_speculative_tokens": 4}
+def test_the_cpu_backend_holds_a_draft_in_the_same_blocks_and_refuses_another_vocabulary(
+        default_model_path, random_draft_path, tmp_path):
+    from services.worker.backends.spec import WorkerSpec
+    from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+
+    budget = 64 << 20
+    spec = WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: budget, draft_model_path=random_draft_path)
+    backend = TorchCpuBackend.create(spec)
+    per_block = backend.kv.bytes_per_block + backend.draft.kv.bytes_per_block  # each block holds both models' KV
+    assert backend.num_blocks == backend.draft.num_blocks == budget // per_block - 1
+    assert "draft model LlamaForCausalLM of 2 layers" in backend.describe().device
+    spec.draft_model_path = _random_llama(tmp_path, 300)
+    with pytest.raises(ConfigError, match="must be a decoder of the model's vocabulary"):
+        TorchCpuBackend.create(spec)
+
+
+DRAFT_SPEC = {"model": "the-draft", "num_speculative_tokens": 4, "disable_by_batch_size": 8}  # every row drafts
 
 
 @pytest.mark.parametrize("case", ["self-greedy", "self-seeded", "random-greedy", "random-small-pool", "self-chunked",

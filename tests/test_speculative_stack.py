@@ -42,7 +42,7 @@ def draft_stack(tmp_path_factory, default_model_path):
     are the target's either way)."""
     from tests.conftest import _start_stack
 
-    draft = {"model": default_model_path, "num_speculative_tokens": 3}
+    draft = {"model": default_model_path, "num_speculative_tokens": 3, "disable_by_batch_size": 16}
     s = _start_stack(tmp_path_factory, "draft-model", num_workers=1, extra_args=["--speculative-config", json.dumps(draft),
                                                                          "--kv-cache-memory-gib", "0.8"])
     yield s
