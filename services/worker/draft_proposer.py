@@ -34,7 +34,10 @@ class _DraftRow:
     draft_ids = ()  # the target's drafts are this model's outputs, not its inputs
 
     def input_ids(self, start: int, num: int) -> list[int]:
-        return (self.seq.token_ids + self.seq.draft_ids)[start : start + num]
+        known, drafts = self.seq.token_ids, self.seq.draft_ids
+        if start >= len(known):  # a draft fed back: no copy of the context
+            return drafts[start - len(known) : start - len(known) + num]
+        return (known[start : start + num] + drafts)[:num]
 
 
 class DraftModelProposer:
