@@ -77,8 +77,10 @@ def main() -> None:
         configured=config.max_model_len is not None)
     if backend.kind == WorkerKind.SLOTS and config.max_model_len is None:
         max_model_len = min(max_model_len, backend.block_size)  # a slot holds ctx_len tokens
-    backend.kv.check_capacity(backend.num_blocks, max_model_len,
-                              extra_per_block=backend.draft.kv.bytes_per_block if backend.draft else 0)
+    if backend.draft is None:
+        backend.kv.check_capacity(backend.num_blocks, max_model_len)
+    else:  # each block holds the draft's KV too
+        backend.kv.check_capacity(backend.num_blocks, max_model_len, extra_per_block=backend.draft.kv.bytes_per_block)
     generates = config.load_format != "dummy" and backend.config.pooling is None  # an encoder samples nothing
     grammar = GrammarCompiler(load_tokenizer(model_path).tokenizer.to_str(), backend.config.vocab_size,
                               backend.config.eos_token_ids) if generates else None
