@@ -3,8 +3,6 @@ the fast path on the C kernels (quantized Linears, row ops, decode attention; op
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from services.worker.backends.base import BackendInfo
@@ -67,7 +65,7 @@ class TorchCpuBackend:
         if not native and (spec.quantization in QUANT_LINEAR or spec.compile):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
-        loaded = _load(spec.model_path, spec, native)
+        loaded = _load(spec.model_path, spec, native, spec.quantization)
         if getattr(loaded.model, "is_encoder", False) and (spec.compile or spec.quantization != "none"):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
@@ -125,8 +123,8 @@ class TorchCpuBackend:
 
 
 
-def _load(path: str, spec: WorkerSpec, native: bool) -> LoadedModel:
-    keeps_blocks = spec.quantization in KEEPS_BLOCKS  # the file's blocks are never dequantized then
+def _load(path: str, spec: WorkerSpec, native: bool, quantization: str) -> LoadedModel:
+    keeps_blocks = quantization in KEEPS_BLOCKS  # the file's blocks are never dequantized then
     return load_model(path, spec.load_format, spec.torch_dtype, ops=NATIVE_OPS if native else TORCH_OPS,
                       keep=kept_weights if keeps_blocks else None)
 
@@ -136,7 +134,7 @@ def _draft(spec: WorkerSpec, native: bool, target: LoadedModel) -> LoadedModel:
     blocks kept on the C kernels, float weights left as they are), whatever the target's
     quantization, run eagerly; it must be a decoder of the target's vocabulary."""
     method = "gguf" if native else "none"  # gguf: every file's own blocks kept (quantization.FILES_OWN)
-    draft = _load(spec.draft_model_path, dataclasses.replace(spec, quantization=method), native)
+    draft = _load(spec.draft_model_path, spec, native, method)
     if draft.config.vocab_size != target.config.vocab_size or getattr(draft.model, "is_encoder", False):
         raise ConfigError(f"speculative_config: the draft model ({draft.config.architecture}, "
                           f"{draft.config.vocab_size} tokens) must be a decoder of the model's vocabulary "
