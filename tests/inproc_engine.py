@@ -10,7 +10,10 @@ from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from services.worker.backends.kv_pool import KVSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+from services.worker.backends.torch_cpu.eagle3 import Eagle3Drafter
 from services.worker.draft_proposer import DraftModelProposer
+from services.worker.eagle_proposer import Eagle3Proposer
+from services.worker.models.eagle3 import load_eagle3
 from services.worker.ngram import NgramProposer
 from shared.speculative import parse_speculative_config
 from shared.wire.hashing import root_hash
@@ -28,7 +31,8 @@ class InProcessEngine:
         """runner: the worker side (default: the torch backend's over `loaded`, num_blocks blocks);
         scheduler: the scheduler side (default: paged, over num_blocks blocks); speculative: a
         --speculative-config, as the worker announces it to the scheduler; draft: the draft_model
-        method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it."""
+        method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it; the eagle3
+        method's head (its folder), the runner's model then keeping the streams it reads."""
         self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=loaded.model.output.weight.dtype,
                                             max_model_len=8192, block_size=BLOCK_SIZE)
         spec = parse_speculative_config(speculative)
@@ -37,6 +41,13 @@ class InProcessEngine:
             backend.draft = TorchCpuBackend(draft, KVSpec.of(draft.config, BLOCK_SIZE, backend.kv.dtype),
                                             backend.num_blocks)
             self.runner.proposer = DraftModelProposer(spec)
+        elif spec is not None and spec.method == "eagle3":  # draft: the head's folder
+            backend = self.runner.backend
+            head, layers = load_eagle3(draft, backend.model, backend.config, backend.model.layers[0].attention.ops,
+                                       backend.kv.dtype)
+            backend.model.aux_layers = tuple(layers)
+            backend.draft = Eagle3Drafter(head, KVSpec.of(head.config, BLOCK_SIZE, backend.kv.dtype), backend.num_blocks)
+            self.runner.proposer = Eagle3Proposer(spec)
         elif spec is not None:
             self.runner.proposer = NgramProposer(spec)
         kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))

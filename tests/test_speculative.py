@@ -45,6 +45,9 @@ def test_the_config_takes_vllms_keys_and_defaults():
     spec = parse_speculative_config('{"model": "/models/draft", "num_speculative_tokens": 5}')  # vLLM infers it
     assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/models/draft", 5)
     assert spec.max_batch == DRAFT_MODEL_DISABLE_BY_BATCH_SIZE < DEFAULT_DISABLE_BY_BATCH_SIZE
+    spec = parse_speculative_config('{"model": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3", '
+                                    '"num_speculative_tokens": 3}')
+    assert (spec.method, spec.max_batch) == ("eagle3", DEFAULT_DISABLE_BY_BATCH_SIZE)  # vLLM infers it by name
     spec = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3}')
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)  # vLLM's when neither is set
     assert spec.max_batch == DEFAULT_DISABLE_BY_BATCH_SIZE
@@ -60,7 +63,9 @@ def test_the_config_takes_vllms_keys_and_defaults():
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ('{"method": "eagle3", "model": "x", "num_speculative_tokens": 3}', "'eagle3' is not built here yet"),
+    ('{"method": "medusa", "model": "x", "num_speculative_tokens": 3}', "'medusa' is not built here yet"),
+    ('{"method": "eagle3", "num_speculative_tokens": 3}', "the eagle3 method needs \"model\""),
+    ('{"model": "org/head-eagle3", "num_speculative_tokens": 3, "prompt_lookup_min": 2}', "the eagle3 method drafts"),
     ('{"method": "ngram"}', "num_speculative_tokens must be 1 to 16"),
     ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
      "prompt_lookup_min <= prompt_lookup_max"),

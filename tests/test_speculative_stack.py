@@ -1,6 +1,6 @@
 """--speculative-config through the real services at `make run`'s defaults: the OpenAI answers (greedy,
 seeded, logprobs, stop strings, guided JSON, chat) are the session stack's without speculation, by
-n-gram and by a draft model, vLLM's spec_decode counters move, and a worker killed mid-stream loses
+n-gram, by a draft model and by an EAGLE-3 head, vLLM's spec_decode counters move, and a worker killed mid-stream loses
 no token."""
 
 from __future__ import annotations
@@ -47,6 +47,53 @@ def draft_stack(tmp_path_factory, default_model_path):
                                                                          "--kv-cache-memory-gib", "0.8"])
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def eagle_stack(tmp_path_factory, default_model_path):
+    """The eagle3 method: a random EAGLE-3 head for SmolLM2 written by vLLM's speculators (it drafts
+    badly; the answers are the target's either way), read from the target's layers 2, 15 and 27."""
+    from tests.conftest import _start_stack
+
+    head = _random_smollm2_head(tmp_path_factory.mktemp("smollm2-eagle3"), default_model_path)
+    config = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "disable_by_batch_size": 16}
+    s = _start_stack(tmp_path_factory, "eagle3", num_workers=1, extra_args=["--speculative-config", json.dumps(config)])
+    yield s
+    s.stop()
+
+
+def _random_smollm2_head(folder, model_path: str) -> str:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    speculators = pytest.importorskip("speculators")
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    from services.worker.loader.gguf_file import config_of
+
+    target = config_of(model_path)
+    layer = transformers.LlamaConfig(
+        vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+        num_hidden_layers=1, num_attention_heads=target.num_heads, num_key_value_heads=target.num_kv_heads,
+        rope_theta=target.rope_theta, rms_norm_eps=target.rms_norm_eps, max_position_embeddings=8192)
+    draft_vocab = 2048
+    kept = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
+    t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
+    t2d[kept] = True
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=draft_vocab,
+        speculators_config=speculators.SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=speculators.VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])))
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(config)
+    with torch.no_grad():  # speculators leaves these NaN until a verifier's are loaded
+        model.embed_tokens.weight.normal_(0, 0.02)
+        model.lm_head.weight.normal_(0, 0.02)
+    model.load_vocab_mappings(t2d, kept - torch.arange(draft_vocab))
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return str(folder)
 
 
 def _client(stack):
@@ -96,6 +143,17 @@ def test_a_draft_models_answers_are_those_without_speculation(draft_stack, stack
     assert _accepted(draft_stack) > 0
     models = httpx.get(draft_stack.base_url + "/v1/models", timeout=10).text
     assert "draft model" in models
+
+
+def test_an_eagle3_heads_answers_are_those_without_speculation(eagle_stack, stack, model_name):
+    plain = [_summary(a) for a in asyncio.run(_answers(stack, model_name))]
+    spec = [_summary(a) for a in asyncio.run(_answers(eagle_stack, model_name))]
+    for got, want in zip(spec, plain, strict=True):
+        assert got[:3] == want[:3]
+    metrics = httpx.get(eagle_stack.base_url + "/metrics", timeout=10).text
+    assert any(line.startswith("vllm:spec_decode_num_drafts_total") and float(line.split()[-1]) > 0
+               for line in metrics.splitlines())
+    assert "EAGLE-3 head drafting from 2048 tokens" in httpx.get(eagle_stack.base_url + "/v1/models", timeout=10).text
 
 
 def test_the_answers_are_those_without_speculation(spec_stack, stack, model_name):

@@ -15,11 +15,12 @@ from services.worker.backends.spec import WorkerSpec
 from services.worker.custom_runtime import supervise
 from services.worker.deployment import drain_when_orphaned
 from services.worker.draft_proposer import DraftModelProposer
+from services.worker.eagle_proposer import Eagle3Proposer
 from services.worker.guided import GrammarCompiler
 from services.worker.lora.adapter import LoraError
 from services.worker.lora.manager import LoraManager
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
-from services.worker.model_runner import ModelRunner
+from services.worker.model_runner import ModelRunner, Proposer
 from services.worker.ngram import NgramProposer
 from services.worker.service import WorkerService
 from services.worker.settings import WorkerSettings, resolve
@@ -152,7 +153,7 @@ def lora_manager(backend, settings: WorkerSettings) -> LoraManager | None:
     return manager
 
 
-def spec_proposer(backend, settings: WorkerSettings) -> NgramProposer | DraftModelProposer | None:
+def spec_proposer(backend, settings: WorkerSettings) -> Proposer | None:
     """Speculative decoding's drafts (--speculative-config); None: off."""
     spec = settings.config.speculative_config
     if spec is None:
@@ -162,11 +163,11 @@ def spec_proposer(backend, settings: WorkerSettings) -> NgramProposer | DraftMod
                           "slot (docs/qaic.md); speculate on the cpu or cuda backend")
     if backend.encoder is not None or backend.config.pooling is not None:
         raise ConfigError(f"speculative decoding: {backend.config.architecture} generates no tokens")
-    if spec.method == "draft_model":
+    if spec.method in ("draft_model", "eagle3"):
         if backend.draft is None:
-            raise ConfigError(f"speculative decoding: the draft_model method runs on the cpu backend; the "
+            raise ConfigError(f"speculative decoding: the {spec.method} method runs on the cpu backend; the "
                               f"{backend.name.value} backend speculates with ngram (docs/speculative_decoding.md)")
-        return DraftModelProposer(spec)
+        return Eagle3Proposer(spec) if spec.method == "eagle3" else DraftModelProposer(spec)
     return NgramProposer(spec)
 
 
@@ -198,13 +199,14 @@ def worker_spec(settings: WorkerSettings, defaults: EngineDefaults | None = None
         max_num_batched_tokens=config.max_num_batched_tokens, kv_cache_bytes=settings.kv_cache_bytes,
         gpu_memory_utilization=config.gpu_memory_utilization, max_seq_len_to_capture=config.max_seq_len_to_capture,
         qaic=settings.qaic, draft_model_path=draft_model_path(config),
+        draft_method=config.speculative_config.method if config.speculative_config else "draft_model",
     )
 
 
 def draft_model_path(config) -> str | None:
-    """The draft_model method's checkpoint as a local path (a Hub id fetched as --model-path's is)."""
+    """The draft model's or EAGLE-3 head's checkpoint as a local path (a Hub id fetched as --model-path's is)."""
     spec = config.speculative_config
-    if spec is None or spec.method != "draft_model":
+    if spec is None or spec.method not in ("draft_model", "eagle3"):
         return None
     return resolve_model_path(spec.model, None, config.download_dir)
 

@@ -44,6 +44,9 @@ class DraftModelProposer:
     def __init__(self, config: SpeculativeConfig):
         self.num_speculative_tokens = config.num_speculative_tokens
 
+    def observe(self, backend, batch, starts, live) -> None:
+        """Nothing: the draft model catches up on the known tokens as it drafts."""
+
     def propose_rows(self, backend: Backend, rows: list[tuple[SeqState, int]]) -> None:
         """Each row's draft_ids: up to `room` tokens, one draft forward per position over every
         drafting row at once. The first forward also computes the draft's KV of the tokens it has not

@@ -232,6 +232,12 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             raise ValueError(f"{path}: config.json names no architecture")
         if archs[0] in ENCODER_ARCHITECTURES:
             return cls._from_bert(raw, Path(path))
+        return cls.from_hf_dict(raw, str(path))
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict, path: str) -> ModelConfig:
+        """A decoder's config.json, read (`path` names where it came from, for the messages)."""
+        archs = raw.get("architectures") or []
         _check_implemented(raw, str(path))
         rope_theta, rope_scaling = parse_hf_rope(raw, str(path))
         eos = raw.get("eos_token_id")

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from services.worker import memory
 from services.worker.backends.base import Backend, BatchRow
 from services.worker.draft_proposer import DraftModelProposer
+from services.worker.eagle_proposer import Eagle3Proposer
 from services.worker.guided import GrammarCompiler
 from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
@@ -23,6 +24,8 @@ from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
 from shared.wire.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
 from shared.wire.spec_decode import Drafts
+
+Proposer = NgramProposer | DraftModelProposer | Eagle3Proposer
 
 
 class SequenceDrift(RuntimeError):
@@ -49,7 +52,7 @@ class StepOutput:
 class ModelRunner:
     def __init__(self, backend: Backend, max_model_len: int, eos_token_ids: list[int],
                  grammar: GrammarCompiler | None = None, rebuild: Callable[[], Backend] | None = None,
-                 lora: LoraManager | None = None, proposer: NgramProposer | DraftModelProposer | None = None):
+                 lora: LoraManager | None = None, proposer: Proposer | None = None):
         """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep.
         lora: the adapters attached to the backend's model (None: it serves the base model alone).
         proposer: speculative decoding's drafts for rows given lookahead slots (None: it does not speculate)."""
@@ -140,9 +143,17 @@ class ModelRunner:
             return self._record([], [], [])
         if self.backend.encoder is not None:
             return self._encode(batch)
+        starts = [seq.num_computed_tokens for seq, _ in batch]
         if self.proposer is not None:
             batch = self._add_drafts(batch, {row.request_id: row.num_lookahead for row in step.scheduled})
-        all_hidden = self.forward(batch)
+        out = self._sample_after(batch, self.forward(batch))
+        if self.proposer is not None:
+            self.proposer.observe(self.backend, batch, starts, self.seqs)
+        return out
+
+    def _sample_after(self, batch: list[BatchRow], all_hidden: torch.Tensor) -> StepOutput:
+        """The forward's outputs: prompt logprobs, embeddings, one token per row that has computed
+        every known token, and the drafts verified."""
         # only sequences whose every known token is now computed produce a token (from the row of
         # their last known token: a row's drafts follow it)
         rows, to_sample, end = [], [], 0

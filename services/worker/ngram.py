@@ -21,6 +21,9 @@ class NgramProposer:
         for seq, room in rows:
             seq.draft_ids = self.propose(seq.token_ids, room)
 
+    def observe(self, backend, batch, starts, live) -> None:
+        """Nothing: a proposal reads the context alone."""
+
     def propose(self, token_ids: list[int], max_drafts: int) -> list[int]:
         """Up to max_drafts tokens: those after an earlier match of the longest suffix of min_n..max_n
         tokens (a longer match wins; among equals, the latest with max_drafts tokens after it, else the

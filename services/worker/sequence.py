@@ -38,8 +38,10 @@ class SeqState:
     # speculative decoding: tokens proposed after token_ids, computed in this step's forward to be verified
     draft_ids: list[int] = field(default_factory=list)
     max_drafts: int = 0  # the most it drafts next step, after how its last drafts fared (0: as many as allowed)
-    draft_computed: int = 0  # the draft_model method: tokens whose KV the draft model holds (a prefix)
+    draft_computed: int = 0  # draft_model, eagle3: positions whose KV the draft model or head holds (a prefix)
     num_missed: int = 0  # steps in a row whose drafts were all rejected
+    # the eagle3 method: the head's state after the last computed position and the token it drafts there
+    head_state: tuple[object, int] | None = None
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:

@@ -39,6 +39,7 @@ class WorkerSpec:
     max_seq_len_to_capture: int = DEFAULTS.max_seq_len_to_capture  # CUDA: longer decode contexts run without graphs
     qaic: QaicConfig | None = None  # QAIC: the program's shapes and formats
     draft_model_path: str | None = None  # speculative decoding's draft model (the local file or folder)
+    draft_method: str = "draft_model"  # what the draft path holds: a model, or an EAGLE-3 head ("eagle3")
 
     @property
     def torch_dtype(self) -> torch.dtype:

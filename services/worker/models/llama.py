@@ -153,6 +153,20 @@ def run_layers(layers, x, residual, cos, sin, kv_caches, meta) -> tuple[torch.Te
     return x, residual
 
 
+def run_layers_keeping(layers, x, residual, cos, sin, kv_caches, meta,
+                       keep: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """run_layers, and the residual stream entering each layer in `keep` (len(layers): after the
+    last), side by side [T, len(keep) * hidden]: what an EAGLE-3 head reads (models/eagle3.py)."""
+    kept = {}
+    for i, (layer, kv_cache) in enumerate(zip(layers, kv_caches, strict=True)):
+        if i in keep:
+            kept[i] = x + residual
+        x, residual = layer(x, residual, cos, sin, kv_cache, meta)
+    if len(layers) in keep:
+        kept[len(layers)] = x + residual
+    return x, residual, torch.cat([kept[i] for i in keep], -1)
+
+
 class Llama(nn.Module):
     block_class = TransformerBlock
     rotary_class = Rotary  # made by the loader after the cast, in float32
@@ -171,6 +185,9 @@ class Llama(nn.Module):
         # how the layers run: run_layers, or a backend's own (torch_cpu/compiled.py: compiled decode steps)
         self.layer_runner = run_layers
         self.lora = None  # the LoRA Linears' shared step state, once adapters are attached (lora/manager.py)
+        # an EAGLE-3 head's layers: each forward keeps their input streams in aux_hidden (run eagerly)
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden: torch.Tensor | None = None
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -190,7 +207,11 @@ class Llama(nn.Module):
         residual = torch.zeros_like(x)  # the stream starts empty: the first norm adds the embeddings to it
         # a step with adapter rows runs eagerly: compiled graphs were traced without them
         runner = run_layers if self.lora is not None and self.lora.rows is not None else self.layer_runner
-        x, residual = runner(self.layers, x, residual, cos, sin, kv_caches, meta)
+        if self.aux_layers:
+            x, residual, self.aux_hidden = run_layers_keeping(self.layers, x, residual, cos, sin, kv_caches, meta,
+                                                              self.aux_layers)
+        else:
+            x, residual = runner(self.layers, x, residual, cos, sin, kv_caches, meta)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec, weight_bytes
 from services.worker.backends.torch_cpu.compiled import BackgroundCompile
 from services.worker.backends.torch_cpu.dense import pack_linears
+from services.worker.backends.torch_cpu.eagle3 import Eagle3Drafter
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
@@ -21,6 +22,7 @@ from services.worker.backends.torch_cpu.quantization import (
 )
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
+from services.worker.models.eagle3 import Eagle3Head, load_eagle3
 from services.worker.sampler import sample
 from shared.config import COMPILE_NICE, ConfigError
 from shared.engine_defaults import QUANT_LINEAR
@@ -77,18 +79,28 @@ class TorchCpuBackend:
                               "Q4_0/Q4_1, --quantization int4, an AWQ/GPTQ int4 checkpoint)")
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
-        draft = _draft(spec, native, loaded) if spec.draft_model_path else None
+        draft = head = None
+        if spec.draft_model_path and spec.draft_method == "eagle3":
+            if spec.compile:
+                raise ConfigError("speculative_config: the eagle3 method reads the streams between the model's "
+                                  "layers, which a compiled step runs as one graph; serve it without --compile")
+            head, loaded.model.aux_layers = _eagle3(spec, loaded)
+        elif spec.draft_model_path:
+            draft = _draft(spec, native, loaded)
         kv = KVSpec.of(loaded.config, spec.block_size, spec.kv_torch_dtype)
-        draft_kv = KVSpec.of(draft.config, spec.block_size, spec.kv_torch_dtype) if draft else None
+        draft_kv = KVSpec.of((draft or head).config, spec.block_size, spec.kv_torch_dtype) if draft or head else None
         # a draft's KV lives in the same blocks (its own layers' tensors): each block holds both
-        budget = spec.kv_cache_bytes(weight_bytes(loaded.model) + (weight_bytes(draft.model) if draft else 0))
+        drafter_bytes = weight_bytes(draft.model) if draft else weight_bytes(head) if head else 0
+        budget = spec.kv_cache_bytes(weight_bytes(loaded.model) + drafter_bytes)
         num_blocks = spec.num_kv_blocks or kv.num_blocks_for_budget(
-            budget, extra_per_block=draft_kv.bytes_per_block if draft else 0)
+            budget, extra_per_block=draft_kv.bytes_per_block if draft_kv else 0)
         backend = cls(loaded, kv, num_blocks, compile_max_seqs=spec.max_num_seqs if spec.compile else 0,
                       compile_nice=spec.compile_nice,
                       quantization=spec.quantization, quant_activations=spec.quant_activations)
         if draft is not None:
             backend.draft = cls(draft, draft_kv, num_blocks, quantization="gguf" if native else "none")
+        if head is not None:
+            backend.draft = Eagle3Drafter(head, draft_kv, num_blocks)
         return backend
 
     def prepare(self, batch) -> TorchInputs:
@@ -117,7 +129,7 @@ class TorchCpuBackend:
         how = [dtype] + [f"{self.quantization} weights"] * (self.quantization != "none") + \
             [f"{self.quant_activations} activations"] * (self.quant_activations != "float32") + \
             [load_kernels().reason] * self.native + ([self.compiling.state] if self.compiling else []) + \
-            ([f"draft model {self.draft.config.architecture} of {self.draft.config.num_layers} layers"] if self.draft else [])
+            ([_drafter(self.draft)] if self.draft else [])
         return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
                            dtype=dtype, device=f"cpu ({', '.join(how)})")
 
@@ -142,3 +154,16 @@ def _draft(spec: WorkerSpec, native: bool, target: LoadedModel) -> LoadedModel:
     quantize(draft.model, method, draft.blocks, draft.unloaded)
     pack_linears(draft.model)
     return draft
+
+
+def _eagle3(spec: WorkerSpec, target: LoadedModel) -> tuple[Eagle3Head, tuple[int, ...]]:
+    """Speculative decoding's EAGLE-3 head, in the target's dtype, and the target layers it reads."""
+    ops = target.model.layers[0].attention.ops
+    head, layers = load_eagle3(spec.draft_model_path, target.model, target.config, ops, spec.torch_dtype)
+    return head, tuple(layers)
+
+
+def _drafter(draft) -> str:
+    if isinstance(draft, Eagle3Drafter):
+        return f"EAGLE-3 head drafting from {draft.head.draft_vocab} tokens"
+    return f"draft model {draft.config.architecture} of {draft.config.num_layers} layers"
