@@ -160,6 +160,42 @@ def random_draft() -> str:
     return folder
 
 
+def random_eagle3_head(model_path: str, folder: str | None = None, draft_vocab: int = 2048) -> str:
+    """A random EAGLE-3 head for the model (a GGUF), of its dimensions, written by vLLM's speculators:
+    its drafts are wrong, so the method's cost alone is measured."""
+    import speculators
+    import torch
+    import transformers
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    from services.worker.loader.gguf_file import config_of
+
+    target = config_of(model_path)
+    layer = transformers.LlamaConfig(
+        vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+        num_hidden_layers=1, num_attention_heads=target.num_heads, num_key_value_heads=target.num_kv_heads,
+        rope_theta=target.rope_theta, rms_norm_eps=target.rms_norm_eps, max_position_embeddings=8192)
+    kept = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
+    t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
+    t2d[kept] = True
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=draft_vocab,
+        speculators_config=speculators.SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=speculators.VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])))
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(config)
+    with torch.no_grad():  # speculators leaves these NaN until a verifier's are loaded
+        model.embed_tokens.weight.normal_(0, 0.02)
+        model.lm_head.weight.normal_(0, 0.02)
+    model.load_vocab_mappings(t2d, kept - torch.arange(draft_vocab))
+    folder = folder or tempfile.mkdtemp(prefix="sy-random-eagle3-")
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
 def _row(name: str, plain: list[float], spec: list[float], tokens: str) -> None:
     (pm, p50), (sm, s50) = ((statistics.fmean(v), statistics.median(v)) for v in (plain, spec))
     print(f"| {name} | {pm:.1f} / {p50:.1f} | {sm:.1f} / {s50:.1f} | {sm / pm:.2f}x / {s50 / p50:.2f}x | {tokens} |")
@@ -183,11 +219,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-draft", action="store_true",
                         help="the draft_model method with a random 2-layer Llama of the model's vocabulary, saved by "
                              "transformers: every draft wrong, the method's cost alone")
+    parser.add_argument("--random-eagle3", action="store_true",
+                        help="the eagle3 method with a random head of the model's dimensions, written by speculators: "
+                             "every draft wrong, the method's cost alone")
     args = parser.parse_args(argv)
     print(f"on {cpu_name()}", flush=True)
     measured = json.loads(args.spec)
     if args.random_draft:
         measured = {"model": random_draft(), "num_speculative_tokens": measured["num_speculative_tokens"]}
+    if args.random_eagle3:
+        measured = {"method": "eagle3", "model": random_eagle3_head(resolve_model_path(None)),
+                    "num_speculative_tokens": measured["num_speculative_tokens"]}
     runs = {}
     for label, speculative in (("plain", None), ("spec", measured)):
         print(label, flush=True)

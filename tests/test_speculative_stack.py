@@ -55,45 +55,14 @@ def eagle_stack(tmp_path_factory, default_model_path):
     badly; the answers are the target's either way), read from the target's layers 2, 15 and 27."""
     from tests.conftest import _start_stack
 
-    head = _random_smollm2_head(tmp_path_factory.mktemp("smollm2-eagle3"), default_model_path)
+    pytest.importorskip("speculators")
+    from bench.speculative import random_eagle3_head
+
+    head = random_eagle3_head(default_model_path, str(tmp_path_factory.mktemp("smollm2-eagle3")))
     config = {"method": "eagle3", "model": head, "num_speculative_tokens": 3, "disable_by_batch_size": 16}
     s = _start_stack(tmp_path_factory, "eagle3", num_workers=1, extra_args=["--speculative-config", json.dumps(config)])
     yield s
     s.stop()
-
-
-def _random_smollm2_head(folder, model_path: str) -> str:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    speculators = pytest.importorskip("speculators")
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-
-    from services.worker.loader.gguf_file import config_of
-
-    target = config_of(model_path)
-    layer = transformers.LlamaConfig(
-        vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
-        num_hidden_layers=1, num_attention_heads=target.num_heads, num_key_value_heads=target.num_kv_heads,
-        rope_theta=target.rope_theta, rms_norm_eps=target.rms_norm_eps, max_position_embeddings=8192)
-    draft_vocab = 2048
-    kept = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
-    t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
-    t2d[kept] = True
-    config = Eagle3SpeculatorConfig(
-        transformer_layer_config=layer, draft_vocab_size=draft_vocab,
-        speculators_config=speculators.SpeculatorsConfig(
-            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-            default_proposal_method="greedy",
-            verifier=speculators.VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])))
-    torch.manual_seed(0)
-    model = Eagle3DraftModel(config)
-    with torch.no_grad():  # speculators leaves these NaN until a verifier's are loaded
-        model.embed_tokens.weight.normal_(0, 0.02)
-        model.lm_head.weight.normal_(0, 0.02)
-    model.load_vocab_mappings(t2d, kept - torch.arange(draft_vocab))
-    model.to(torch.bfloat16).save_pretrained(folder)
-    return str(folder)
 
 
 def _client(stack):
