@@ -59,8 +59,9 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
     quantize(loaded.model, quantization, native_blocks(loaded, quantization))
     model = loaded.model
     compiled_runner, eager_runner = (make_runner(loaded, 256, max_model_len=4096) for _ in range(2))
-    # as a worker does it: the compile runs on a thread of its own while the model serves eagerly
-    compiling = BackgroundCompile(model, compiled_runner.backend.kv_caches, BLOCK_SIZE, 16, tmp_path)
+    # as a worker does it: the compile runs on a thread of its own while the model serves eagerly; at the
+    # test's own priority (a worker's nice 19 left it the other xdist worker's idle time: 258 s on 2 cores)
+    compiling = BackgroundCompile(model, compiled_runner.backend.kv_caches, BLOCK_SIZE, 16, tmp_path, nice=0)
     assert model.layer_runner is run_layers and compiling.state == "compiling decode steps"
     _start(eager_runner, [hf_tokenizer.encode(PROMPTS[0])])
     _decode_logits(eager_runner, 1, None)

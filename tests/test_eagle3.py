@@ -162,6 +162,15 @@ def _run(target, speculative, head=None, num_blocks=128, budget=256, steps=1, **
 
     engine = InProcessEngine(target, num_blocks=num_blocks, max_num_batched_tokens=budget, num_scheduler_steps=steps,
                              speculative=speculative, draft=head)
+    engine.head_forwards = 0
+    if head is not None:  # counted: a row backing off defers its head's work
+        drafter, forward = engine.runner.backend.draft, engine.runner.backend.draft.forward
+
+        def counted(*args):
+            engine.head_forwards += 1
+            return forward(*args)
+
+        drafter.forward = counted
     try:
         prompts = [torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                    for n in (5, 23, 40, 61, 90)]
@@ -191,6 +200,8 @@ def test_an_eagle3_head_gives_the_tokens_of_the_engine_without_it(target, heads,
     assert proposed > 0
     if head == "repeating" and variant != "seeded":
         assert accepted > proposed / 4  # not vacuous: kept drafts' KV and the head's catch-up both ran
+    if head == "random":  # every draft rejected: the rows back off, and their head's work waits with them
+        assert accepted == 0 and engine.head_forwards < engine.steps_run / 2
     if variant == "small-pool":
         assert engine.scheduler.num_preemptions > 0
 
@@ -236,3 +247,33 @@ def test_the_worker_serves_the_head_its_flag_names_at_the_cpu_defaults(target_pa
 
     with pytest.raises(ConfigError, match="the eagle3 method runs on the cpu backend"):
         spec_proposer(Cuda, settings)
+
+
+def test_the_heads_state_built_step_by_step_is_the_one_of_a_single_pass(target, target_path, heads):
+    """The head's state before each row's first draft, built across prompt chunks, kept drafts,
+    rejected ones (their KV written again), positions deferred while a row backs off and a
+    preempted row's recompute, equals the head run once over the whole text from the target's states
+    of one prefill: its KV held every position it attended to."""
+    from services.worker.eagle_proposer import Eagle3Proposer
+
+    seen = []
+    observe = Eagle3Proposer.observe
+
+    def recording(self, backend, batch, starts, live):
+        observe(self, backend, batch, starts, live)
+        seen.extend((list(seq.token_ids), seq.head_state[0].clone()) for seq, _ in batch if seq.head_state)
+
+    Eagle3Proposer.observe = recording
+    try:
+        _, engine = _run(target, SPEC, heads["random"], num_blocks=14, budget=16)
+    finally:
+        Eagle3Proposer.observe = observe
+    assert engine.scheduler.num_preemptions > 0 and engine.head_forwards < engine.steps_run
+    reference = _backend(target_path, heads["random"], num_blocks=16)
+    drafter = reference.draft
+    for token_ids, state in seen[:: max(1, len(seen) // 12)]:
+        seq = _seq(token_ids, 16)
+        n = len(token_ids) - 1  # the target computed them; the last is the one just sampled
+        reference.forward(reference.prepare([(seq, n)]))
+        out, _ = drafter.forward([(_HeadRow(seq, 0), n)], drafter.head.fuse(reference.model.aux_hidden))
+        torch.testing.assert_close(out[-1], state, atol=1e-4, rtol=1e-4)

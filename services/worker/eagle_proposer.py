@@ -38,22 +38,33 @@ class Eagle3Proposer:
     def observe(self, backend, batch: list[tuple[SeqState, int]], starts: list[int], live: dict) -> None:
         """After the target's forward: the head reads the target's states at each row's newly computed
         positions (their KV kept in the head's layer), and for a row whose known tokens are all
-        computed, drafts the first token of its next step. A step of more rows than speculate skips
-        it (the head's KV then misses those positions, which costs acceptance and never exactness)."""
+        computed, drafts the first token of its next step. A decoding row that will not draft next
+        step (backing off) keeps its states for later instead (`SeqState.pending_aux`: at most
+        2**MAX_BACKOFF_LOG2 positions). A step of more rows than speculate skips the head (its KV then
+        misses those positions, which costs acceptance and never exactness)."""
         if len(batch) > self.max_batch:
+            for seq, _ in batch:
+                seq.head_state, seq.pending_aux = None, None
             return
         aux, drafter = backend.model.aux_hidden, backend.draft
-        rows, take, offset = [], [], 0
+        rows, states, offset = [], [], 0
         for (seq, num_new), start in zip(batch, starts, strict=True):
             first, end = max(seq.draft_computed, start), min(seq.num_computed_tokens, len(seq.token_ids) - 1)
-            seq.head_state = None
+            pending, seq.head_state, seq.pending_aux = seq.pending_aux, None, None
             if seq.request_id in live and seq.sampling.pooling is None and end > first:
-                rows.append((_HeadRow(seq, first), end - first))
-                take += range(offset + first - start, offset + end - start)
+                new = aux[offset + first - start : offset + end - start]
+                if pending is not None and seq.draft_computed + len(pending) == first:  # still in line
+                    first, new = seq.draft_computed, torch.cat([pending, new])
+                if seq.num_output_tokens and not _drafts_at(seq):
+                    seq.pending_aux = new
+                    seq.draft_computed = first  # the positions before are in the head's KV
+                else:
+                    rows.append((_HeadRow(seq, first), end - first))
+                    states.append(new)
             offset += num_new
         if not rows:
             return
-        out, normed = drafter.forward(rows, drafter.head.fuse(aux[torch.tensor(take)]))
+        out, normed = drafter.forward(rows, drafter.head.fuse(torch.cat(states)))
         last = (torch.tensor([n for _, n in rows]).cumsum(0) - 1).tolist()
         for row, num in rows:
             row.seq.draft_computed = row.num_computed_tokens + num
@@ -69,8 +80,7 @@ class Eagle3Proposer:
         position over every drafting row at once, each from the head's own last state."""
         drafter = backend.draft
         rows = [(seq, room) for seq, room in rows if room > 0 and seq.head_state is not None
-                and seq.draft_computed == seq.num_computed_tokens
-                and seq.num_output_tokens % (1 << min(seq.num_missed, MAX_BACKOFF_LOG2)) == 0]
+                and seq.draft_computed == seq.num_computed_tokens and _drafts_at(seq)]
         for seq, _ in rows:
             seq.draft_ids = [seq.head_state[1]]
         hidden = {seq.request_id: seq.head_state[0] for seq, _ in rows}
@@ -82,3 +92,9 @@ class Eagle3Proposer:
                 seq.draft_ids.append(token)
                 hidden[seq.request_id] = out[i]
             batch = [seq for seq, room in rows if len(seq.draft_ids) < room]
+
+
+def _drafts_at(seq: SeqState) -> bool:
+    """Whether a row drafts at its current output token: always, but one in 2**n while its last n
+    steps' drafts were all rejected (as the draft model's rows back off)."""
+    return seq.num_output_tokens % (1 << min(seq.num_missed, MAX_BACKOFF_LOG2)) == 0

@@ -42,6 +42,7 @@ class SeqState:
     num_missed: int = 0  # steps in a row whose drafts were all rejected
     # the eagle3 method: the head's state after the last computed position and the token it drafts there
     head_state: tuple[object, int] | None = None
+    pending_aux: object | None = None  # eagle3: the target's states at the positions after draft_computed
 
     @classmethod
     def from_new(cls, new: NewSeq) -> SeqState:
