@@ -132,7 +132,8 @@ def test_a_head_that_does_not_fit_the_model_is_refused_naming_why(target_path, t
     config = json.loads((tmp_path / "config.json").read_text())
     for change, message in [({"speculators_model_type": "eagle"}, "not an EAGLE-3 head"),
                             ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}, "does not have"),
-                            ({"target_hidden_size": 128}, "hidden size 128")]:
+                            ({"target_hidden_size": 128}, "hidden size 128"),
+                            ({"norm_everything": True}, r"sets \['norm_everything'\]")]:
         (tmp_path / "config.json").write_text(json.dumps(config | change))
         with pytest.raises(ConfigError, match=message):
             _backend(target_path, head_path)

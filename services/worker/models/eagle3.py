@@ -15,8 +15,14 @@ from services.worker.model_config import ModelConfig
 from services.worker.models.llama import Attention, FeedForward, Llama, RMSNorm, Rotary
 from shared.config import ConfigError
 
-# what a head's config may ask that this file computes (the rest is refused by name)
+# the head's options this file computes, and the keys of speculators' config that change nothing at
+# inference; any other key with a value is refused by name (a field read by nobody would change the
+# computation unseen)
 _FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+_READ = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "target_hidden_size",
+         "eagle_aux_hidden_state_layer_ids", *_FLAGS}
+_INERT = {"architectures", "auto_map", "dtype", "torch_dtype", "embed_requires_grad", "speculators_config",
+          "speculators_version", "transformers_version", "tie_word_embeddings", "has_no_defaults_at_init"}
 
 
 def aux_layer_ids(config: dict, num_target_layers: int) -> list[int]:
@@ -100,6 +106,9 @@ def load_eagle3(path: str, target: nn.Module, target_config: ModelConfig, ops: L
     if raw.get("speculators_model_type") != "eagle3":
         raise ConfigError(f"{where}: not an EAGLE-3 head in the speculators format (its config.json's "
                           f"speculators_model_type is {raw.get('speculators_model_type')!r}, not 'eagle3')")
+    unknown = sorted(k for k, v in raw.items() if k not in _READ | _INERT and v not in (None, False, [], {}))
+    if unknown:
+        raise ConfigError(f"{where}: the head's config sets {unknown}, which this engine does not compute")
     layer = dict(raw.get("transformer_layer_config") or {})
     if layer.get("model_type", "llama") != "llama":
         raise ConfigError(f"{where}: a head of {layer.get('model_type')!r} layers; heads of Llama layers run here")

@@ -11,8 +11,6 @@ from services.worker.models.eagle3 import Eagle3Head
 
 
 class Eagle3Drafter:
-    method = "eagle3"
-
     def __init__(self, head: Eagle3Head, kv: KVSpec, num_blocks: int):
         self.head = pack_linears(head)
         self.config = head.config
