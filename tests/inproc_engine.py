@@ -8,9 +8,9 @@ from __future__ import annotations
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
+from services.worker.backends.eagle3 import Eagle3Drafter
 from services.worker.backends.kv_pool import KVSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend
-from services.worker.backends.torch_cpu.eagle3 import Eagle3Drafter
 from services.worker.draft_proposer import DraftModelProposer
 from services.worker.eagle_proposer import Eagle3Proposer
 from services.worker.models.eagle3 import load_eagle3
@@ -46,7 +46,8 @@ class InProcessEngine:
             head, layers = load_eagle3(draft, backend.model, backend.config, backend.model.layers[0].attention.ops,
                                        backend.kv.dtype)
             backend.model.aux_layers = tuple(layers)
-            backend.draft = Eagle3Drafter(head, KVSpec.of(head.config, BLOCK_SIZE, backend.kv.dtype), backend.num_blocks)
+            backend.draft = Eagle3Drafter(head, KVSpec.of(head.config, BLOCK_SIZE, backend.kv.dtype), backend.num_blocks,
+                                          backend.prepare)
             self.runner.proposer = Eagle3Proposer(spec)
         elif spec is not None:
             self.runner.proposer = NgramProposer(spec)

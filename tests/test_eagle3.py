@@ -239,15 +239,6 @@ def test_the_worker_serves_the_head_its_flag_names_at_the_cpu_defaults(target_pa
     spec.draft_model_path, spec.compile = str(head), True
     with pytest.raises(ConfigError, match="serve it without --compile"):
         create_backend("cpu", spec)
-    monkeypatch.setattr(sys, "argv", ["worker", "--model-path", target_path, "--device", "cuda", "--speculative-config",
-                                      flag])
-    settings = resolve(parse_args())
-
-    class Cuda:  # what spec_proposer reads of a backend without a drafter
-        kind, encoder, draft, config, name = None, None, None, backend.config, type("N", (), {"value": "cuda"})
-
-    with pytest.raises(ConfigError, match="the eagle3 method runs on the cpu backend"):
-        spec_proposer(Cuda, settings)
 
 
 def test_the_heads_state_built_step_by_step_is_the_one_of_a_single_pass(target, target_path, heads):
@@ -278,3 +269,34 @@ def test_the_heads_state_built_step_by_step_is_the_one_of_a_single_pass(target, 
         reference.forward(reference.prepare([(seq, n)]))
         out, _ = drafter.forward([(_HeadRow(seq, 0), n)], drafter.head.fuse(reference.model.aux_hidden))
         torch.testing.assert_close(out[-1], state, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow  # Triton interpreted on the CPU
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing")
+def test_an_eagle3_head_on_the_cuda_path_gives_the_torch_backends_tokens(target_path, heads):
+    """The CUDA backend's Triton kernels (interpreted) run the target, keep its streams and run the
+    head over their own blocks; the tokens are the torch backend's without speculation, with drafts
+    kept (the repeating head) and a pool small enough to preempt."""
+    from services.worker.backends.cuda.backend import CudaBackend
+    from services.worker.backends.cuda.ops import TritonOps
+    from services.worker.backends.kv_pool import KVSpec
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
+    from services.worker.loader import load_model
+    from services.worker.model_runner import ModelRunner
+    from tests.inproc_engine import BLOCK_SIZE, InProcessEngine
+
+    reference, triton = load_model(target_path, ops=TORCH_OPS), load_model(target_path, ops=TritonOps())
+    backend = CudaBackend(triton, KVSpec.of(triton.config, BLOCK_SIZE, torch.float32), 9, torch.device("cpu"))
+    runner = ModelRunner(backend, max_model_len=4096, eos_token_ids=[])
+    prompts = [torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (7, 30, 45)]
+    outputs, engines = [], []
+    for loaded, runner_, spec in ((reference, None, None), (triton, runner, SPEC)):
+        engine = InProcessEngine(loaded, num_blocks=9, max_num_batched_tokens=32, runner=runner_, speculative=spec,
+                                 draft=heads["repeating"])
+        for i, ids in enumerate(prompts):
+            engine.add(f"r{i}", ids, 24, ignore_eos=True)
+        outputs.append(engine.run())
+        engines.append(engine)
+    assert outputs[1] == outputs[0]
+    assert sum(d.num_accepted for d in engines[1].drafts) > 0 and engines[1].scheduler.num_preemptions > 0
+    assert "EAGLE-3 head drafting from 512 tokens" in backend.describe().device

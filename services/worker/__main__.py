@@ -164,9 +164,9 @@ def spec_proposer(backend, settings: WorkerSettings) -> Proposer | None:
     if backend.encoder is not None or backend.config.pooling is not None:
         raise ConfigError(f"speculative decoding: {backend.config.architecture} generates no tokens")
     if spec.method in ("draft_model", "eagle3"):
-        if backend.draft is None:
-            raise ConfigError(f"speculative decoding: the {spec.method} method runs on the cpu backend; the "
-                              f"{backend.name.value} backend speculates with ngram (docs/speculative_decoding.md)")
+        if backend.draft is None:  # the backends that cannot hold one refuse the config at their start
+            raise ConfigError(f"speculative decoding: the {backend.name.value} backend holds no drafter for the "
+                              f"{spec.method} method (docs/speculative_decoding.md)")
         return Eagle3Proposer(spec) if spec.method == "eagle3" else DraftModelProposer(spec)
     return NgramProposer(spec)
 

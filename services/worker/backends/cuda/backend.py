@@ -18,10 +18,12 @@ from services.worker.backends.cuda.memory import kv_budget, profile_peak
 from services.worker.backends.cuda.ops import TritonOps
 from services.worker.backends.cuda.quant_linear import kept_linears, quantize
 from services.worker.backends.cuda.sampler import sample
+from services.worker.backends.eagle3 import Eagle3Drafter
 from services.worker.backends.kv_pool import KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
 from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
+from services.worker.models.eagle3 import load_eagle3
 from shared.config import CHECKPOINT_QUANTIZATIONS, ConfigError
 from shared.control.deploy_config import FP8_KV_CACHE_DTYPES
 from shared.engine_defaults import checkpoint_quantization, refuse_other_checkpoint
@@ -42,7 +44,7 @@ class CudaBackend:
         self.model = loaded.model
         self.config = loaded.config
         self.encoder = None  # encoders are refused at load (refuse_encoder)
-        self.draft = None  # speculative decoding's draft_model method runs on the cpu backend alone
+        self.draft: Eagle3Drafter | None = None  # an EAGLE-3 head (the draft_model method runs on the cpu backend)
         self.kv = kv
         self.device = device
         self.block_size = kv.block_size
@@ -74,16 +76,31 @@ class CudaBackend:
         if loaded.unloaded:
             quantize(loaded.model, loaded.blocks, loaded.unloaded).to(device)
         refuse_encoder(loaded, "cuda")
+        head = head_kv = None
+        if spec.draft_model_path and spec.draft_method == "eagle3":  # loaded before the profile: its weights count
+            head, layers = load_eagle3(spec.draft_model_path, loaded.model, loaded.config, loaded.model.layers[0].attention.ops,
+                                       dtype)
+            head, loaded.model.aux_layers = head.to(device), tuple(layers)
+            head_kv = KVSpec.of(head.config, spec.block_size, kv_dtype)
+        elif spec.draft_model_path:
+            raise ConfigError("speculative_config: the draft_model method runs on the cpu backend; the cuda backend "
+                              "speculates with ngram or an EAGLE-3 head (docs/speculative_decoding.md)")
         kv = KVSpec.of(loaded.config, spec.block_size, kv_dtype)
         if spec.num_kv_blocks:
             num_blocks = spec.num_kv_blocks
         else:
             peak = profile_peak(loaded.model, kv, spec.max_num_batched_tokens, device)
-            num_blocks = kv.num_blocks_for_budget(kv_budget(spec.gpu_memory_utilization, peak, device))
-        capture = (spec.max_num_seqs, spec.max_seq_len_to_capture)  # MoE too: its expert sort stays on the device
+            num_blocks = kv.num_blocks_for_budget(kv_budget(spec.gpu_memory_utilization, peak, device),
+                                                  extra_per_block=head_kv.bytes_per_block if head_kv else 0)
+        # MoE too: its expert sort stays on the device. With an EAGLE-3 head, eager steps: a graph's replay
+        # would not give the streams the head reads
+        capture = (spec.max_num_seqs, spec.max_seq_len_to_capture) if head is None else None
         log.info("cuda_backend", device=torch.cuda.get_device_name(device), dtype=spec.dtype,
                  kv_cache_dtype=str(kv_dtype), num_blocks=num_blocks, cuda_graphs=capture is not None)
-        return cls(loaded, kv, num_blocks, device, capture=capture)
+        backend = cls(loaded, kv, num_blocks, device, capture=capture)
+        if head is not None:
+            backend.draft = Eagle3Drafter(head, head_kv, num_blocks, backend.prepare, device)
+        return backend
 
     def prepare(self, batch) -> CudaInputs:
         return build_inputs(batch, self.block_size, self.null_block, self.device, self.config.num_kv_heads,
@@ -108,6 +125,7 @@ class CudaBackend:
 
     def describe(self) -> BackendInfo:
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu, Triton interpreted"
+        head = f", EAGLE-3 head drafting from {self.draft.head.draft_vocab} tokens" if self.draft else ""
         return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
                            dtype=str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
-                           device=f"{self.device} ({device})")
+                           device=f"{self.device} ({device}{head})")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from services.worker.backends.base import BackendInfo
+from services.worker.backends.eagle3 import Eagle3Drafter
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec, weight_bytes
 from services.worker.backends.torch_cpu.compiled import BackgroundCompile
 from services.worker.backends.torch_cpu.dense import pack_linears
-from services.worker.backends.torch_cpu.eagle3 import Eagle3Drafter
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
@@ -100,7 +100,7 @@ class TorchCpuBackend:
         if draft is not None:
             backend.draft = cls(draft, draft_kv, num_blocks, quantization="gguf" if native else "none")
         if head is not None:
-            backend.draft = Eagle3Drafter(head, draft_kv, num_blocks)
+            backend.draft = Eagle3Drafter(pack_linears(head), draft_kv, num_blocks, backend.prepare)
         return backend
 
     def prepare(self, batch) -> TorchInputs:
