@@ -54,8 +54,8 @@ def test_launcher_refuses_a_flag_no_service_reads(capsys):
         check_service_args(["--max-num-seq", "8"])
     assert "unrecognized arguments: --max-num-seq 8" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a value the engine refuses: said before any service starts
-        check_service_args(["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'])
-    assert "method 'eagle3' is not built here yet" in capsys.readouterr().err
+        check_service_args(["--speculative-config", '{"method": "medusa", "num_speculative_tokens": 3}'])
+    assert "method 'medusa' is not built here yet" in capsys.readouterr().err
 
 
 def test_openai_config_is_validated_by_field():

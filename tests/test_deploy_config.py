@@ -50,8 +50,8 @@ def test_the_continuous_batching_configs_speculative_config_reaches_the_engine_c
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
     engine = deployed(cb=ContinuousBatchingConfig(speculative_config=spec).validate()).engine_config()
     assert (engine.speculative_config.num_speculative_tokens, engine.speculative_config.prompt_lookup_min) == (3, 4)
-    with pytest.raises(ConfigError, match="continuous_batching_config.speculative_config: method 'eagle3' is not built"):
-        ContinuousBatchingConfig(speculative_config={"method": "eagle3", "num_speculative_tokens": 3}).validate()
+    with pytest.raises(ConfigError, match="continuous_batching_config.speculative_config: method 'medusa' is not built"):
+        ContinuousBatchingConfig(speculative_config={"method": "medusa", "num_speculative_tokens": 3}).validate()
 
 
 def test_a_framework_config_left_empty_gives_the_engine_defaults_but_vllms_max_num_seqs():
