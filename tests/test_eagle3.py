@@ -82,9 +82,10 @@ def _repeating_head(target_path: str, folder) -> str:
     return str(folder)
 
 
-def _backend(target_path: str, head_path: str, num_blocks: int = 64) -> TorchCpuBackend:
+def _backend(target_path: str, head_path: str, num_blocks: int = 64, deterministic: bool = True) -> TorchCpuBackend:
     return TorchCpuBackend.create(WorkerSpec(model_path=target_path, kv_cache_bytes=lambda _: 0, num_kv_blocks=num_blocks,
-                                             deterministic=True, draft_model_path=head_path, draft_method="eagle3"))
+                                             deterministic=deterministic, draft_model_path=head_path,
+                                             draft_method="eagle3"))
 
 
 def _seq(token_ids: list[int], num_blocks: int) -> SeqState:
@@ -95,7 +96,7 @@ def _seq(token_ids: list[int], num_blocks: int) -> SeqState:
 
 @pytest.mark.parametrize("flags", [{}, {"norm_before_residual": True}, {"norm_before_fc": True}, {"fc_norm": True},
                                    {"norm_output": True}])
-def test_the_heads_step_is_speculators_own(target_path, tmp_path, flags):
+def test_the_heads_step_is_speculators_own(target_path, tmp_path, flags, cpu_kernels):
     """The target's streams as transformers computes them (its hidden_states), and the head's logits
     at every position of a prompt as speculators' forward computes them, within 1e-4."""
     model, head_path = _random_head(target_path, tmp_path, **flags)
@@ -125,6 +126,15 @@ def test_the_heads_step_is_speculators_own(target_path, tmp_path, flags):
     mapped = drafter.head.draft_tokens(normed)
     assert mapped == (tokens[0][0] + model.d2t[tokens[0][0]]).tolist()  # a draft id + d2t: the target's token
     assert "EAGLE-3 head drafting from 128 tokens" in backend.describe().device
+
+    # the fast path (the C kernels' norms, attention and packed Linears) keeps and reads the same streams
+    fast = _backend(target_path, head_path, deterministic=False)
+    assert fast.native
+    seq = _seq(ids, 3)
+    fast.forward(fast.prepare([(seq, len(ids))]))
+    torch.testing.assert_close(fast.model.aux_hidden, aux, atol=1e-4, rtol=1e-4)
+    _, fast_normed = fast.draft.forward([(_HeadRow(seq, 0), n)], fast.draft.head.fuse(fast.model.aux_hidden[:n]))
+    torch.testing.assert_close(fast.draft.head.lm_head(fast_normed).float(), ours, atol=1e-3, rtol=1e-3)
 
 
 def test_a_head_that_does_not_fit_the_model_is_refused_naming_why(target_path, tmp_path):

@@ -136,8 +136,7 @@ def load_eagle3(path: str, target: nn.Module, target_config: ModelConfig, ops: L
     missing = [m for m in missing if m not in ("d2t", "rotary.inv_freq") and not m.startswith("embed_tokens")]
     if missing or unexpected:
         raise ConfigError(f"{where}: weights missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    head.to(dtype)
-    head.d2t = head.d2t.long()
+    head.to(dtype)  # d2t stays int64 (a cast moves floating tensors only)
     head.rotary = Rotary(cfg)  # in float32, as the target's
     head.attention.fuse()
     head.feed_forward.fuse()
