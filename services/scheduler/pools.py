@@ -115,12 +115,18 @@ class WorkerPools:
             fitting = self.fitting(request)
             if fitting:
                 pool = min(fitting, key=lambda p: p.load)
+                if request.lora is not None and not request.lora_digest:  # held since before any worker
+                    request.lora_digest = self.loras.digest(request.lora, fitting)
                 pool.add(request)
             else:
                 pool = None
-                self.held[request.request_id] = (request, time.monotonic() + self.grace_s)
+                self.hold(request)
             placed.append((request, pool))
         return placed
+
+    def hold(self, request: Request) -> None:
+        """No worker can take it yet: it waits grace_s for one (place_held), then fails."""
+        self.held[request.request_id] = (request, time.monotonic() + self.grace_s)
 
     def place_held(self) -> list[tuple[Request, PoolLoop]]:
         """A worker came back: the held requests it can take go to it (or to the least loaded)."""

@@ -142,6 +142,8 @@ class SchedulerService:
             return reject(RejectCode.INVALID, f"this scheduler serves {self.model!r}, not {submit.model!r}")
         if self.is_draining:
             return reject(RejectCode.UNAVAILABLE, "the scheduler is shutting down")
+        if not pools and submit.resumed:
+            return self._hold_resumed(submit)
         if not pools:
             return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
         if (invalid := submit_error(submit, self.vocab_size)) is not None:
@@ -173,6 +175,21 @@ class SchedulerService:
         self._routing[request.request_id] = request
         asyncio.get_running_loop().create_task(self._route(request, pools))
         return Accepted(request_id=submit.request_id, num_waiting=sum(len(p.scheduler.waiting) for p in pools))
+
+    def _hold_resumed(self, submit: Submit) -> Accepted | Rejected:
+        """A request another leader accepted, taken over before this one's workers have said hello
+        (they answer its Discover within a heartbeat, later on a loaded host): held for
+        --worker-grace-s as a dead worker's requests are, not refused. Its lost leader checked it."""
+        if submit.request_id in self._routing or self.pools.find(submit.request_id) is not None:
+            return Rejected(request_id=submit.request_id, code=RejectCode.IN_FLIGHT,
+                            reason=f"request_id {submit.request_id!r} is already in flight")
+        log.info("request_held", request_id=submit.request_id, grace_s=self.config.worker_grace_s,
+                 reason=f"resumed before any worker of {self.model!r} said hello")
+        request = Request.from_submit(submit)
+        if request.client_id:
+            self.clients.heard(request.client_id)
+        self.pools.hold(request)
+        return Accepted(request_id=submit.request_id)
 
     async def _route(self, request: Request, pools: list[PoolLoop]) -> None:
         lookup: list[bytes] = []

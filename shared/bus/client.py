@@ -147,12 +147,13 @@ class BusClient:
     async def _resume(self, stream: RequestStream) -> None:
         """Submit it again with the tokens read so far, until a scheduler takes it (RESUME_WITHIN_S).
         IN_FLIGHT means the one we thought lost holds it still (its heartbeats were late); UNAVAILABLE
-        that the new leader has no worker yet (they answer its Discover within a heartbeat or so)."""
+        that the scheduler answering is shutting down (a leader with no worker yet holds a resumed
+        request for --worker-grace-s rather than refuse it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RESUME_WITHIN_S
         why = f"none took it over in {RESUME_WITHIN_S:g}s"
         while stream.request_id in self.streams and loop.time() < deadline:
-            submit = msgspec.structs.replace(stream.submit, resume_token_ids=list(stream.token_ids))
+            submit = msgspec.structs.replace(stream.submit, resume_token_ids=list(stream.token_ids), resumed=True)
             try:
                 msg = await self.nc.request(subjects.submit(stream.model), encode(submit), timeout=RESUME_TRY_S * 4)
             except (NoRespondersError, TimeoutError, NatsTimeoutError):
@@ -164,7 +165,7 @@ class BusClient:
                 continue
             reply = SUBMIT_REPLY_DECODER.decode(msg.data)
             if isinstance(reply, Rejected) and reply.code == RejectCode.UNAVAILABLE:
-                why = reply.reason  # the new leader has not heard from its workers yet: ask again
+                why = reply.reason  # one shutting down: ask again, another will lead
                 await asyncio.sleep(RESUME_TRY_S)
                 continue
             if isinstance(reply, Rejected) and reply.code != RejectCode.IN_FLIGHT:

@@ -150,6 +150,8 @@ class Submit(msgspec.Struct, tag="submit"):
     # the output it already streamed, under a scheduler that was lost (BusClient resumes it with a
     # standby that took the lease): recomputed with the prompt, its stream going on at their offset
     resume_token_ids: list[int] = []
+    # taken over from a lost scheduler: a leader with no worker yet holds it (--worker-grace-s), not refuses it
+    resumed: bool = False
     probe: bool = False  # a readiness probe's: served as any request, left out of the engine's metrics
 
 
