@@ -13,6 +13,7 @@ import msgspec
 
 from services.worker.quant_scheme import scheme_of
 from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope, partial_rotary_factor
+from services.worker.vision_config import VisionConfig, gemma3_text_config
 from shared.config import ConfigError
 from shared.models.architectures import ENCODER_ARCHITECTURES, GGUF_ARCHITECTURES
 from shared.wire.messages import EmbeddingSpec
@@ -223,6 +224,10 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     # first [SEP], and its one logit, through `score_activation`, is the pair's score
     sep_token_id: int | None = None
     score_activation: str | None = None
+    # an image-text model's (Gemma3ForConditionalGeneration): its vision tower, and the token each
+    # image's features take the place of in the prompt
+    vision: VisionConfig | None = None
+    image_token_id: int | None = None
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -232,6 +237,10 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             raise ValueError(f"{path}: config.json names no architecture")
         if archs[0] in ENCODER_ARCHITECTURES:
             return cls._from_bert(raw, Path(path))
+        if archs[0] == "Gemma3ForConditionalGeneration":
+            text = cls.from_hf_dict(gemma3_text_config(raw, str(path)), str(path))
+            return msgspec.structs.replace(text, architecture=archs[0], image_token_id=raw.get("image_token_index", 262144),
+                                           vision=VisionConfig.from_gemma3(raw, text.hidden_size, str(path)))
         return cls.from_hf_dict(raw, str(path))
 
     @classmethod

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from services.worker.loader import hf_quant
 from services.worker.loader.quant_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
+from services.worker.models.siglip import vision_weight_name
 from services.worker.quant_scheme import scheme_of
 from shared.log import get_logger
 from shared.models.architectures import ENCODER_ARCHITECTURES
@@ -60,6 +61,10 @@ def our_name(hf_name: str, architecture: str = "") -> str | None:
         name = hf_name.removeprefix("bert.")
         unused = ("cls.",) if architecture == "BertForSequenceClassification" else ("pooler.", "cls.")
         return None if name.startswith(unused) or name.endswith("position_ids") else name
+    if architecture == "Gemma3ForConditionalGeneration":  # two towers in one file
+        if (vision := vision_weight_name(hf_name)) is not None:
+            return f"vision.{vision}"
+        hf_name = _language_model_name(hf_name)
     stem, kind = hf_name.rsplit(".", 1)
     names = _GEMMA_NAMES if is_gemma(architecture) else _LAYER_NAMES
     if stem.startswith("model.layers."):
@@ -70,12 +75,25 @@ def our_name(hf_name: str, architecture: str = "") -> str | None:
     return f"{_TOP_NAMES[stem]}.{kind}" if stem in _TOP_NAMES else None
 
 
+def _language_model_name(hf_name: str) -> str:
+    """An image-text checkpoint's language model weight as a causal LM's file names it: transformers
+    4's (the Hub's) `language_model.model.` and 5's `model.language_model.` both become `model.`."""
+    for prefix, ours in (("language_model.model.", "model."), ("model.language_model.", "model."),
+                         ("language_model.lm_head.", "lm_head.")):
+        if hf_name.startswith(prefix):
+            return ours + hf_name.removeprefix(prefix)
+    return hf_name
+
+
 def is_gemma(architecture: str) -> bool:
     return architecture.startswith("Gemma")
 
 
 def _gemma_norm(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Gemma's norms multiply by (1 + weight), ours by weight: the 1 is added here, once."""
+    """Gemma's norms multiply by (1 + weight), ours by weight: the 1 is added here, once (the
+    vision tower's LayerNorms are plain; its projector's RMSNorm is Gemma's)."""
+    if name.startswith("vision."):
+        return tensor + 1.0 if name == "vision.soft_emb_norm" else tensor
     return tensor + 1.0 if name.rsplit(".", 2)[-2].endswith("norm") else tensor
 
 

@@ -44,6 +44,13 @@ def refuse_encoder(loaded: LoadedModel, device: str) -> None:
                           f"prompt): it runs on the torch CPU backend (--device cpu), not on {device}")
 
 
+def refuse_images(loaded: LoadedModel, device: str, why: str) -> None:
+    """An image-text model on a backend that has no image path (docs/qaic.md says why for QAIC)."""
+    if loaded.config.vision is not None:
+        raise ConfigError(f"{loaded.config.architecture} is an image-text model, which the {device} backend does "
+                          f"not serve: {why}")
+
+
 def load_model(path: str, load_format: str = "auto", dtype: torch.dtype = torch.float32, *,
                ops: LayerOps, device: torch.device | str = "cpu",
                keep: Callable[[dict[str, QuantBlocks]], frozenset[str]] | None = None) -> LoadedModel:

@@ -15,6 +15,7 @@ from services.worker.backends.base import LayerOps
 from services.worker.model_config import ModelConfig
 from services.worker.models.llama import Attention, FeedForward, Llama, RMSNorm, Rotary
 from services.worker.models.qwen3 import Qwen3Attention
+from services.worker.models.siglip import Gemma3VisionTower
 from services.worker.rope import RopeScaling, inv_freq
 
 
@@ -64,10 +65,13 @@ class Gemma2(Llama):
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
         cos, sin = self.rotary.cos_sin(positions)
-        x = self.tok_embeddings(input_ids)
-        x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)  # rounded to the dtype, as transformers
+        x = self.embed(input_ids)
         x, residual = self.layer_runner(self.layers, x, torch.zeros_like(x), cos, sin, kv_caches, meta)
         return self.norm(x, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(input_ids)
+        return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)  # rounded to the dtype, as transformers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.output(hidden).float()
@@ -78,3 +82,22 @@ class Gemma2(Llama):
 
 class Gemma3(Gemma2):
     block_class = Gemma3Block
+
+
+class Gemma3Vision(Gemma3):
+    """Gemma3ForConditionalGeneration: Gemma 3's language model and its image encoder (siglip.py).
+    An image's features take the place of its image tokens' embeddings (`image_embeds`, set for a
+    step by the backend), and its tokens see each other both ways in a prefill (the attention's
+    `bidirectional` spans), as transformers masks them."""
+
+    def __init__(self, cfg: ModelConfig, ops: LayerOps):
+        super().__init__(cfg, ops)
+        self.vision = Gemma3VisionTower(cfg.vision)
+        self.image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows of the batch, their features)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = super().embed(input_ids)
+        if self.image_embeds is not None:
+            rows, features = self.image_embeds
+            x = x.index_copy(0, rows, features.to(x.dtype))
+        return x

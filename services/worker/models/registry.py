@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.worker.models.bert import Bert, BertCrossEncoder
-from services.worker.models.gemma import Gemma2, Gemma3
+from services.worker.models.gemma import Gemma2, Gemma3, Gemma3Vision
 from services.worker.models.llama import Llama
 from services.worker.models.moe import Mixtral, Qwen3Moe
 from services.worker.models.qwen3 import Qwen3
@@ -17,9 +17,10 @@ _REGISTRY: dict[str, type] = {
     "MixtralForCausalLM": Mixtral,  # Llama + top-k routed experts
     "Qwen3MoeForCausalLM": Qwen3Moe,  # Qwen3 + top-k routed experts
     "Gemma2ForCausalLM": Gemma2,  # sliding-window layers among global ones, four norms a layer, GeGLU, soft caps
-    "Gemma3ForCausalLM": Gemma3,
+    "Gemma3ForCausalLM": Gemma3,  # Gemma 2's layers, q/k norms in place of the soft caps, a local rope base
+    "Gemma3ForConditionalGeneration": Gemma3Vision,  # Gemma 3's language model with its SigLIP image encoder
     "BertModel": Bert,  # an encoder: bidirectional, pooled (embeddings and scores only)
-    "BertForSequenceClassification": BertCrossEncoder,  # an encoder scoring (query, document) pairs  # Gemma 2's layers, q/k norms in place of the soft caps, a local rope base
+    "BertForSequenceClassification": BertCrossEncoder,  # an encoder scoring (query, document) pairs
 }
 
 

@@ -19,7 +19,7 @@ from services.worker.backends.qaic.ops import QAIC_OPS
 from services.worker.backends.qaic.program import QaicProgram, compile_program
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.dense import pack_linears
-from services.worker.loader import LoadedModel, load_model, refuse_encoder
+from services.worker.loader import LoadedModel, load_model, refuse_encoder, refuse_images
 from services.worker.logits_processors import SampleRow
 from services.worker.sampler import sample
 from shared.config import ConfigError
@@ -71,6 +71,8 @@ class QaicBackend:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops=QAIC_OPS, device=device)
         refuse_encoder(loaded, "qaic")
+        refuse_images(loaded, "qaic", "its vision tower would be a second compiled program, and its image tokens' "
+                                      "two-way attention a mask the decoder's specializations do not take (docs/qaic.md)")
         program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
                                   spec.torch_dtype)
         if runtime.detect() is not None:

@@ -10,12 +10,12 @@ of a chunked prefill) runs grouped matmuls with the causal mask shifted by the p
 A sliding-window layer (`window`: each query sees itself and the window - 1 keys before it, as
 transformers masks) masks the keys before the window; a soft-capped one (`softcap`: scores ->
 cap * tanh(scores / cap), Gemma 2) computes its scores as plain matmuls. Both take the grouped
-matmuls for decode rows.
+matmuls for decode rows. In a prefill, an image's tokens (Gemma 3's) also see its later tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,9 @@ class AttentionMetadata:
     # the longest decode context, known on the host: a sliding window no decode row outgrows
     # changes nothing, so those rows keep the C kernel (unknown: every window is applied)
     decode_max_context: int = 2**62
+    # image tokens that see each other both ways (Gemma 3): a prefill's first row -> its images'
+    # [start, end) positions, each wholly inside the prefill's context
+    bidirectional: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def num_decodes(self) -> int:
@@ -77,7 +80,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale, decode_window, softcap)
     for start, num_query, num_cached, block_ids in meta.prefills:
         out[start : start + num_query] = _prefill(
-            q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window, softcap
+            q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window, softcap,
+            meta.bidirectional.get(start, ())
         )
     return out
 
@@ -114,7 +118,8 @@ def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: 
 
 
 def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scale: float,
-             window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+             window: int | None = None, softcap: float | None = None, spans=()) -> torch.Tensor:
+    """spans: [start, end) positions whose queries also see the span's later keys (an image's tokens)."""
     num_query, num_heads, _ = q.shape
     context_len = num_cached + num_query
     # the first key any query sees: past a sliding window, the first query's window start
@@ -126,10 +131,12 @@ def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scal
 
     k, v = contiguous_kv(k_cache), contiguous_kv(v_cache)
     qb = q.transpose(0, 1).unsqueeze(0)  # [1, h, nq, d]
-    if softcap is not None or (window is not None and context_len > window):
+    if spans or softcap is not None or (window is not None and context_len > window):
         rows = torch.arange(num_query, device=q.device).unsqueeze(1) + num_cached
         keys = torch.arange(first, context_len, device=q.device).unsqueeze(0)
         mask = keys <= rows
+        for begin, end in spans:  # transformers: (causal or both in one image), then the window
+            mask |= (rows >= begin) & (rows < end) & (keys >= begin) & (keys < end)
         if window is not None:  # a query i sees keys (i - window, i]
             mask &= keys > rows - window
         if softcap is not None:
