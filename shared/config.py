@@ -7,6 +7,7 @@ so the launcher passes one set of flags to all of them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import msgspec
@@ -254,12 +255,25 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     ready_timeout_s: float = 10.0  # /ready's one-token probe
     max_body_bytes: int = 16 * 2**20
     max_logprobs: int = 20
+    limit_images_per_prompt: int = 999  # vLLM's --limit-mm-per-prompt default for each modality (V1)
     batch_concurrency: int = 16  # the Batch API's lines in flight at once
     inference_log_max_age_s: float = 7 * 24 * 3600.0  # pipelines' inference logs: older records dropped
     inference_log_max_bytes: int = 2**30  # and past this size, all together, the oldest
 
 
 GATEWAY_DEFAULTS = GatewayConfig()
+
+
+def _mm_limits(text: str) -> dict[str, int]:
+    """--limit-mm-per-prompt: {"image": N}, the one modality served (0: none)."""
+    try:
+        limits = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(limits, dict) or set(limits) - {"image"} or not all(
+            isinstance(v, int) and v >= 0 for v in limits.values()):
+        raise argparse.ArgumentTypeError(f'{text!r}: {{"image": N}} with N >= 0 (images are the one modality served)')
+    return {"image": GATEWAY_DEFAULTS.limit_images_per_prompt} | limits
 
 
 def add_api_args(parser: argparse.ArgumentParser) -> None:
@@ -282,6 +296,10 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated keys; when set, every route but /health, /ready and /live needs one")
     parser.add_argument("--max-body-bytes", type=int, default=_env("max_body_bytes", g.max_body_bytes))
     parser.add_argument("--max-logprobs", type=int, default=_env("max_logprobs", g.max_logprobs))
+    parser.add_argument("--limit-mm-per-prompt", type=_mm_limits, metavar="JSON",
+                        default=_mm_limits(_env("limit_mm_per_prompt", json.dumps({"image": g.limit_images_per_prompt}))),
+                        help=f'vLLM\'s: the most images one request may carry, as {{"image": N}} '
+                             f"(default {g.limit_images_per_prompt}); more is a 400")
     parser.add_argument("--enable-per-request-metrics", action="store_true",
                         default=_env_flag("enable_per_request_metrics", False),
                         help="vLLM's: a `metrics` object (time to first token, queue time, generation time, "

@@ -22,7 +22,7 @@ MESSAGES = [{"role": "user", "content": "a" * 3000}]
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
      "loops more than|ran longer than"),
     ("{{ range(10**9) | list }}", "passes a number above"),
-    ("{{ range(2000000) | list | length }}", "loops more than"),
+    ("{{ range(2000000) | list | length }}", "loops more than|ran longer than"),  # as above, on a loaded machine
     ("{% include 'other' %}", "no loader"),
     ("{% import 'x' as y %}", "no loader"),
     ("{{ 10 ** 100000000 }}", "power above 64"),

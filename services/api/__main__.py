@@ -61,6 +61,7 @@ def main() -> None:
         server = ServerState(idle_timeout_s=args.idle_timeout_s, request_timeout_s=args.request_timeout_s,
                              max_body_bytes=args.max_body_bytes, api_keys=api_keys,
                              per_request_metrics=args.enable_per_request_metrics,
+                             limit_images=args.limit_mm_per_prompt["image"],
                              readiness=Readiness(timeout_s=args.ready_timeout_s))
         pipelines = PipelineState(registry=await Registry(nc).open(), oci_registry=args.oci_registry,
                                   inference_log=InferenceLog(nc, args.inference_log_max_age_s,

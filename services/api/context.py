@@ -18,7 +18,7 @@ from shared.control.deployment import DeployedModel
 from shared.control.registry import Registry
 from shared.models.tokenizer import ModelTokenizer
 from shared.wire.lora import LoraInfo
-from shared.wire.messages import EmbeddingSpec
+from shared.wire.messages import EmbeddingSpec, ImageSpec
 
 if TYPE_CHECKING:  # the features' classes import this module
     from services.api.batch.batches import BatchStore
@@ -39,6 +39,7 @@ class ServedModel:
     devices: list[str] = field(default_factory=list)  # what its workers run on ("qaic, emulated on cpu"), as published
     architectures: list[str] = field(default_factory=list)  # what its workers loaded ("Qwen3ForCausalLM"), as published
     embedding: EmbeddingSpec | None = None  # its embeddings' size and Matryoshka sizes, as published
+    images: ImageSpec | None = None  # an image-text model's image geometry, as published; None: text only
     openai: OpenaiDefaults = field(default_factory=OpenaiDefaults)  # per-model OpenAI config
     max_logprobs: int = GATEWAY_DEFAULTS.max_logprobs
     pipeline: str | None = None  # set for a deployed pipeline (served by the registry, not by flags)
@@ -66,6 +67,7 @@ class ServerState:
     max_body_bytes: int = GATEWAY_DEFAULTS.max_body_bytes
     api_keys: tuple[str, ...] = ()
     per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics
+    limit_images: int = GATEWAY_DEFAULTS.limit_images_per_prompt  # --limit-mm-per-prompt's "image"
     is_draining: bool = False
     num_in_flight: int = 0
     readiness: Readiness = field(default_factory=Readiness)  # /ready's last verdict (readiness.py)

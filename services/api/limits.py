@@ -8,11 +8,11 @@ from nats.aio.msg import Msg
 from services.api.context import ApiContext
 from shared.log import get_logger
 from shared.wire import subjects
-from shared.wire.lora import LoraInfo
 from shared.wire.messages import (
     MODEL_LIMITS_DECODER,
     SCHEDULER_STATS_DECODER,
-    EmbeddingSpec,
+    ModelLimits,
+    SchedulerStats,
     SchedulerStatsRequest,
     encode,
 )
@@ -40,19 +40,18 @@ class LimitsWatcher:
         except Exception:  # no scheduler yet: it publishes when its first worker joins
             return
         stats = SCHEDULER_STATS_DECODER.decode(msg.data)
-        self.apply(model, stats.max_model_len, stats.devices, stats.architectures, stats.embedding, stats.loras)
+        self.apply(model, stats)
 
-    def apply(self, model: str, max_model_len: int, devices: list[str], architectures: list[str],
-              embedding: EmbeddingSpec | None, loras: list[LoraInfo] | None = None) -> None:
+    def apply(self, model: str, limits: ModelLimits | SchedulerStats) -> None:
+        """What the model's workers announced, as its scheduler publishes (ModelLimits) or answers it."""
         served = self.ctx.models.get(model)
         if served is not None:
-            served.devices, served.architectures, served.embedding = devices, architectures, embedding
-            served.loras = loras or []
-            if served.max_model_len != max_model_len:
-                served.max_model_len = max_model_len
-                log.info("model_limits", model=model, max_model_len=max_model_len, devices=devices)
+            served.devices, served.architectures = limits.devices, limits.architectures
+            served.embedding, served.images, served.loras = limits.embedding, limits.images, limits.loras or []
+            if served.max_model_len != limits.max_model_len:
+                served.max_model_len = limits.max_model_len
+                log.info("model_limits", model=model, max_model_len=limits.max_model_len, devices=limits.devices)
 
     async def _on_limits(self, msg: Msg) -> None:
         limits = MODEL_LIMITS_DECODER.decode(msg.data)
-        self.apply(limits.model, limits.max_model_len, limits.devices, limits.architectures, limits.embedding,
-                   limits.loras)
+        self.apply(limits.model, limits)

@@ -10,7 +10,7 @@ from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.off_loop import off_loop
 from services.api.openai.body import parse, read_json
-from services.api.openai.params import check_token_ids, encode_text, render_messages
+from services.api.openai.params import check_images, check_token_ids, encode_text, render_messages
 from services.api.openai.protocol import DetokenizeRequest, TokenizeRequest
 from services.api.openai.routes import chat, complete
 from shared.wire import subjects
@@ -36,7 +36,7 @@ async def health(request: Request) -> JSONResponse:
         if stats.num_workers == 0:
             return APIError(503, f"no worker is ready for {name!r}").response()
         # ready implies the gateway knows the model's limit
-        ctx.limits.apply(name, stats.max_model_len, stats.devices, stats.architectures, stats.embedding, stats.loras)
+        ctx.limits.apply(name, stats)
         if stats.is_draining:
             return APIError(503, f"the scheduler for {name!r} is shutting down").response()
     return JSONResponse({"status": "ok"})
@@ -123,7 +123,7 @@ async def version() -> JSONResponse:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> JSONResponse:
     """vLLM's /tokenize: a prompt, or chat messages through the model's chat template."""
-    _, model, body = await parse(request, TokenizeRequest)
+    ctx, model, body = await parse(request, TokenizeRequest)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", param="prompt")
     if body.tools is not None and body.messages is None:
@@ -131,6 +131,7 @@ async def tokenize(request: Request) -> JSONResponse:
     if body.prompt is not None:
         text = body.prompt
     else:
+        check_images(model, body.messages, ctx.server.limit_images)
         text = await off_loop(render_messages, model, body.messages, body.add_generation_prompt, body.tools,
                               body.continue_final_message, body.chat_template_kwargs)
     special = True if body.add_special_tokens is None else body.add_special_tokens

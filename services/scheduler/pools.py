@@ -11,7 +11,7 @@ from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.request import Request
-from shared.wire.messages import EmbeddingSpec, WorkerHello
+from shared.wire.messages import EmbeddingSpec, ImageSpec, WorkerHello
 
 
 def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
@@ -179,6 +179,10 @@ class WorkerPools:
     @property
     def architectures(self) -> list[str]:
         return sorted({p.hello.architecture for p in self.alive if p.hello.architecture})
+
+    @property
+    def images(self) -> ImageSpec | None:
+        return next((p.hello.images for p in self.alive if p.hello.images), None)
 
     @property
     def embedding(self) -> EmbeddingSpec | None:

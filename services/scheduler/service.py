@@ -307,7 +307,7 @@ class SchedulerService:
         """The model's max_model_len as its workers announced it (the API reads it from here)."""
         alive = bool(self.pools.alive)
         limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.pools.devices,
-                             architectures=self.pools.architectures, embedding=self.pools.embedding,
+                             architectures=self.pools.architectures, embedding=self.pools.embedding, images=self.pools.images,
                              loras=self.served_loras)
         await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
 

@@ -38,7 +38,7 @@ def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_
         request_num_preemptions=HistogramCounts.total([p.metrics.request_num_preemptions for p in [*every, gone]],
                                                       REQUEST_NUM_PREEMPTIONS_BUCKETS),
         num_waiting_deferred=pools.num_deferred, num_admission_rejections=num_admission_rejections,
-        devices=pools.devices, architectures=pools.architectures, embedding=pools.embedding,
+        devices=pools.devices, architectures=pools.architectures, embedding=pools.embedding, images=pools.images,
         num_migrations=num_migrations, is_sleeping=is_sleeping, sleep_level=sleep_level, loras=loras,
         max_loras=max((p.hello.max_loras for p in alive), default=0),
         running_loras=sorted({r.lora for p in alive for r in p.scheduler.running if r.lora}),

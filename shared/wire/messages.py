@@ -97,6 +97,17 @@ class EmbeddingSpec(msgspec.Struct, frozen=True):
     cross_encoder: bool = False  # a reranker: it scores (text_1, text_2) pairs, one value each, and embeds nothing
 
 
+class ImageSpec(msgspec.Struct, frozen=True):
+    """What an image-text model makes of an image (its workers announce it): the square its vision
+    tower reads, the image tokens each image takes in the prompt, and their ids."""
+
+    size: int  # pixels a side
+    num_tokens: int
+    token_id: int  # each image token's (the features take its place)
+    start_id: int  # the tokens that open and close an image's run
+    end_id: int
+
+
 class SamplingParams(msgspec.Struct, frozen=True):
     max_tokens: int = 16
     temperature: float = 1.0
@@ -310,6 +321,7 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     num_scheduler_steps: int = 1  # the worker's pick of decode iterations per Step, where the engine leaves it at 0
     architecture: str = ""  # the loaded model's Hugging Face class, e.g. "Qwen3ForCausalLM"
     embedding: EmbeddingSpec | None = None  # what /v1/embeddings gives for this model
+    images: ImageSpec | None = None  # an image-text model's; None: text only
     max_loras: int = 0  # LoRA adapters one step may mix (0: it serves the base model alone)
     loras: list[LoraInfo] = []  # the adapters it serves (said again after each load and unload)
     num_speculative_tokens: int = 0  # drafts a decode row may verify per step (0: it does not speculate)
@@ -356,6 +368,7 @@ class ModelLimits(msgspec.Struct, tag="limits"):
     architectures: list[str] = []  # what its workers loaded (their hellos' architecture)
     embedding: EmbeddingSpec | None = None  # as its workers announce it
     loras: list[LoraInfo] = []  # the LoRA adapters its workers serve (/v1/models lists them)
+    images: ImageSpec | None = None  # as its workers announce it; None: text only
 
 
 class SchedulerStatsRequest(msgspec.Struct, tag="sched_stats"):
@@ -411,6 +424,7 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     devices: list[str] = []  # what the model's workers run on (their hellos' device)
     architectures: list[str] = []  # what the model's workers loaded (their hellos' architecture)
     embedding: EmbeddingSpec | None = None  # as its workers announce it
+    images: ImageSpec | None = None  # as its workers announce it
     num_migrations: int = 0  # requests moved off a worker that died, recomputed on another
     is_sleeping: bool = False  # sleep mode: the workers freed their weights and KV pool
     sleep_level: int = 0  # the level asked when it fell asleep (1 or 2); 0 awake

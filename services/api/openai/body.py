@@ -159,7 +159,8 @@ def unrecognized(value, path: str = "") -> str | None:
 
 def validation_error(errors: list) -> APIError:
     first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # a union's branch is named in the path by its type ("list[...]"): left out, the path is the body's
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and "[" not in str(p)]
     message = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         message = "the request body is not valid JSON"

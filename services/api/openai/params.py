@@ -127,6 +127,20 @@ def check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
                        param=param)
 
 
+def check_images(model: ServedModel, messages: list[ChatMessage], limit: int) -> None:
+    """A request's image parts: at most `limit` (--limit-mm-per-prompt), and only to a model that
+    takes them (its workers announce an ImageSpec): a 400 before anything is fetched."""
+    count = sum(len(m.images()) for m in messages)
+    if not count:
+        return
+    if count > limit:
+        raise APIError(400, f"At most {limit} image(s) may be provided in one prompt.", param="messages")  # vLLM's words
+    if model.images is None:
+        archs = ", ".join(model.architectures) or "a text-only model"
+        raise APIError(400, f"The model {model.name!r} does not take image inputs ({archs}); send text only, "
+                            "or serve an image-text model (docs/images.md)", param="messages")
+
+
 def check_ready(model: ServedModel) -> None:
     """503 while no worker serves the model: its limits come from its workers (the scheduler says 503 too)."""
     if not model.max_model_len:

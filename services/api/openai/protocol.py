@@ -3,7 +3,7 @@ name (body.py), unless it is null, or a chat message's own (the template's to re
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -112,6 +112,21 @@ class TextPart(_Request):
     text: str
 
 
+class ImageURL(_Request):
+    url: str = Field(min_length=1)  # a data URL or an http(s) one (services/api/media/fetch.py)
+    # OpenAI's; a model whose vision tower takes one resolution (Gemma 3's) reads every image at it,
+    # as vLLM does (docs/images.md)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Request):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionDefinition(_Request):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
@@ -151,7 +166,7 @@ class ChatMessage(_Request):
 
     extra_is_template_context: ClassVar[bool] = True  # body.unrecognized() lets them through
     role: str = Field(min_length=1)
-    content: str | list[TextPart] | None = None
+    content: list[ContentPart] | str | None = None  # the list first: its errors name the part at fault
     tool_calls: list[ToolCall] | None = None  # an assistant's calls, in the history
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None
@@ -173,7 +188,11 @@ class ChatMessage(_Request):
             return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def images(self) -> list[ImageURL]:
+        return [] if isinstance(self.content, str | None) else [
+            part.image_url for part in self.content if isinstance(part, ImagePart)]
 
 
 class ChatCompletionRequest(_Sampling):

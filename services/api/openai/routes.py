@@ -20,6 +20,7 @@ from services.api.openai.choices import Choices
 from services.api.openai.generation import Generation, engine_request
 from services.api.openai.params import (
     chat_logprobs,
+    check_images,
     choice_seed,
     completion_prompts,
     encode_text,
@@ -75,6 +76,7 @@ async def chat(request: Request, model_name: str | None = None, usage_every_chun
 def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionRequest,
                     arrived: tuple[float, float]) -> tuple[Choices, ChatResponder]:
     """A validated chat request as engine requests, and the responder that reads them back."""
+    check_images(model, body.messages, ctx.server.limit_images)
     tools = plan_tools(body, resolve_parser(ctx.tool_call_parser, model.chat_template))
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
                            body.continue_final_message, body.chat_template_kwargs)

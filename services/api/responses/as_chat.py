@@ -62,13 +62,28 @@ class ResponsesRequest(_Request):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
-def _text(content) -> str:
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _content(content, where: str) -> str | list[dict]:
+    """A message's content as the chat route takes it: its text, or (with an `input_image`) its
+    parts in order, each image as chat's `image_url` part."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict)
-                       and part.get("type") in ("input_text", "output_text", "text"))
-    raise APIError(400, "an input message's content must be text or a list of text parts", param="input")
+    if not isinstance(content, list) or not all(isinstance(part, dict) for part in content):
+        raise APIError(400, f"{where}.content must be text or a list of content parts", param="input")
+    for j, part in enumerate(content):
+        if part.get("type") not in (*_TEXT_PARTS, "input_image"):
+            raise APIError(400, f"{where}.content[{j}].type {part.get('type')!r} is not supported: "
+                                "input_text, output_text and input_image are", param="input")
+        if part["type"] == "input_image" and not isinstance(part.get("image_url"), str):
+            raise APIError(400, f"{where}.content[{j}] needs an image_url (a data URL or an http(s) one); "
+                                "file_id images are not served", param="input")
+    if not any(part["type"] == "input_image" for part in content):
+        return "".join(part.get("text", "") for part in content)
+    return [{"type": "text", "text": part.get("text", "")} if part["type"] in _TEXT_PARTS else
+            {"type": "image_url", "image_url": {"url": part["image_url"], "detail": part.get("detail")}}
+            for part in content]
 
 
 def input_messages(items: str | list[dict]) -> list[dict]:
@@ -81,7 +96,7 @@ def input_messages(items: str | list[dict]) -> list[dict]:
         if kind == "message":
             if item.get("role") not in ("user", "assistant", "system", "developer"):
                 raise APIError(400, f"input[{i}].role must be user, assistant, system or developer", param="input")
-            messages.append({"role": item["role"], "content": _text(item.get("content", ""))})
+            messages.append({"role": item["role"], "content": _content(item.get("content", ""), f"input[{i}]")})
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item.get("arguments", "{}")}}
