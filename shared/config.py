@@ -256,6 +256,8 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     max_body_bytes: int = 16 * 2**20
     max_logprobs: int = 20
     limit_images_per_prompt: int = 999  # vLLM's --limit-mm-per-prompt default for each modality (V1)
+    media_fetch_timeout_s: float = 5.0  # vLLM's VLLM_IMAGE_FETCH_TIMEOUT
+    max_media_bytes: int = 20 * 2**20  # OpenAI's cap on an image input
     batch_concurrency: int = 16  # the Batch API's lines in flight at once
     inference_log_max_age_s: float = 7 * 24 * 3600.0  # pipelines' inference logs: older records dropped
     inference_log_max_bytes: int = 2**30  # and past this size, all together, the oldest
@@ -300,6 +302,17 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         default=_mm_limits(_env("limit_mm_per_prompt", json.dumps({"image": g.limit_images_per_prompt}))),
                         help=f'vLLM\'s: the most images one request may carry, as {{"image": N}} '
                              f"(default {g.limit_images_per_prompt}); more is a 400")
+    parser.add_argument("--media-fetch-timeout-s", type=float,
+                        default=_env("media_fetch_timeout_s", g.media_fetch_timeout_s),
+                        help="an image URL's fetch, all of it, within this (default 5 s)")
+    parser.add_argument("--max-media-bytes", type=int, default=_env("max_media_bytes", g.max_media_bytes),
+                        help="an image's file, fetched or in a data URL, at most this (default 20 MiB)")
+    parser.add_argument("--allowed-media-domains", nargs="*", default=(_env("allowed_media_domains", "") or "").split(),
+                        help="vLLM's: the hosts an image URL may name (default: any public one)")
+    parser.add_argument("--allow-private-media-urls", action="store_true",
+                        default=_env_flag("allow_private_media_urls", False),
+                        help="let image URLs reach private, loopback and link-local addresses (default: refused, "
+                             "as a URL fetcher inside a network is an SSRF door)")
     parser.add_argument("--enable-per-request-metrics", action="store_true",
                         default=_env_flag("enable_per_request_metrics", False),
                         help="vLLM's: a `metrics` object (time to first token, queue time, generation time, "

@@ -10,7 +10,7 @@ import torch
 
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
-from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.wire.messages import ImageRef, NewSeq, SamplingParams, ScheduledSeq, Step
 from tests.model_helpers import BLOCK_SIZE, make_runner
 
 transformers = pytest.importorskip("transformers")
@@ -56,21 +56,21 @@ def _reference_logits(model, ids: list[int], pixels: torch.Tensor) -> torch.Tens
         return model(input_ids=input_ids, pixel_values=pixels, token_type_ids=(input_ids == IMAGE_TOKEN).long()).logits[0]
 
 
-def _run_chunk(runner, step: Step, spans: list[tuple[int, int]], features: torch.Tensor, start: int, num: int):
-    """One step of our model over positions [start, start + num), with the images' features at their
-    tokens and their spans two-way (what the backend sets from a sequence's images)."""
+def _images(runner, spans: list[tuple[int, int]]) -> tuple[list[ImageRef], torch.Tensor]:
+    """Random 16x16 pictures put where a worker puts what it reads from the media store: their refs,
+    and the pixels Gemma 3's processor would give transformers ((x / 255 - 0.5) / 0.5)."""
+    raw = torch.randint(0, 256, (len(spans), 16, 16, 3), dtype=torch.uint8)
+    refs = [ImageRef(key=f"img{i}", offset=begin, num_tokens=end - begin) for i, (begin, end) in enumerate(spans)]
+    for ref, picture in zip(refs, raw, strict=True):
+        runner.add_image(ref.key, picture.numpy().tobytes())
+    return refs, (raw.permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5
+
+
+def _run(runner, step: Step) -> torch.Tensor:
+    """One step's logits through the backend (its ImageCache sets the images' rows and spans)."""
     backend = runner.backend
-    batch = runner.apply_deltas(step)
-    inputs = backend.prepare(batch)
-    rows = [p - start for begin, end in spans for p in range(begin, end) if start <= p < start + num]
-    feats = [features[i, p - begin] for i, (begin, end) in enumerate(spans) for p in range(begin, end)
-             if start <= p < start + num]
-    inputs.meta.bidirectional = {0: [s for s in spans if s[0] < start + num and s[1] > start]}
-    backend.model.image_embeds = (torch.tensor(rows, dtype=torch.long), torch.stack(feats)) if rows else None
     with torch.inference_mode():
-        logits = backend.compute_logits(backend.forward(inputs))
-    backend.model.image_embeds = None
-    return logits
+        return backend.compute_logits(backend.forward(backend.prepare(runner.apply_deltas(step))))
 
 
 def test_the_image_encoder_gives_transformers_features(checkpoint):
@@ -89,13 +89,10 @@ def test_logits_over_image_and_text_positions_match_transformers(checkpoint, chu
     """Chunks split between the images, never inside one (the scheduler's rule): the later chunks
     see the earlier ones' image keys through the cache."""
     model, folder = checkpoint
-    loaded = load_model(folder, ops=TORCH_OPS)
-    runner = make_runner(loaded, num_blocks=16)
+    runner = make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16)
     ids, spans = _prompt()
-    pixels = torch.randn(len(spans), 3, 16, 16)
+    refs, pixels = _images(runner, spans)
     expected = _reference_logits(model, ids, pixels)
-    with torch.no_grad():
-        features = loaded.model.vision(pixels)
     blocks = list(range((len(ids) + 8 + BLOCK_SIZE - 1) // BLOCK_SIZE))
     got, start = [], 0
     for i, size in enumerate(chunks):
@@ -103,39 +100,53 @@ def test_logits_over_image_and_text_positions_match_transformers(checkpoint, chu
         if i == 0:
             step = Step(step_id=0, new_seqs=[NewSeq(
                 request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=num,
-                block_ids=blocks, sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="")])
+                block_ids=blocks, sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
         else:
             step = Step(step_id=i, scheduled=[ScheduledSeq(request_id="r", num_new_tokens=num, num_computed_tokens=start)])
         assert not any(begin < start + num < end for begin, end in spans)
-        got.append(_run_chunk(runner, step, spans, features, start, num))
+        got.append(_run(runner, step))
         runner.seqs["r"].num_computed_tokens = start + num
         start += num
     assert torch.allclose(torch.cat(got), expected, atol=TOLERANCE, rtol=0)
+    assert runner.backend.images.num_encoded == 2  # each image once, though three chunks read them
 
 
 def test_decode_steps_after_the_images_match_transformers(checkpoint):
     model, folder = checkpoint
-    loaded = load_model(folder, ops=TORCH_OPS)
-    runner = make_runner(loaded, num_blocks=16)
+    runner = make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16)
     ids, spans = _prompt()
-    pixels = torch.randn(len(spans), 3, 16, 16)
-    with torch.no_grad():
-        features = loaded.model.vision(pixels)
+    refs, pixels = _images(runner, spans)
     step = Step(step_id=0, new_seqs=[NewSeq(
         request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
-        block_ids=[0, 1], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="")])
-    logits = _run_chunk(runner, step, spans, features, 0, len(ids))[-1]
+        block_ids=[0, 1], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
+    logits = _run(runner, step)[-1]
     tokens = list(ids)
     for _ in range(4):
+        assert torch.allclose(logits, _reference_logits(model, tokens, pixels)[-1], atol=TOLERANCE, rtol=0)
         tokens.append(int(logits.argmax()))
-        expected = _reference_logits(model, tokens, pixels)[-1]
-        assert torch.allclose(logits, _reference_logits(model, tokens[:-1], pixels)[-1], atol=TOLERANCE, rtol=0)
         seq = runner.seqs["r"]
         seq.num_computed_tokens = len(tokens) - 1
         seq.token_ids.append(tokens[-1])
-        logits = _run_chunk(runner, Step(step_id=len(tokens), scheduled=[
-            ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)]), [], features, 0, 0)[-1]
-        assert torch.allclose(logits, expected, atol=TOLERANCE, rtol=0)
+        logits = _run(runner, Step(step_id=len(tokens), scheduled=[
+            ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)]))[-1]
+    assert torch.allclose(logits, _reference_logits(model, tokens, pixels)[-1], atol=TOLERANCE, rtol=0)
+
+
+def test_a_new_sequence_whose_image_is_not_there_fails_alone(checkpoint):
+    runner = make_runner(load_model(checkpoint[1], ops=TORCH_OPS), num_blocks=16)
+    ids, spans = _prompt()
+    refs, _ = _images(runner, spans[:1])
+    gone = [refs[0], ImageRef(key="expired", offset=spans[1][0], num_tokens=TOKENS_PER_IMAGE)]
+    plain = [5, 6, 7]
+    out = runner.execute(Step(step_id=0, new_seqs=[
+        NewSeq(request_id="gone", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0,
+               num_new_tokens=len(ids), block_ids=[0, 1], sampling=SamplingParams(max_tokens=2), reply_to="",
+               images=gone),
+        NewSeq(request_id="text", token_ids=plain, num_prompt_tokens=3, num_computed_tokens=0, num_new_tokens=3,
+               block_ids=[2], sampling=SamplingParams(max_tokens=2, temperature=0.0), reply_to="")]))
+    by_id = {s.request_id: s for s in out.sampled}
+    assert by_id["gone"].error == "image expired is not in the media store (expired, or never stored)"
+    assert by_id["text"].token_id >= 0 and by_id["text"].error is None
 
 
 def test_the_qaic_backend_refuses_an_image_text_model_by_name(checkpoint):

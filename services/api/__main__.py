@@ -12,6 +12,7 @@ import uvicorn
 from services.api.app import create_app
 from services.api.context import ApiContext, BatchState, PipelineState, ServedModel, ServerState
 from services.api.limits import LimitsWatcher
+from services.api.media.fetch import MediaPolicy
 from services.api.openai.defaults import load_openai_config
 from services.api.pipelines.deployments import DeploymentWatcher
 from services.api.pipelines.inference_log import InferenceLog, recorder
@@ -62,6 +63,9 @@ def main() -> None:
                              max_body_bytes=args.max_body_bytes, api_keys=api_keys,
                              per_request_metrics=args.enable_per_request_metrics,
                              limit_images=args.limit_mm_per_prompt["image"],
+                             media=MediaPolicy(timeout_s=args.media_fetch_timeout_s, max_bytes=args.max_media_bytes,
+                                               allowed_domains=tuple(d.lower() for d in args.allowed_media_domains),
+                                               allow_private=args.allow_private_media_urls),
                              readiness=Readiness(timeout_s=args.ready_timeout_s))
         pipelines = PipelineState(registry=await Registry(nc).open(), oci_registry=args.oci_registry,
                                   inference_log=InferenceLog(nc, args.inference_log_max_age_s,

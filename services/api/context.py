@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client
 
+from services.api.media.fetch import MediaPolicy
 from services.api.metrics import ApiMetrics
 from services.api.openai.defaults import OpenaiDefaults
 from services.api.readiness import Readiness
 from shared.bus.client import BusClient
+from shared.bus.media import MediaStore
 from shared.config import GATEWAY_DEFAULTS
 from shared.control.deployment import DeployedModel
 from shared.control.registry import Registry
@@ -68,6 +70,7 @@ class ServerState:
     api_keys: tuple[str, ...] = ()
     per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics
     limit_images: int = GATEWAY_DEFAULTS.limit_images_per_prompt  # --limit-mm-per-prompt's "image"
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # what an image URL may fetch (media/fetch.py)
     is_draining: bool = False
     num_in_flight: int = 0
     readiness: Readiness = field(default_factory=Readiness)  # /ready's last verdict (readiness.py)
@@ -107,6 +110,7 @@ class ApiContext:
     tool_call_parser: str = "auto"  # how the models' text becomes tool calls (openai/tools/parsers.py)
     reasoning_parser: str | None = None  # where a chat answer's thinking is (openai/reasoning.py); None: none
     responses: ResponseStore | None = None  # the Responses API's store (JetStream), made on first use
+    media: MediaStore | None = None  # image inputs' pixels for the workers (shared/bus/media.py), made on first use
     batch: BatchState = field(default_factory=BatchState)
     pipelines: PipelineState = field(default_factory=PipelineState)
     # what features hook onto each OpenAI request: given its model and body, a hook each of its

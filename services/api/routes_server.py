@@ -8,9 +8,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.api.context import ApiContext
 from services.api.errors import APIError
+from services.api.media.prompt import check_images
 from services.api.off_loop import off_loop
 from services.api.openai.body import parse, read_json
-from services.api.openai.params import check_images, check_token_ids, encode_text, render_messages
+from services.api.openai.params import check_token_ids, encode_text, render_messages
 from services.api.openai.protocol import DetokenizeRequest, TokenizeRequest
 from services.api.openai.routes import chat, complete
 from shared.wire import subjects

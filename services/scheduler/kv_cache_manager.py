@@ -29,7 +29,8 @@ class KVCacheManager:
             parent = request.block_hashes[-1] if start else None
             request.block_hashes.extend(hash_block_chain(
                 self.root_hash, request.all_token_ids, self.block_size,
-                cache_salt=request.cache_salt, lora=request.lora_identity, start_block=start, parent=parent))
+                cache_salt=request.cache_salt, lora=request.lora_identity, start_block=start, parent=parent,
+                images=[(image.offset, image.end, image.key) for image in request.images]))
 
     def get_computed_blocks(self, request: Request) -> list[KVBlock]:
         """Longest run of cached blocks at the start of the request (never its last token)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.wire.messages import SamplingParams, Submit
+from shared.wire.messages import ImageRef, SamplingParams, Submit
 
 
 class RequestStatus(enum.IntEnum):
@@ -44,6 +44,7 @@ class Request:
     lora: str | None = None  # the LoRA adapter it runs on (its name, also in its block 0's hash)
     lora_digest: str = ""  # what that adapter computes (its files' digest, as its workers announced it)
     is_probe: bool = False  # a readiness probe: left out of the engine's metrics
+    images: list[ImageRef] = field(default_factory=list)  # its prompt's images: no chunk ends inside one
 
     @classmethod
     def from_submit(cls, submit: Submit) -> Request:
@@ -56,7 +57,8 @@ class Request:
                    sampling=sampling, reply_to=submit.reply_to,
                    cache_salt=submit.cache_salt, deadline=submit.deadline,
                    client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority,
-                   lora=submit.lora, output_token_ids=list(submit.resume_token_ids), is_probe=submit.probe)
+                   lora=submit.lora, output_token_ids=list(submit.resume_token_ids), is_probe=submit.probe,
+                   images=list(submit.images))
 
     def migrate(self, counted: bool = True) -> None:
         """Its worker died: start over elsewhere from prompt + the outputs so far (recomputed, as
@@ -66,6 +68,21 @@ class Request:
         self.num_computed_tokens = 0
         self.is_on_worker = False
         self.num_migrations += counted
+
+    def fit_images(self, start: int, num_new: int, limit: int) -> int:
+        """num_new tokens from `start`, cut so that no chunk ends inside an image (its tokens see each
+        other both ways: an image is computed in one forward). A chunk that starts at or inside an
+        image runs to its end where `limit` allows, else not at all (0)."""
+        end = start + num_new
+        for image in self.images:
+            if image.offset < end < image.end:
+                if image.offset > start:
+                    end = image.offset
+                elif image.end - start <= limit:
+                    end = image.end
+                else:
+                    return 0
+        return end - start
 
     @property
     def lora_identity(self) -> str | None:

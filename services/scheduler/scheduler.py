@@ -160,8 +160,8 @@ class Scheduler:
                 break
             hits = self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.kv.block_size
-            num_new = min(request.num_tokens - num_computed, budget, share)
-            if self.kv.allocate_slots(request, num_new, hits) is None:
+            num_new = request.fit_images(num_computed, min(request.num_tokens - num_computed, budget, share), budget)
+            if num_new == 0 or self.kv.allocate_slots(request, num_new, hits) is None:
                 break
             self.waiting.popleft()
             self.running.append(request)
@@ -192,7 +192,10 @@ class Scheduler:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget, share)
+            num_new = request.fit_images(request.num_computed_tokens,
+                                         min(request.num_tokens - request.num_computed_tokens, budget, share), budget)
+            if num_new == 0:
+                continue  # an image larger than this step's budget left: a later step
             new_blocks = self._allocate_or_preempt(request, num_new)
             if new_blocks is None:
                 preempted_any = True
@@ -293,7 +296,7 @@ class Scheduler:
             num_new_tokens=num_new, block_ids=self.kv.block_ids(request.request_id),
             sampling=request.sampling, reply_to=request.reply_to,
             num_cached_tokens=request.num_cached_tokens, first_scheduled_at=request.first_scheduled_at,
-            lora=request.lora,
+            lora=request.lora, images=request.images,
         ))
 
     def take_dropped_ids(self) -> list[str]:

@@ -17,7 +17,7 @@ from services.scheduler.request import Request
 from services.scheduler.router import Router
 from services.scheduler.sleep_mode import put_to_sleep, wake_up
 from services.scheduler.stats import scheduler_stats
-from services.scheduler.validate import submit_error
+from services.scheduler.validate import images_error, submit_error
 from shared.bus.endpoints import Endpoints
 from shared.bus.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, BusProbe, Heartbeats
 from shared.config import EngineConfig, context_length_error
@@ -146,7 +146,8 @@ class SchedulerService:
             return self._hold_resumed(submit)
         if not pools:
             return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
-        if (invalid := submit_error(submit, self.vocab_size)) is not None:
+        if (invalid := submit_error(submit, self.vocab_size)
+                or images_error(submit, self.pools.images, self.config.max_num_batched_tokens)) is not None:
             return reject(RejectCode.INVALID, invalid)
         if submit.request_id in self._routing or self.pools.find(submit.request_id) is not None:
             return reject(RejectCode.IN_FLIGHT, f"request_id {submit.request_id!r} is already in flight")

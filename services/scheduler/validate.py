@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from shared.wire.messages import SamplingParams, Submit
+from shared.wire.messages import ImageSpec, SamplingParams, Submit
 
 MAX_TOKEN_LIST = 65_536  # stop_token_ids, allowed_token_ids, logit_bias entries
 INT64_MAX = 2**63 - 1
@@ -31,6 +31,29 @@ def submit_error(submit: Submit, vocab_size: int) -> str | None:
         if not math.isfinite(value):
             return f"{name} must be a finite number, got {value}"
     return sampling_error(submit.sampling, vocab_size)
+
+
+def images_error(submit: Submit, spec: ImageSpec | None, max_num_batched_tokens: int) -> str | None:
+    """A Submit's images: only to a model that takes them, each a run of its image tokens inside
+    the prompt, in order, and small enough for one step (an image is computed in one forward)."""
+    if not submit.images:
+        return None
+    if spec is None:
+        return "images: this model takes no images"
+    prompt, end = submit.prompt_token_ids, 0
+    for i, image in enumerate(submit.images):
+        if not 0 < len(image.key) <= 256:
+            return f"images[{i}].key must be 1 to 256 characters"
+        if image.num_tokens != spec.num_tokens or image.offset < end or image.end > len(prompt):
+            return (f"images[{i}] must be a run of {spec.num_tokens} tokens inside the prompt, after the image "
+                    f"before it, got [{image.offset}, {image.end})")
+        if any(t != spec.token_id for t in prompt[image.offset:image.end]):
+            return f"images[{i}]: the prompt's tokens [{image.offset}, {image.end}) are not all image tokens ({spec.token_id})"
+        end = image.end
+    if spec.num_tokens > max_num_batched_tokens:
+        return (f"an image takes {spec.num_tokens} tokens, more than one step computes "
+                f"(max_num_batched_tokens {max_num_batched_tokens})")
+    return None
 
 
 def sampling_error(p: SamplingParams, vocab_size: int) -> str | None:

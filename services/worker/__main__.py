@@ -96,6 +96,7 @@ def main() -> None:
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
                         architecture=backend.config.architecture, embedding=backend.config.embedding_spec(),
+                        images=backend.images.spec if backend.images is not None else None,
                         num_scheduler_steps=defaults.num_scheduler_steps.value if defaults else 1,
                         max_loras=lora.limits.max_loras if lora else 0, loras=lora.infos if lora else [],
                         backend=info.backend, kind=info.kind, num_blocks=info.num_blocks, block_size=info.block_size,

@@ -224,10 +224,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     # first [SEP], and its one logit, through `score_activation`, is the pair's score
     sep_token_id: int | None = None
     score_activation: str | None = None
-    # an image-text model's (Gemma3ForConditionalGeneration): its vision tower, and the token each
-    # image's features take the place of in the prompt
-    vision: VisionConfig | None = None
-    image_token_id: int | None = None
+    vision: VisionConfig | None = None  # an image-text model's (Gemma3ForConditionalGeneration) vision tower
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -239,7 +236,7 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             return cls._from_bert(raw, Path(path))
         if archs[0] == "Gemma3ForConditionalGeneration":
             text = cls.from_hf_dict(gemma3_text_config(raw, str(path)), str(path))
-            return msgspec.structs.replace(text, architecture=archs[0], image_token_id=raw.get("image_token_index", 262144),
+            return msgspec.structs.replace(text, architecture=archs[0],
                                            vision=VisionConfig.from_gemma3(raw, text.hidden_size, str(path)))
         return cls.from_hf_dict(raw, str(path))
 

@@ -22,7 +22,7 @@ from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
-from shared.wire.messages import FinishReason, Logprobs, Pooling, Sampled, ScheduledSeq, Step
+from shared.wire.messages import FinishReason, Logprobs, NewSeq, Pooling, Sampled, ScheduledSeq, Step
 from shared.wire.spec_decode import Drafts
 
 Proposer = NgramProposer | DraftModelProposer | Eagle3Proposer
@@ -113,6 +113,9 @@ class ModelRunner:
             if new.lora is not None and (self.lora is None or new.lora not in self.lora.served):
                 self._row_errors[new.request_id] = f"LoRA adapter {new.lora!r} is not loaded on this worker"
                 continue
+            if new.images and (why := self._images_unavailable(new)) is not None:
+                self._row_errors[new.request_id] = why
+                continue
             if new.sampling.guided is not None:
                 try:
                     state.matcher = self._grammar().matcher(new.sampling.guided)
@@ -130,6 +133,21 @@ class ModelRunner:
             state.block_table.extend(sched.new_block_ids)
             batch.append((state, sched.num_new_tokens))
         return batch
+
+    def images_to_fetch(self, step: Step) -> list[str]:
+        """The media store keys of the step's new sequences' images this worker has neither encoded
+        nor fetched (the worker service fetches them before the step runs)."""
+        if self.backend.images is None:
+            return []
+        return list(dict.fromkeys(k for new in step.new_seqs for k in self.backend.images.missing(new.images)))
+
+    def add_image(self, key: str, pixels: bytes) -> None:
+        self.backend.images.add_pixels(key, pixels)
+
+    def _images_unavailable(self, new: NewSeq) -> str | None:
+        if self.backend.images is None:
+            return f"this worker's backend ({self.backend.name.value}) does not run images"
+        return self.backend.images.unavailable(new.images)
 
     # ---- one iteration -----------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from services.worker.guided import GuidedMatcher
 from services.worker.logits_processors import SampleRow
-from shared.wire.messages import FinishReason, Logprobs, NewSeq, SamplingParams
+from shared.wire.messages import FinishReason, ImageRef, Logprobs, NewSeq, SamplingParams
 
 
 @dataclass
@@ -42,6 +42,7 @@ class SeqState:
     num_missed: int = 0  # steps in a row whose drafts were all rejected
     # the eagle3 method: the head's state after the last computed position and the token it drafts there
     head_state: tuple[object, int] | None = None
+    images: list[ImageRef] = field(default_factory=list)  # its prompt's images (services/worker/images.py)
     pending_aux: object | None = None  # eagle3: the target's states at the positions after draft_computed
 
     @classmethod
@@ -51,6 +52,7 @@ class SeqState:
             num_prompt_tokens=new.num_prompt_tokens, num_computed_tokens=new.num_computed_tokens,
             block_table=list(new.block_ids), sampling=new.sampling, reply_to=new.reply_to,
             num_cached_tokens=new.num_cached_tokens, first_scheduled_at=new.first_scheduled_at, lora=new.lora,
+            images=list(new.images),
         )
         state.num_sent = state.logprobs_from = state.num_output_tokens  # an earlier life published those
         if new.sampling.seed is not None:

@@ -20,6 +20,7 @@ from services.worker.lora.adapter import LoraError
 from services.worker.model_runner import ModelRunner, StepOutput
 from services.worker.resend import SentTokens
 from shared.bus.endpoints import Endpoints
+from shared.bus.media import MediaStore
 from shared.log import get_logger
 from shared.wire import subjects
 from shared.wire.lora import LORA_ORDER_DECODER, LoadLora, LoraState
@@ -57,6 +58,7 @@ class WorkerService:
         self.sent = SentTokens(runner.seqs)
         self._last_reply: tuple[int, bytes] | None = None  # (step_id, the encoded StepResult)
         self._fence = 0  # the highest scheduler lease token seen on a Step (a lower one: a deposed leader)
+        self.media: MediaStore | None = None  # an image-text model's images (shared/bus/media.py), opened on first use
 
     async def start(self) -> None:
         await self.endpoints.add("step", subjects.worker_step(self.hello.worker_id), self._on_step)
@@ -163,6 +165,7 @@ class WorkerService:
             log.info("step_repeated", step_id=step.step_id)  # our reply was lost: the same one again
             await msg.respond(self._last_reply[1])
             return
+        await self._fetch_images(step)
         sampled, drafts, sizes, forward_seconds = [], [], [], 0.0
         for iteration in self.runner.iterations(step):  # one, or step.num_steps of them (multi-step)
             started = time.perf_counter()
@@ -183,6 +186,22 @@ class WorkerService:
         await self._respond(msg, StepResult(step_id=step.step_id, sampled=sampled, forward_seconds=forward_seconds,
                                             drafts=drafts, iteration_sizes=sizes if step.num_steps > 1 else []))
         self.last_step_at = time.monotonic()
+
+    async def _fetch_images(self, step) -> None:
+        """An image-text model's new images, from the media store; one that is not there fails its
+        request alone when the step runs (ModelRunner.apply_deltas)."""
+        keys = self.runner.images_to_fetch(step)
+        if not keys:
+            return
+        self.media = self.media or MediaStore(self.nc)
+        for key, pixels in zip(keys, await asyncio.gather(*(self.media.get(k) for k in keys)), strict=True):
+            if pixels is None:
+                log.warning("image_missing", key=key)
+                continue
+            try:
+                self.runner.add_image(key, pixels)
+            except ValueError as exc:
+                log.warning("image_refused", key=key, error=str(exc))
 
     async def _respond(self, msg: Msg, result: StepResult) -> None:
         reply = encode(result)

@@ -28,6 +28,9 @@ class VisionConfig(msgspec.Struct, frozen=True, kw_only=True):
     layer_norm_eps: float
     mm_tokens_per_image: int  # image tokens the projector pools each image's patches into
     text_hidden_size: int
+    image_token_id: int  # each image token's: its features take the token's place
+    start_token_id: int  # the tokens around an image's run (Gemma 3's <start_of_image>, <end_of_image>)
+    end_token_id: int
 
     @property
     def patches_per_side(self) -> int:
@@ -51,7 +54,9 @@ class VisionConfig(msgspec.Struct, frozen=True, kw_only=True):
                      num_layers=vision.get("num_hidden_layers", 12), num_heads=vision.get("num_attention_heads", 12),
                      patch_size=vision.get("patch_size", 16), image_size=vision.get("image_size", 224),
                      layer_norm_eps=float(vision.get("layer_norm_eps", 1e-6)),
-                     mm_tokens_per_image=raw.get("mm_tokens_per_image", 256), text_hidden_size=text_hidden_size)
+                     mm_tokens_per_image=raw.get("mm_tokens_per_image", 256), text_hidden_size=text_hidden_size,
+                     image_token_id=raw.get("image_token_index", 262144), start_token_id=raw.get("boi_token_index", 255999),
+                     end_token_id=raw.get("eoi_token_index", 256000))
         side = math.isqrt(config.mm_tokens_per_image)
         if side * side != config.mm_tokens_per_image or config.patches_per_side % side:
             raise ConfigError(f"{path}: mm_tokens_per_image {config.mm_tokens_per_image} does not pool "

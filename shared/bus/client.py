@@ -31,6 +31,7 @@ from shared.wire.messages import (
     Accepted,
     ClientHeartbeat,
     FinishReason,
+    ImageRef,
     RejectCode,
     Rejected,
     Resend,
@@ -189,18 +190,20 @@ class BusClient:
     async def submit(self, model: str, prompt_token_ids: list[int], sampling: SamplingParams, *,
                      request_id: str | None = None, cache_salt: str | None = None,
                      deadline: float = 0.0, priority: int = 0, timeout: float = 5.0,
-                     lora: str | None = None, probe: bool = False) -> RequestStream:
+                     lora: str | None = None, probe: bool = False, images: list[ImageRef] | None = None
+                     ) -> RequestStream:
         """deadline: wall-clock time after which the scheduler ends the request (0: none).
         priority: lower is served first (vLLM's meaning); see Scheduler.schedule.
         lora: a LoRA adapter the model's workers serve, by name (None: the base model).
-        probe: a readiness check's request, left out of the engine's metrics."""
+        probe: a readiness check's request, left out of the engine's metrics.
+        images: an image-text model's images in the prompt, their pixels in the media store (shared/bus/media.py)."""
         request_id = request_id or uuid.uuid4().hex
         stream = RequestStream(self, model, request_id)
         self.streams[request_id] = stream  # registered before Submit: the first token may beat the reply
         stream.submit = submit = Submit(request_id=request_id, model=model, prompt_token_ids=list(prompt_token_ids),
                         sampling=sampling, reply_to=self.reply_subject, arrival_time=time.time(),
                         cache_salt=cache_salt, deadline=deadline, client_id=self.client_id,
-                        abort_key=self.abort_key, priority=priority, lora=lora, probe=probe)
+                        abort_key=self.abort_key, priority=priority, lora=lora, probe=probe, images=images or [])
         retried = False
         while True:
             answer = asyncio.ensure_future(self.nc.request(subjects.submit(model), encode(submit), timeout=timeout))

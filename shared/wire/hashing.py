@@ -29,20 +29,24 @@ def hash_block_chain(
     lora: str | None = None,
     start_block: int = 0,
     parent: bytes | None = None,
+    images: Sequence[tuple[int, int, str]] = (),
 ) -> list[bytes]:
     """Hashes of the full blocks of `token_ids`, from `start_block` on.
 
     hash_i = sha256(msgpack([hash_{i-1}, tokens of block i, extra_keys])); block 0's extra keys
     carry the tenant's cache_salt so tenants never share (or time) each other's blocks, and the
-    LoRA adapter's name, so two adapters (or an adapter and the base) never share KV.
+    LoRA adapter's name, so two adapters (or an adapter and the base) never share KV. `images`:
+    (start, end, key) of each image's tokens, whose key joins the extra keys of every block they
+    touch: the same text with another image never shares KV, the same image does.
     """
     hashes: list[bytes] = []
     prev = root if start_block == 0 else parent
     assert prev is not None, "parent hash required when starting past block 0"
     first = tuple(key for key in (cache_salt, f"lora:{lora}" if lora else None) if key)
     for i in range(start_block, len(token_ids) // block_size):
-        extra = first if i == 0 else ()
-        prev = hash_block(prev, token_ids[i * block_size : (i + 1) * block_size], extra)
+        begin, end = i * block_size, (i + 1) * block_size
+        extra = (*(first if i == 0 else ()), *(f"image:{key}" for s, e, key in images if s < end and e > begin))
+        prev = hash_block(prev, token_ids[begin:end], extra)
         hashes.append(prev)
     return hashes
 

@@ -108,6 +108,19 @@ class ImageSpec(msgspec.Struct, frozen=True):
     end_id: int
 
 
+class ImageRef(msgspec.Struct, frozen=True, array_like=True):
+    """An image in a request's prompt: its pixels in the media store under `key` (shared/bus/media.py:
+    the file's sha256 and the side it was resized to), its tokens at [offset, offset + num_tokens)."""
+
+    key: str
+    offset: int
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.num_tokens
+
+
 class SamplingParams(msgspec.Struct, frozen=True):
     max_tokens: int = 16
     temperature: float = 1.0
@@ -164,6 +177,7 @@ class Submit(msgspec.Struct, tag="submit"):
     # taken over from a lost scheduler: a leader with no worker yet holds it (--worker-grace-s), not refuses it
     resumed: bool = False
     probe: bool = False  # a readiness probe's: served as any request, left out of the engine's metrics
+    images: list[ImageRef] = []  # an image-text model's images, in prompt order
 
 
 class Accepted(msgspec.Struct, tag="accepted"):
@@ -250,6 +264,7 @@ class NewSeq(msgspec.Struct, array_like=True):
     num_cached_tokens: int = 0
     first_scheduled_at: float = 0.0
     lora: str | None = None  # the adapter its rows run on; None: the base model
+    images: list[ImageRef] = []  # its prompt's images: their features take their tokens' place
 
 
 class ScheduledSeq(msgspec.Struct, array_like=True):

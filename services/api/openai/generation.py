@@ -15,7 +15,7 @@ from services.api.openai.format import Usage
 from shared.bus.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
 from shared.models.detokenizer import IncrementalDetokenizer
-from shared.wire.messages import FinishReason, Logprobs, RejectCode, SamplingParams, TokenEntry
+from shared.wire.messages import FinishReason, ImageRef, Logprobs, RejectCode, SamplingParams, TokenEntry
 
 if TYPE_CHECKING:
     from services.api.context import ApiContext, ServedModel
@@ -57,14 +57,17 @@ class Generation:
                  detokenizer: IncrementalDetokenizer, metrics: ApiMetrics, *, cache_salt: str | None,
                  idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float],
                  user: str | None = None, priority: int = 0, lora: str | None = None,
-                 on_finished: FinishHook | None = None, keeps_output: bool = False):
+                 on_finished: FinishHook | None = None, keeps_output: bool = False,
+                 images: list[ImageRef] | None = None):
         """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival).
         user: OpenAI's end-user identifier, logged with the request for monitoring.
         priority: the scheduler serves lower first (vLLM's meaning).
         lora: the LoRA adapter of `model` to run on (None: the base model).
         on_finished: called at its end; keeps_output (implied by on_finished): output_ids and
-        output_text hold what the client was sent."""
+        output_text hold what the client was sent.
+        images: the prompt's images (an image-text model's), their pixels already in the media store."""
         self.bus = bus
+        self.images = images or []
         self.priority = priority
         self.lora = lora
         self.user = user
@@ -99,7 +102,7 @@ class Generation:
         try:
             self.stream = await self.bus.submit(self.model, self.prompt_ids, self.sampling,
                                                 cache_salt=self.cache_salt, deadline=deadline,
-                                                priority=self.priority, lora=self.lora)
+                                                priority=self.priority, lora=self.lora, images=self.images)
         except (EngineUnavailable, SubmitRejected) as exc:
             raise submit_error(exc) from None
         self.submitted_at = time.monotonic()
@@ -262,11 +265,11 @@ def _one_by_one(entry: TokenEntry) -> list[TokenEntry]:
 
 def engine_request(ctx: ApiContext, model: ServedModel, body, prompt_ids: list[int], sampling: SamplingParams,
                    arrival: tuple[float, float], *, stop: list[str] | None = None,
-                   on_finished: FinishHook | None = None) -> Generation:
+                   on_finished: FinishHook | None = None, images: list[ImageRef] | None = None) -> Generation:
     """One engine request of an OpenAI request (body: its cache_salt, user, priority, stop strings)
     on a served model, under the gateway's timeouts. stop: instead of the body's stop strings."""
     detokenizer = IncrementalDetokenizer(model.tokenizer.tokenizer, body.stop_strings if stop is None else stop)
     return Generation(ctx.bus, model.engine, prompt_ids, sampling, detokenizer, ctx.metrics,
                       cache_salt=body.cache_salt, idle_timeout_s=ctx.server.idle_timeout_s,
                       request_timeout_s=ctx.server.request_timeout_s, arrival=arrival, user=body.user,
-                      priority=body.priority, lora=model.lora, on_finished=on_finished)
+                      priority=body.priority, lora=model.lora, on_finished=on_finished, images=images)

@@ -10,6 +10,7 @@ import re
 
 from services.api.context import ServedModel
 from services.api.errors import APIError
+from services.api.media.prompt import expand_placeholders
 from services.api.openai.chat_template import ChatTemplateError, render_chat
 from services.api.openai.protocol import (
     MAX_N,
@@ -80,6 +81,8 @@ def render_messages(model: ServedModel, messages: list[ChatMessage], add_generat
                            eos_token=model.tokenizer.eos_token, add_generation_prompt=add_generation_prompt, **extra)
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
+    if model.images is not None:
+        text = expand_placeholders(text, model, sum(len(m.images()) for m in messages))
     if continue_final_message:  # cut what the template closes the last message with (as transformers does)
         final = messages[-1].text()
         text = text[: text.rindex(final) + len(final)] if final in text else text
@@ -125,20 +128,6 @@ def check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
     if bad is not None:  # vLLM's words first: clients match on them
         raise APIError(400, f"Token id {bad} is out of vocabulary (ids are 0 to {model.tokenizer.vocab_size - 1})",
                        param=param)
-
-
-def check_images(model: ServedModel, messages: list[ChatMessage], limit: int) -> None:
-    """A request's image parts: at most `limit` (--limit-mm-per-prompt), and only to a model that
-    takes them (its workers announce an ImageSpec): a 400 before anything is fetched."""
-    count = sum(len(m.images()) for m in messages)
-    if not count:
-        return
-    if count > limit:
-        raise APIError(400, f"At most {limit} image(s) may be provided in one prompt.", param="messages")  # vLLM's words
-    if model.images is None:
-        archs = ", ".join(model.architectures) or "a text-only model"
-        raise APIError(400, f"The model {model.name!r} does not take image inputs ({archs}); send text only, "
-                            "or serve an image-text model (docs/images.md)", param="messages")
 
 
 def check_ready(model: ServedModel) -> None:

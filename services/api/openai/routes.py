@@ -13,6 +13,7 @@ from sse_starlette import EventSourceResponse
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.guards import arrival
+from services.api.media.prompt import image_refs, store_images
 from services.api.off_loop import off_loop
 from services.api.openai.beam_search import BeamChoices, check_beam_request
 from services.api.openai.body import parse
@@ -20,7 +21,6 @@ from services.api.openai.choices import Choices
 from services.api.openai.generation import Generation, engine_request
 from services.api.openai.params import (
     chat_logprobs,
-    check_images,
     choice_seed,
     completion_prompts,
     encode_text,
@@ -35,7 +35,7 @@ from services.api.openai.responder import ChatResponder, CompletionResponder, Re
 from services.api.openai.thinking import ThinkingGeneration
 from services.api.openai.tools.choice import forced_grammar, plan_tools
 from services.api.openai.tools.parsers import resolve as resolve_parser
-from shared.wire.messages import SamplingParams
+from shared.wire.messages import ImageRef, SamplingParams
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5
@@ -69,18 +69,20 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
 
 async def chat(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
     ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat, model_name)
-    choices, responder = await off_loop(chat_generation, ctx, model, body, arrival(request))
+    images = await store_images(ctx, model, body.messages)
+    choices, responder = await off_loop(chat_generation, ctx, model, body, arrival(request), images)
     return await _respond(choices, responder, body, request, usage_every_chunk)
 
 
 def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionRequest,
-                    arrived: tuple[float, float]) -> tuple[Choices, ChatResponder]:
-    """A validated chat request as engine requests, and the responder that reads them back."""
-    check_images(model, body.messages, ctx.server.limit_images)
+                    arrived: tuple[float, float], images: list[str]) -> tuple[Choices, ChatResponder]:
+    """A validated chat request as engine requests, and the responder that reads them back.
+    images: the media store keys of its image parts, in order (store_images)."""
     tools = plan_tools(body, resolve_parser(ctx.tool_call_parser, model.chat_template))
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
                            body.continue_final_message, body.chat_template_kwargs)
     prompt_ids = truncated(encode_text(model, text, "messages"), body, model)
+    refs = image_refs(prompt_ids, model.images, images)
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=whole_vocabulary(chat_logprobs(body), model),
                                prompt_logprobs=whole_vocabulary(body.prompt_logprobs, model))
@@ -96,17 +98,18 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
         raise APIError(400, "thinking_token_budget needs a reasoning parser (--reasoning-parser) and a prompt "
                             "that opens the thinking (the chat template's <think>)", param="thinking_token_budget")
     if thinks_first and (sampling.guided is not None or body.thinking_token_budget is not None):
-        choices = thinking_choices(ctx, model, body, prompt_ids, sampling, arrived)  # the grammar after the thinking
+        choices = thinking_choices(ctx, model, body, prompt_ids, sampling, arrived, refs)  # the grammar after the thinking
     else:
-        choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived)
+        choices = choices_for(ctx, model, body, [prompt_ids], [sampling], arrived, refs)
     return choices, ChatResponder(model, body, choices.num_choices, tools, prompt_ids, reasoning=splitter)
 
 
 def thinking_choices(ctx: ApiContext, model: ServedModel, body: ChatCompletionRequest, prompt_ids: list[int],
-                     sampling: SamplingParams, arrived: tuple[float, float]) -> Choices:
-    """Each choice thinks, then answers under the request's grammar (thinking.py)."""
+                     sampling: SamplingParams, arrived: tuple[float, float], images: list[ImageRef]) -> Choices:
+    """Each choice thinks, then answers under the request's grammar (thinking.py); its prompt's
+    images stay where they are in the prompts it continues."""
     def make(ids: list[int], params: SamplingParams, stop: list[str]) -> Generation:
-        return engine_request(ctx, model, body, ids, params, arrived, stop=stop)
+        return engine_request(ctx, model, body, ids, params, arrived, stop=stop, images=images)
 
     ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
     hook = ctx.finish_hook(model, body)
@@ -119,8 +122,12 @@ def thinking_choices(ctx: ApiContext, model: ServedModel, body: ChatCompletionRe
 
 
 def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: list[list[int]],
-                samplings: list[SamplingParams], arrived: tuple[float, float]) -> Choices | BeamChoices:
+                samplings: list[SamplingParams], arrived: tuple[float, float],
+                images: list[ImageRef] | None = None) -> Choices | BeamChoices:
+    """images: a chat prompt's (one prompt)."""
     if body.use_beam_search:
+        if images:
+            raise APIError(400, "use_beam_search is not served with images", param="use_beam_search")
         check_beam_request(body, model)
         return BeamChoices(ctx, model, body, prompts, samplings, arrived)
     generations, prompt_index = [], []
@@ -129,7 +136,7 @@ def choices_for(ctx: ApiContext, model: ServedModel, body: _Sampling, prompts: l
         ctx.metrics.observe_params(model.name, body.n, sampling.max_tokens)
         for j in range(body.n):
             seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, j))
-            generations.append(engine_request(ctx, model, body, ids, seeded, arrived, on_finished=hook))
+            generations.append(engine_request(ctx, model, body, ids, seeded, arrived, on_finished=hook, images=images))
             prompt_index.append(p)
     return Choices(generations, prompt_index)
 

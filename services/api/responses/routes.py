@@ -13,6 +13,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from services.api.context import ApiContext
 from services.api.errors import APIError
 from services.api.guards import arrival
+from services.api.media.prompt import store_images
 from services.api.off_loop import off_loop
 from services.api.openai.body import parse, validate
 from services.api.openai.choices import Choices
@@ -59,7 +60,8 @@ async def create_response(request: Request):
         conversation = (await _stored(ctx, body.previous_response_id, "previous_response_id"))["conversation"]
     conversation = conversation + input_messages(body.input)
     chat = validate(ChatCompletionRequest, chat_body(body, conversation), model.openai.chat)
-    choices, responder = await off_loop(chat_generation, ctx, model, chat, arrival(request))
+    images = await store_images(ctx, model, chat.messages)
+    choices, responder = await off_loop(chat_generation, ctx, model, chat, arrival(request), images)
     response_id = new_id("resp")
     if body.background:
         queued = response_object(response_id, body, [], "queued", None)

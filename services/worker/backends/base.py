@@ -9,7 +9,7 @@ metadata, the forward, warm-up or graph capture, and sampling. `ModelRunner` kee
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -18,6 +18,9 @@ from services.worker.logits_processors import SampleRow
 from services.worker.model_config import ModelConfig
 from services.worker.sequence import SeqState
 from shared.wire.messages import BackendName, Logprobs, WorkerKind
+
+if TYPE_CHECKING:  # images.py reads BatchRow from here
+    from services.worker.images import ImageCache
 
 # one scheduled row: the sequence and how many of its tokens this iteration computes
 BatchRow = tuple[SeqState, int]
@@ -94,6 +97,7 @@ class Backend(Protocol):
     model: torch.nn.Module
     config: ModelConfig  # the model's architecture
     encoder: Encoder | None  # an encoder model pools instead of sampling (only the torch CPU backend runs one)
+    images: ImageCache | None  # an image-text model's images (only the torch CPU backend runs them)
     draft: Backend | None  # speculative decoding's draft model over the same KV blocks (the torch CPU backend's)
     kv: KVSpec  # the pool's geometry and dtype (a slots backend's: qaic/kv_slots.py's SlotKVSpec)
     block_size: int

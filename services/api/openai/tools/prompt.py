@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from services.api.errors import APIError
-from services.api.openai.protocol import ChatMessage, Tool
+from services.api.openai.protocol import ChatMessage, TextPart, Tool
 
 HERMES_CHATML = """\
 {%- set system = messages[0].content if messages and messages[0].role in ('system', 'developer') else none %}
@@ -67,7 +67,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """As chat templates expect them: text content, and tool calls with their fields."""
     out = []
     for m in messages:
-        message = {**(m.model_extra or {}), "role": m.role, "content": m.text()}  # extras: the template's to read
+        message = {**(m.model_extra or {}), "role": m.role, "content": _content(m)}  # extras: the template's to read
         if m.tool_calls:
             message["tool_calls"] = [{"id": c.id, "type": c.type,
                                       "function": {"name": c.function.name,
@@ -79,6 +79,14 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
             message["name"] = m.name
         out.append(message)
     return out
+
+
+def _content(m: ChatMessage) -> str | list[dict]:
+    """Text; with images, the parts in order as Hugging Face templates read them ({"type": "image"}
+    where the template writes the model's placeholder)."""
+    if not m.images():
+        return m.text()
+    return [{"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"} for part in m.content]
 
 
 def uses_tools(messages: list[ChatMessage], tools: list[Tool] | None) -> bool:

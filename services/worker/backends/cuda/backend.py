@@ -44,6 +44,7 @@ class CudaBackend:
         self.model = loaded.model
         self.config = loaded.config
         self.encoder = None  # encoders are refused at load (refuse_encoder)
+        self.images = None  # an image-text model serves text here: its workers announce no ImageSpec
         self.draft: Eagle3Drafter | None = None  # an EAGLE-3 head (the draft_model method runs on the cpu backend)
         self.kv = kv
         self.device = device

@@ -51,6 +51,7 @@ class QaicBackend:
         self.model = loaded.model
         self.config = loaded.config
         self.encoder = None  # encoders are refused at load (refuse_encoder)
+        self.images = None  # image-text models are refused at load (refuse_images)
         self.draft = None  # speculative decoding's draft_model method runs on the cpu backend alone
         self.program = program
         self.kv = kv

@@ -20,6 +20,7 @@ from services.worker.backends.torch_cpu.quantization import (
     kept_weights,
     quantize,
 )
+from services.worker.images import ImageCache
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.models.eagle3 import Eagle3Head, load_eagle3
@@ -42,6 +43,8 @@ class TorchCpuBackend:
         self.model = loaded.model
         self.config = loaded.config
         self.encoder = loaded.model if getattr(loaded.model, "is_encoder", False) else None
+        # an image-text model's images (services/worker/images.py)
+        self.images = ImageCache(loaded.model.vision, loaded.config.vision) if loaded.config.vision else None
         self.kv = kv
         self.block_size = kv.block_size
         self.num_blocks = num_blocks
@@ -104,10 +107,19 @@ class TorchCpuBackend:
         return backend
 
     def prepare(self, batch) -> TorchInputs:
-        return build_inputs(batch, self.block_size, self.null_block)
+        inputs = build_inputs(batch, self.block_size, self.null_block)
+        if self.images is not None:
+            inputs.image_embeds, inputs.meta.bidirectional = self.images.step_inputs(batch)
+        return inputs
 
     def forward(self, inputs: TorchInputs) -> torch.Tensor:
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.images is None:
+            return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        self.model.image_embeds = inputs.image_embeds
+        try:
+            return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        finally:
+            self.model.image_embeds = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)

@@ -18,6 +18,7 @@ class TorchInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
+    image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, features): an image-text model's
 
 
 def build_inputs(batch: list[BatchRow], block_size: int, null_block: int) -> TorchInputs:

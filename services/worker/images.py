@@ -1,0 +1,92 @@
+"""An image-text model's images on the worker: pixels fetched from the media store before a step,
+features encoded once per image (a step's new images in one batch) and kept within a bound, and
+what a step's prefill rows take from them (their image tokens' features, the spans seen both ways)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from services.worker.backends.base import BatchRow
+from services.worker.vision_config import VisionConfig
+from shared.wire.messages import ImageRef, ImageSpec
+
+FEATURES_BYTES = 256 * 2**20  # encoded images kept (Gemma 3 4B's: 256 tokens x 2,560 x 4 bytes = 2.6 MB each)
+MAX_PENDING = 64  # images fetched and not yet encoded (a step's new ones)
+
+
+class ImageCache:
+    def __init__(self, tower: torch.nn.Module, config: VisionConfig, max_bytes: int = FEATURES_BYTES):
+        self.tower, self.config, self.max_bytes = tower, config, max_bytes
+        self.pixels: dict[str, bytes] = {}  # fetched, not encoded yet
+        self.features: OrderedDict[str, torch.Tensor] = OrderedDict()  # least recently used first
+        self.num_encoded = 0
+
+    @property
+    def spec(self) -> ImageSpec:
+        c = self.config
+        return ImageSpec(size=c.image_size, num_tokens=c.mm_tokens_per_image, token_id=c.image_token_id,
+                         start_id=c.start_token_id, end_id=c.end_token_id)
+
+    def missing(self, images: list[ImageRef]) -> list[str]:
+        """Keys whose pixels must be fetched before a step can run them."""
+        return [i.key for i in images if i.key not in self.features and i.key not in self.pixels]
+
+    def add_pixels(self, key: str, data: bytes) -> None:
+        side = self.config.image_size
+        if len(data) != side * side * 3:
+            raise ValueError(f"image {key}: {len(data)} bytes are not {side}x{side} RGB pixels")
+        self.pixels[key] = data
+        while len(self.pixels) > MAX_PENDING:  # fetched for rows that never ran (aborted, failed): the oldest go
+            self.pixels.pop(next(iter(self.pixels)))
+
+    def unavailable(self, images: list[ImageRef]) -> str | None:
+        """Why a new sequence cannot run (an image neither encoded nor fetched), or None."""
+        gone = self.missing(images)
+        return f"image {gone[0]} is not in the media store (expired, or never stored)" if gone else None
+
+    def step_inputs(self, batch: list[BatchRow]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,
+                                                           dict[int, list[tuple[int, int]]]]:
+        """(rows of the flattened batch that are image tokens, their features) and each prefill's
+        image spans (keyed by its first row), for the rows of this step."""
+        needed = [i for seq, num_new in batch for i in seq.images
+                  if i.offset < seq.num_computed_tokens + num_new and i.end > seq.num_computed_tokens]
+        self._encode([i.key for i in needed if i.key not in self.features])
+        rows, features, spans, row = [], [], {}, 0
+        for seq, num_new in batch:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            touched = [i for i in seq.images if i.offset < end and i.end > start]
+            if touched:
+                spans[row] = [(i.offset, i.end) for i in touched]
+            for image in touched:
+                first, last = max(image.offset, start), min(image.end, end)
+                rows.extend(range(row + first - start, row + last - start))
+                features.append(self.features[image.key][first - image.offset:last - image.offset])
+                self.features.move_to_end(image.key)
+            row += num_new
+        self._evict(keep={i.key for i in needed})
+        if not rows:
+            return None, spans
+        return (torch.tensor(rows, dtype=torch.long), torch.cat(features)), spans
+
+    def _encode(self, keys: list[str]) -> None:
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return
+        side = self.config.image_size
+        raw = torch.stack([torch.frombuffer(bytearray(self.pixels.pop(k)), dtype=torch.uint8) for k in keys])
+        pixels = (raw.view(len(keys), side, side, 3).permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5
+        with torch.inference_mode():
+            encoded = self.tower(pixels)
+        for key, features in zip(keys, encoded, strict=True):
+            self.features[key] = features
+        self.num_encoded += len(keys)
+
+    def _evict(self, keep: set[str]) -> None:
+        """The least recently used first, past max_bytes; never one this step reads."""
+        size = sum(f.nbytes for f in self.features.values())
+        for key in [k for k in self.features if k not in keep]:
+            if size <= self.max_bytes:
+                return
+            size -= self.features.pop(key).nbytes
