@@ -52,7 +52,10 @@ def http_server():
             self.send_response(200 if body is not None else 404)
             self.send_header("Content-Length", str(len(body or b"")))
             self.end_headers()
-            self.wfile.write(body or b"")
+            try:
+                self.wfile.write(body or b"")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading past its cap (/big): as it should
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
