@@ -36,6 +36,7 @@ from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 
 NAME = "gemma3-bench"
+# Gemma 3's chat template, its image and text parts as the Hub's writes them (tests use it too)
 TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<start_of_turn>"
     "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"

@@ -10,7 +10,8 @@ import torch
 
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
-from shared.wire.messages import ImageRef, NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.wire.images import ImageRef
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 from tests.model_helpers import BLOCK_SIZE, make_runner
 
 transformers = pytest.importorskip("transformers")

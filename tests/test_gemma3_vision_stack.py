@@ -15,20 +15,16 @@ import pytest
 import torch
 from PIL import Image
 
+from bench.images import (
+    TEMPLATE,  # Gemma 3's chat template, its image and text parts as the Hub's writes them
+)
 from tests.model_helpers import serve_checkpoint
 
 pytestmark = pytest.mark.stack
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 TOKENS_PER_IMAGE, SIDE = 4, 16
-# Gemma 3's chat template, its image and text parts as the Hub's writes them
-TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
-    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}"
-    "{% for item in message['content'] %}{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
-    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
-    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
 
 
 @pytest.fixture(scope="module")

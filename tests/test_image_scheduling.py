@@ -10,7 +10,8 @@ from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.validate import images_error
 from shared.wire.hashing import hash_block_chain, root_hash
-from shared.wire.messages import ImageRef, ImageSpec, SamplingParams, Submit
+from shared.wire.images import ImageRef, ImageSpec
+from shared.wire.messages import SamplingParams, Submit
 from tests.test_scheduler import run_step
 
 IMAGE = 99

@@ -19,8 +19,9 @@ from shared.config import GATEWAY_DEFAULTS
 from shared.control.deployment import DeployedModel
 from shared.control.registry import Registry
 from shared.models.tokenizer import ModelTokenizer
+from shared.wire.images import ImageSpec
 from shared.wire.lora import LoraInfo
-from shared.wire.messages import EmbeddingSpec, ImageSpec
+from shared.wire.messages import EmbeddingSpec
 
 if TYPE_CHECKING:  # the features' classes import this module
     from services.api.batch.batches import BatchStore

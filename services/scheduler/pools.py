@@ -11,7 +11,8 @@ from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.request import Request
-from shared.wire.messages import EmbeddingSpec, ImageSpec, WorkerHello
+from shared.wire.images import ImageSpec
+from shared.wire.messages import EmbeddingSpec, WorkerHello
 
 
 def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:

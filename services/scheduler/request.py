@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shared.wire.messages import ImageRef, SamplingParams, Submit
+from shared.wire.images import ImageRef
+from shared.wire.messages import SamplingParams, Submit
 
 
 class RequestStatus(enum.IntEnum):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from shared.wire.messages import ImageSpec, SamplingParams, Submit
+from shared.wire.images import ImageSpec
+from shared.wire.messages import SamplingParams, Submit
 
 MAX_TOKEN_LIST = 65_536  # stop_token_ids, allowed_token_ids, logit_bias entries
 INT64_MAX = 2**63 - 1

@@ -10,7 +10,7 @@ import torch
 
 from services.worker.backends.base import BatchRow
 from services.worker.vision_config import VisionConfig
-from shared.wire.messages import ImageRef, ImageSpec
+from shared.wire.images import ImageRef, ImageSpec
 
 FEATURES_BYTES = 256 * 2**20  # encoded images kept (Gemma 3 4B's: 256 tokens x 2,560 x 4 bytes = 2.6 MB each)
 MAX_PENDING = 64  # images fetched and not yet encoded (a step's new ones)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from services.worker.guided import GuidedMatcher
 from services.worker.logits_processors import SampleRow
-from shared.wire.messages import FinishReason, ImageRef, Logprobs, NewSeq, SamplingParams
+from shared.wire.images import ImageRef
+from shared.wire.messages import FinishReason, Logprobs, NewSeq, SamplingParams
 
 
 @dataclass

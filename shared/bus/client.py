@@ -23,6 +23,7 @@ from shared.bus.liveness import CLIENT_HEARTBEAT_S, SCHEDULER_SILENCE_S, BusProb
 from shared.bus.stream import RequestStream
 from shared.log import get_logger
 from shared.wire import subjects
+from shared.wire.images import ImageRef
 from shared.wire.messages import (
     SCHEDULER_HEARTBEAT_DECODER,
     SUBMIT_REPLY_DECODER,
@@ -31,7 +32,6 @@ from shared.wire.messages import (
     Accepted,
     ClientHeartbeat,
     FinishReason,
-    ImageRef,
     RejectCode,
     Rejected,
     Resend,

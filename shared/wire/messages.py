@@ -14,6 +14,7 @@ from typing import NewType, Union
 import msgspec
 
 from shared.wire.histogram import HistogramCounts
+from shared.wire.images import ImageRef, ImageSpec
 from shared.wire.lora import LoraInfo
 from shared.wire.spec_decode import Drafts, SpecDecodeCounts
 
@@ -95,30 +96,6 @@ class EmbeddingSpec(msgspec.Struct, frozen=True):
     matryoshka: list[int] | None = None  # None: not Matryoshka-trained, only the whole vector
     encoder: bool = False  # a BERT-style encoder: it embeds and scores, and generates nothing
     cross_encoder: bool = False  # a reranker: it scores (text_1, text_2) pairs, one value each, and embeds nothing
-
-
-class ImageSpec(msgspec.Struct, frozen=True):
-    """What an image-text model makes of an image (its workers announce it): the square its vision
-    tower reads, the image tokens each image takes in the prompt, and their ids."""
-
-    size: int  # pixels a side
-    num_tokens: int
-    token_id: int  # each image token's (the features take its place)
-    start_id: int  # the tokens that open and close an image's run
-    end_id: int
-
-
-class ImageRef(msgspec.Struct, frozen=True, array_like=True):
-    """An image in a request's prompt: its pixels in the media store under `key` (shared/bus/media.py:
-    the file's sha256 and the side it was resized to), its tokens at [offset, offset + num_tokens)."""
-
-    key: str
-    offset: int
-    num_tokens: int
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.num_tokens
 
 
 class SamplingParams(msgspec.Struct, frozen=True):

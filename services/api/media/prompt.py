@@ -13,7 +13,7 @@ from services.api.media.images import decode, square_pixels
 from services.api.off_loop import off_loop
 from services.api.openai.protocol import ChatMessage
 from shared.bus.media import MediaStore, image_key
-from shared.wire.messages import ImageRef, ImageSpec
+from shared.wire.images import ImageRef, ImageSpec
 
 
 def check_images(model: ServedModel, messages: list[ChatMessage], limit: int) -> int:

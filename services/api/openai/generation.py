@@ -15,7 +15,8 @@ from services.api.openai.format import Usage
 from shared.bus.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
 from shared.models.detokenizer import IncrementalDetokenizer
-from shared.wire.messages import FinishReason, ImageRef, Logprobs, RejectCode, SamplingParams, TokenEntry
+from shared.wire.images import ImageRef
+from shared.wire.messages import FinishReason, Logprobs, RejectCode, SamplingParams, TokenEntry
 
 if TYPE_CHECKING:
     from services.api.context import ApiContext, ServedModel

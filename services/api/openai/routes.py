@@ -35,7 +35,8 @@ from services.api.openai.responder import ChatResponder, CompletionResponder, Re
 from services.api.openai.thinking import ThinkingGeneration
 from services.api.openai.tools.choice import forced_grammar, plan_tools
 from services.api.openai.tools.parsers import resolve as resolve_parser
-from shared.wire.messages import ImageRef, SamplingParams
+from shared.wire.images import ImageRef
+from shared.wire.messages import SamplingParams
 
 router = APIRouter()
 DISCONNECT_POLL_S = 0.5
