@@ -52,7 +52,8 @@ class ImageCache:
         image spans (keyed by its first row), for the rows of this step."""
         needed = [i for seq, num_new in batch for i in seq.images
                   if i.offset < seq.num_computed_tokens + num_new and i.end > seq.num_computed_tokens]
-        self._encode([i.key for i in needed if i.key not in self.features])
+        new = [i.key for i in needed if i.key not in self.features]
+        self._encode(new)
         rows, features, spans, row = [], [], {}, 0
         for seq, num_new in batch:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
@@ -65,7 +66,8 @@ class ImageCache:
                 features.append(self.features[image.key][first - image.offset:last - image.offset])
                 self.features.move_to_end(image.key)
             row += num_new
-        self._evict(keep={i.key for i in needed})
+        if new:  # the cache only grows by a step's new images
+            self._evict(keep={i.key for i in needed})
         if not rows:
             return None, spans
         return (torch.tensor(rows, dtype=torch.long), torch.cat(features)), spans
