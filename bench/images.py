@@ -37,7 +37,7 @@ from switchyard.nats_server import NatsServer, free_port
 
 NAME = "gemma3-bench"
 # Gemma 3's chat template, its image and text parts as the Hub's writes them (tests use it too)
-TEMPLATE = (
+GEMMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<start_of_turn>"
     "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}"
@@ -45,6 +45,15 @@ TEMPLATE = (
     "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
     "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
+# Qwen2.5-VL's chat template, its system turn, image and text parts as the Hub's writes them (videos left out)
+QWEN25VL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 def write_checkpoint(folder: str, image_size: int, vision_layers: int, text_layers: int) -> None:
     import transformers
@@ -53,7 +62,7 @@ def write_checkpoint(folder: str, image_size: int, vision_layers: int, text_laye
     tokenizer = copy.deepcopy(transformers.AutoTokenizer.from_pretrained(path, gguf_file=name))
     tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_image>", "<end_of_image>",
                                                                 "<image_soft_token>"]})
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = GEMMA3_TEMPLATE
     boi, eoi, image = tokenizer.convert_tokens_to_ids(["<start_of_image>", "<end_of_image>", "<image_soft_token>"])
     config = transformers.Gemma3Config(
         text_config=dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=text_layers,

@@ -52,14 +52,17 @@ def greedy_generate(runner: ModelRunner, prompt_ids: list[int], max_tokens: int)
     return tokens
 
 
-def serve_checkpoint(tmp_path_factory, name: str, model, tokenizer, *flags: str):
-    """A transformers model and its tokenizer saved as a Hugging Face directory and served under
-    `name` by a stack of `make run`'s services (tests/conftest.py's), with `flags` added."""
+def serve_checkpoint(tmp_path_factory, name: str, model, tokenizer, *flags: str, processor=None):
+    """A transformers model and its tokenizer (and image processor) saved as a Hugging Face
+    directory and served under `name` by a stack of `make run`'s services (tests/conftest.py's),
+    with `flags` added."""
     from tests.conftest import _start_stack
 
     folder = tmp_path_factory.mktemp(f"{name}-model")
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+    if processor is not None:
+        processor.save_pretrained(folder)
     return _start_stack(tmp_path_factory, name, 1, ["--model-path", str(folder), "--model", name, *flags])
 
 

@@ -63,7 +63,7 @@ def _images(runner, spans: list[tuple[int, int]]) -> tuple[list[ImageRef], torch
     raw = torch.randint(0, 256, (len(spans), 16, 16, 3), dtype=torch.uint8)
     refs = [ImageRef(key=f"img{i}", offset=begin, num_tokens=end - begin) for i, (begin, end) in enumerate(spans)]
     for ref, picture in zip(refs, raw, strict=True):
-        runner.add_image(ref.key, picture.numpy().tobytes())
+        runner.add_image(ref, picture.numpy().tobytes())
     return refs, (raw.permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5
 
 
@@ -80,7 +80,7 @@ def test_the_image_encoder_gives_transformers_features(checkpoint):
     pixels = torch.randn(3, 3, 16, 16)
     with torch.no_grad():
         expected = model.model.get_image_features(pixels).pooler_output
-        got = ours.vision(pixels)
+        got = ours.vision(pixels)  # encode() normalizes uint8 pixels first: the tower itself here
     assert got.shape == (3, TOKENS_PER_IMAGE, 64)
     assert torch.allclose(got, expected, atol=TOLERANCE, rtol=0)
 

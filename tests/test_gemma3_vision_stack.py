@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from bench.images import (
-    TEMPLATE,  # Gemma 3's chat template, its image and text parts as the Hub's writes them
+    GEMMA3_TEMPLATE,  # Gemma 3's chat template, its image and text parts as the Hub's writes them
 )
 from tests.model_helpers import serve_checkpoint
 
@@ -32,7 +32,7 @@ def served(tmp_path_factory, hf_tokenizer):
     tokenizer = copy.deepcopy(hf_tokenizer)  # the session's is SmolLM2's as it is
     tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_image>", "<end_of_image>",
                                                                 "<image_soft_token>"]})
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = GEMMA3_TEMPLATE
     boi, eoi, image = tokenizer.convert_tokens_to_ids(["<start_of_image>", "<end_of_image>", "<image_soft_token>"])
     torch.manual_seed(0)
     config = transformers.Gemma3Config(

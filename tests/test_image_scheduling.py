@@ -3,6 +3,7 @@ joins the hashes of the blocks it touches, and a Submit's images are checked bef
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from services.scheduler.kv_cache_manager import KVCacheManager
@@ -16,6 +17,9 @@ from tests.test_scheduler import run_step
 
 IMAGE = 99
 SPEC = ImageSpec(size=16, num_tokens=6, token_id=IMAGE, start_id=97, end_id=98)
+# each image at its own size (Qwen2.5-VL's kind): one token per 8x8 pixels, at most 64x64 pixels
+DYNAMIC = ImageSpec(size=0, num_tokens=0, token_id=IMAGE, start_id=97, end_id=98, patch=8, min_pixels=64,
+                    max_pixels=64 * 64, resample="bicubic")
 ROOT = root_hash("m", "auto")
 
 
@@ -74,7 +78,10 @@ def test_an_images_key_joins_the_hashes_of_the_blocks_it_touches():
 
 @pytest.mark.parametrize(("images", "spec", "why"), [
     ([ImageRef("k", 1, 6)], None, "this model takes no images"),
-    ([ImageRef("k", 1, 5)], SPEC, "must be a run of 6 tokens"),
+    ([ImageRef("k", 1, 5)], SPEC, "must be 16x16 pixels of 6 tokens"),
+    ([ImageRef("k", 1, 6, 25, 16)], DYNAMIC, "the sides must be multiples of 8"),
+    ([ImageRef("k", 1, 6, 16, 16)], DYNAMIC, "16x16 pixels take 4 tokens, not 6"),
+    ([ImageRef("k", 1, 6, 8, 8 * 600)], DYNAMIC, "the area at most 4096 pixels"),
     ([ImageRef("k", 0, 6)], SPEC, "are not all image tokens"),
     ([ImageRef("k", 1, 6), ImageRef("j", 3, 6)], SPEC, "after the image before it"),
     ([ImageRef("", 1, 6)], SPEC, "key must be 1 to 256 characters"),
@@ -87,4 +94,22 @@ def test_a_submits_images_are_checked(images, spec, why):
     good = Submit(request_id="r", model="m", prompt_token_ids=prompt, sampling=SamplingParams(), reply_to="x",
                   arrival_time=0.0, images=[ImageRef("k", 1, 6)])
     assert images_error(good, SPEC, 512) is None
+    sized = msgspec.structs.replace(good, images=[ImageRef("k", 1, 6, 24, 16)])
+    assert images_error(sized, DYNAMIC, 512) is None
     assert "more than one step computes" in images_error(good, SPEC, 4)
+
+
+@pytest.mark.parametrize("size", [(40, 24), (1000, 30), (7, 9), (3000, 2000), (29, 5000)])
+def test_an_image_is_resized_as_qwen2_vls_processor_does(size):
+    """ImageSpec.resized against transformers' smart_resize (the processor the gateway follows)."""
+    vl = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    spec = msgspec.structs.replace(DYNAMIC, patch=28, min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+    width, height = size
+    h, w = vl.smart_resize(height, width, factor=28, min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+    assert spec.resized(width, height) == (w, h)
+    assert spec.tokens_for(w, h) == (w // 28) * (h // 28)
+
+
+def test_an_image_far_longer_than_wide_is_refused():
+    with pytest.raises(ValueError, match="may differ by at most 200 times"):
+        DYNAMIC.resized(10, 2001)

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from services.api.media.fetch import MediaError, MediaPolicy, fetch
-from services.api.media.images import decode, square_pixels
+from services.api.media.images import decode, resized_pixels
 
 LOCAL = MediaPolicy(allow_private=True, timeout_s=2.0, max_bytes=2**20)
 
@@ -132,5 +132,5 @@ def test_pixels_are_resized_as_gemma3s_image_processor_resizes_them():
     data = image_bytes("PNG")
     expected = processors.Gemma3ImageProcessorPil(size={"height": 16, "width": 16})(
         images=Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
-    raw = np.frombuffer(square_pixels(decode(data), 16), dtype=np.uint8).reshape(16, 16, 3)
+    raw = np.frombuffer(resized_pixels(decode(data), 16, 16), dtype=np.uint8).reshape(16, 16, 3)
     assert np.abs((raw.transpose(2, 0, 1) / 255 - 0.5) / 0.5 - expected).max() < 1e-6

@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.api.context import ApiContext
 from services.api.errors import APIError
-from services.api.media.prompt import check_images
+from services.api.media.prompt import store_images
 from services.api.off_loop import off_loop
 from services.api.openai.body import parse, read_json
 from services.api.openai.params import check_token_ids, encode_text, render_messages
@@ -132,9 +132,9 @@ async def tokenize(request: Request) -> JSONResponse:
     if body.prompt is not None:
         text = body.prompt
     else:
-        check_images(model, body.messages, ctx.server.limit_images)
+        images = await store_images(ctx, model, body.messages, store=False)  # their sizes set their tokens
         text = await off_loop(render_messages, model, body.messages, body.add_generation_prompt, body.tools,
-                              body.continue_final_message, body.chat_template_kwargs)
+                              body.continue_final_message, body.chat_template_kwargs, [i.num_tokens for i in images])
     special = True if body.add_special_tokens is None else body.add_special_tokens
     ids = await off_loop(encode_text, model, text, "prompt", special)
     strs = [model.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None  # null: vLLM's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from shared.wire.images import ImageSpec
+from shared.wire.images import ImageRef, ImageSpec
 from shared.wire.messages import SamplingParams, Submit
 
 MAX_TOKEN_LIST = 65_536  # stop_token_ids, allowed_token_ids, logit_bias entries
@@ -45,15 +45,33 @@ def images_error(submit: Submit, spec: ImageSpec | None, max_num_batched_tokens:
     for i, image in enumerate(submit.images):
         if not 0 < len(image.key) <= 256:
             return f"images[{i}].key must be 1 to 256 characters"
-        if image.num_tokens != spec.num_tokens or image.offset < end or image.end > len(prompt):
-            return (f"images[{i}] must be a run of {spec.num_tokens} tokens inside the prompt, after the image "
+        if (why := _size_error(image, spec)) is not None:
+            return f"images[{i}]: {why}"
+        if image.offset < end or image.end > len(prompt):
+            return (f"images[{i}] must be a run of {image.num_tokens} tokens inside the prompt, after the image "
                     f"before it, got [{image.offset}, {image.end})")
         if any(t != spec.token_id for t in prompt[image.offset:image.end]):
             return f"images[{i}]: the prompt's tokens [{image.offset}, {image.end}) are not all image tokens ({spec.token_id})"
+        if image.num_tokens > max_num_batched_tokens:
+            return (f"images[{i}] takes {image.num_tokens} tokens, more than one step computes "
+                    f"(max_num_batched_tokens {max_num_batched_tokens})")
         end = image.end
-    if spec.num_tokens > max_num_batched_tokens:
-        return (f"an image takes {spec.num_tokens} tokens, more than one step computes "
-                f"(max_num_batched_tokens {max_num_batched_tokens})")
+    return None
+
+
+def _size_error(image: ImageRef, spec: ImageSpec) -> str | None:
+    """An image's size and tokens as the model reads them: its square, or its own size in whole
+    patches, no larger than the model reads."""
+    if not spec.dynamic:
+        if image.num_tokens != spec.num_tokens or (image.width, image.height) not in ((0, 0), (spec.size, spec.size)):
+            return f"must be {spec.size}x{spec.size} pixels of {spec.num_tokens} tokens"
+        return None
+    w, h = image.width, image.height
+    if w <= 0 or h <= 0 or w % spec.patch or h % spec.patch or w * h > spec.max_pixels:
+        return (f"{w}x{h} pixels: the sides must be multiples of {spec.patch}, the area at most "
+                f"{spec.max_pixels} pixels")
+    if image.num_tokens != spec.tokens_for(w, h):
+        return f"{w}x{h} pixels take {spec.tokens_for(w, h)} tokens, not {image.num_tokens}"
     return None
 
 

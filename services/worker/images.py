@@ -9,42 +9,50 @@ from collections import OrderedDict
 import torch
 
 from services.worker.backends.base import BatchRow
-from services.worker.vision_config import VisionConfig
+from services.worker.vision_config import QwenVisionConfig, VisionConfig
 from shared.wire.images import ImageRef, ImageSpec
 
 FEATURES_BYTES = 256 * 2**20  # encoded images kept (Gemma 3 4B's: 256 tokens x 2,560 x 4 bytes = 2.6 MB each)
 MAX_PENDING = 64  # images fetched and not yet encoded (a step's new ones)
 
 
+def image_spec(config: VisionConfig | QwenVisionConfig) -> ImageSpec:
+    """What the gateway and the scheduler are told of the model's images (its workers' hello)."""
+    if isinstance(config, QwenVisionConfig):
+        return ImageSpec(size=0, num_tokens=0, token_id=config.image_token_id, start_id=config.start_token_id,
+                         end_id=config.end_token_id, patch=config.token_pixels, min_pixels=config.min_pixels,
+                         max_pixels=config.max_pixels, resample="bicubic")
+    return ImageSpec(size=config.image_size, num_tokens=config.mm_tokens_per_image, token_id=config.image_token_id,
+                     start_id=config.start_token_id, end_id=config.end_token_id)
+
+
 class ImageCache:
-    def __init__(self, tower: torch.nn.Module, config: VisionConfig, max_bytes: int = FEATURES_BYTES):
-        self.tower, self.config, self.max_bytes = tower, config, max_bytes
-        self.pixels: dict[str, bytes] = {}  # fetched, not encoded yet
+    def __init__(self, tower: torch.nn.Module, config: VisionConfig | QwenVisionConfig,
+                 max_bytes: int = FEATURES_BYTES):
+        """tower: the model's image encoder; its encode() takes RGB uint8 [height, width, 3] images."""
+        self.tower, self.max_bytes = tower, max_bytes
+        self.spec = image_spec(config)
+        self.pixels: dict[str, torch.Tensor] = {}  # fetched, not encoded yet
         self.features: OrderedDict[str, torch.Tensor] = OrderedDict()  # least recently used first
         self.num_encoded = 0
 
-    @property
-    def spec(self) -> ImageSpec:
-        c = self.config
-        return ImageSpec(size=c.image_size, num_tokens=c.mm_tokens_per_image, token_id=c.image_token_id,
-                         start_id=c.start_token_id, end_id=c.end_token_id)
+    def missing(self, images: list[ImageRef]) -> list[ImageRef]:
+        """Images whose pixels must be fetched before a step can run them."""
+        return [i for i in images if i.key not in self.features and i.key not in self.pixels]
 
-    def missing(self, images: list[ImageRef]) -> list[str]:
-        """Keys whose pixels must be fetched before a step can run them."""
-        return [i.key for i in images if i.key not in self.features and i.key not in self.pixels]
-
-    def add_pixels(self, key: str, data: bytes) -> None:
-        side = self.config.image_size
-        if len(data) != side * side * 3:
-            raise ValueError(f"image {key}: {len(data)} bytes are not {side}x{side} RGB pixels")
-        self.pixels[key] = data
+    def add_pixels(self, image: ImageRef, data: bytes) -> None:
+        spec = self.spec
+        width, height = (image.width, image.height) if spec.dynamic else (spec.size, spec.size)
+        if len(data) != width * height * 3:
+            raise ValueError(f"image {image.key}: {len(data)} bytes are not {width}x{height} RGB pixels")
+        self.pixels[image.key] = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(height, width, 3)
         while len(self.pixels) > MAX_PENDING:  # fetched for rows that never ran (aborted, failed): the oldest go
             self.pixels.pop(next(iter(self.pixels)))
 
     def unavailable(self, images: list[ImageRef]) -> str | None:
         """Why a new sequence cannot run (an image neither encoded nor fetched), or None."""
         gone = self.missing(images)
-        return f"image {gone[0]} is not in the media store (expired, or never stored)" if gone else None
+        return f"image {gone[0].key} is not in the media store (expired, or never stored)" if gone else None
 
     def step_inputs(self, batch: list[BatchRow]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,
                                                            dict[int, list[tuple[int, int]]]]:
@@ -76,11 +84,8 @@ class ImageCache:
         keys = list(dict.fromkeys(keys))
         if not keys:
             return
-        side = self.config.image_size
-        raw = torch.stack([torch.frombuffer(bytearray(self.pixels.pop(k)), dtype=torch.uint8) for k in keys])
-        pixels = (raw.view(len(keys), side, side, 3).permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5
         with torch.inference_mode():
-            encoded = self.tower(pixels)
+            encoded = self.tower.encode([self.pixels.pop(k) for k in keys])
         for key, features in zip(keys, encoded, strict=True):
             self.features[key] = features
         self.num_encoded += len(keys)

@@ -13,7 +13,12 @@ import msgspec
 
 from services.worker.quant_scheme import scheme_of
 from services.worker.rope import RopeScaling, local_rope_theta, parse_hf_rope, partial_rotary_factor
-from services.worker.vision_config import VisionConfig, gemma3_text_config
+from services.worker.vision_config import (
+    QwenVisionConfig,
+    VisionConfig,
+    gemma3_text_config,
+    qwen25vl_text_config,
+)
 from shared.config import ConfigError
 from shared.models.architectures import ENCODER_ARCHITECTURES, GGUF_ARCHITECTURES
 from shared.wire.messages import EmbeddingSpec
@@ -224,7 +229,11 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     # first [SEP], and its one logit, through `score_activation`, is the pair's score
     sep_token_id: int | None = None
     score_activation: str | None = None
-    vision: VisionConfig | None = None  # an image-text model's (Gemma3ForConditionalGeneration) vision tower
+    # an image-text model's vision tower (Gemma3ForConditionalGeneration's, Qwen2_5_VLForConditionalGeneration's)
+    vision: VisionConfig | QwenVisionConfig | None = None
+    # M-RoPE (Qwen2.5-VL): the rotary's frequencies in sections turned by a token's time, row and column
+    # (three positions per token; a text token's three are equal); empty: one position
+    mrope_section: list[int] = []
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
@@ -238,6 +247,12 @@ class ModelConfig(msgspec.Struct, kw_only=True):
             text = cls.from_hf_dict(gemma3_text_config(raw, str(path)), str(path))
             return msgspec.structs.replace(text, architecture=archs[0],
                                            vision=VisionConfig.from_gemma3(raw, text.hidden_size, str(path)))
+        if archs[0] == "Qwen2_5_VLForConditionalGeneration":  # Qwen2 with M-RoPE, and its vision tower
+            text, sections = qwen25vl_text_config(raw, str(path))
+            config = cls.from_hf_dict(text, str(path))
+            vision = QwenVisionConfig.from_qwen25vl(raw, Path(path), config.hidden_size,
+                                                    (config.rotary_dim or config.head_dim) // 2, sections)
+            return msgspec.structs.replace(config, architecture=archs[0], vision=vision, mrope_section=list(sections))
         return cls.from_hf_dict(raw, str(path))
 
     @classmethod

@@ -22,6 +22,7 @@ from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
+from shared.wire.images import ImageRef
 from shared.wire.messages import FinishReason, Logprobs, NewSeq, Pooling, Sampled, ScheduledSeq, Step
 from shared.wire.spec_decode import Drafts
 
@@ -134,15 +135,15 @@ class ModelRunner:
             batch.append((state, sched.num_new_tokens))
         return batch
 
-    def images_to_fetch(self, step: Step) -> list[str]:
-        """The media store keys of the step's new sequences' images this worker has neither encoded
-        nor fetched (the worker service fetches them before the step runs)."""
+    def images_to_fetch(self, step: Step) -> list[ImageRef]:
+        """The step's new sequences' images this worker has neither encoded nor fetched, one per key
+        (the worker service fetches them from the media store before the step runs)."""
         if self.backend.images is None:
             return []
-        return list(dict.fromkeys(k for new in step.new_seqs for k in self.backend.images.missing(new.images)))
+        return list({i.key: i for new in step.new_seqs for i in self.backend.images.missing(new.images)}.values())
 
-    def add_image(self, key: str, pixels: bytes) -> None:
-        self.backend.images.add_pixels(key, pixels)
+    def add_image(self, image: ImageRef, pixels: bytes) -> None:
+        self.backend.images.add_pixels(image, pixels)
 
     def _images_unavailable(self, new: NewSeq) -> str | None:
         if self.backend.images is None:

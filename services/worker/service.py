@@ -190,18 +190,18 @@ class WorkerService:
     async def _fetch_images(self, step) -> None:
         """An image-text model's new images, from the media store; one that is not there fails its
         request alone when the step runs (ModelRunner.apply_deltas)."""
-        keys = self.runner.images_to_fetch(step)
-        if not keys:
+        images = self.runner.images_to_fetch(step)
+        if not images:
             return
         self.media = self.media or MediaStore(self.nc)
-        for key, pixels in zip(keys, await asyncio.gather(*(self.media.get(k) for k in keys)), strict=True):
+        for image, pixels in zip(images, await asyncio.gather(*(self.media.get(i.key) for i in images)), strict=True):
             if pixels is None:
-                log.warning("image_missing", key=key)
+                log.warning("image_missing", key=image.key)
                 continue
             try:
-                self.runner.add_image(key, pixels)
+                self.runner.add_image(image, pixels)
             except ValueError as exc:
-                log.warning("image_refused", key=key, error=str(exc))
+                log.warning("image_refused", key=image.key, error=str(exc))
 
     async def _respond(self, msg: Msg, result: StepResult) -> None:
         reply = encode(result)

@@ -1,5 +1,5 @@
 """Images between the gateway and the workers: a JetStream object store holding each image's
-resized pixels under its key (the file's sha256 and the side), for an hour; a worker reads them
+resized pixels under its key (the file's sha256 and the size it was resized to), for an hour; a worker reads them
 when a request's sequence reaches it (again after a preemption or a migration)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ MAX_AGE_S = 3600.0  # past this an image is gone: a request that still needs it 
 MAX_BUCKET_BYTES = 4 * 2**30  # every image together (Gemma 3's: 2.4 MB each)
 
 
-def image_key(digest: str, side: int) -> str:
-    return f"{digest}-{side}"
+def image_key(digest: str, width: int, height: int) -> str:
+    return f"{digest}-{width}x{height}"
 
 
 class MediaStore:

@@ -8,6 +8,7 @@ HF_ARCHITECTURES = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
     "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration",  # Gemma 3 4B and up: its language model, and its image encoder (docs/images.md)
+    "Qwen2_5_VLForConditionalGeneration",  # Qwen2.5-VL: Qwen2 with M-RoPE, and its vision transformer (docs/images.md)
     "BertModel",  # an encoder: embeddings and scores only, on the torch CPU backend
     "BertForSequenceClassification",  # a cross-encoder: /score and /rerank only
 })

@@ -52,7 +52,10 @@ def decode(data: bytes, max_pixels: int = MAX_PIXELS) -> Picture:
         raise MediaError(f"the image cannot be decoded: {exc}") from None
 
 
-def square_pixels(picture: Picture, side: int) -> bytes:
-    """RGB bytes, row-major, `side` x `side`: resized bilinearly, as Gemma 3's image processor does
-    (its normalization, (x / 255 - 0.5) / 0.5, is the worker's)."""
-    return picture.image.resize((side, side), Image.Resampling.BILINEAR).tobytes()
+RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def resized_pixels(picture: Picture, width: int, height: int, resample: str = "bilinear") -> bytes:
+    """RGB bytes, row-major, width x height, resized as the model's image processor does (Gemma 3's
+    bilinearly, Qwen2.5-VL's bicubically; their normalizations are the worker's)."""
+    return picture.image.resize((width, height), RESAMPLE[resample]).tobytes()

@@ -5,15 +5,24 @@ images fetched, checked, resized and stored for the workers before the request i
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.media.fetch import MediaError, fetch
-from services.api.media.images import decode, square_pixels
+from services.api.media.images import decode, resized_pixels
 from services.api.off_loop import off_loop
 from services.api.openai.protocol import ChatMessage
 from shared.bus.media import MediaStore, image_key
 from shared.wire.images import ImageRef, ImageSpec
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    key: str  # in the media store
+    width: int  # the pixels it was resized to
+    height: int
+    num_tokens: int  # its image tokens in the prompt
 
 
 def check_images(model: ServedModel, messages: list[ChatMessage], limit: int) -> int:
@@ -29,22 +38,25 @@ def check_images(model: ServedModel, messages: list[ChatMessage], limit: int) ->
     return count
 
 
-async def store_images(ctx: ApiContext, model: ServedModel, messages: list[ChatMessage]) -> list[str]:
-    """Each image part fetched, decoded, resized to the model's side and put in the media store, in
-    prompt order: their keys. Any that cannot be used is a 400 naming the part and why."""
+async def store_images(ctx: ApiContext, model: ServedModel, messages: list[ChatMessage],
+                       store: bool = True) -> list[PromptImage]:
+    """Each image part fetched, decoded, resized to what the model reads and (store) put in the
+    media store, in prompt order. Any that cannot be used is a 400 naming the part and why."""
     urls = [image for m in messages for image in m.images()]
     if check_images(model, messages, ctx.server.limit_images) == 0:
         return []
-    side = model.images.size
+    spec = model.images
 
-    async def one(i: int) -> str:
+    async def one(i: int) -> PromptImage:
         try:
             picture = await off_loop(decode, await fetch(urls[i].url, ctx.server.media))
-        except MediaError as exc:
+            width, height = spec.resized(*picture.size)
+        except (MediaError, ValueError) as exc:
             raise APIError(400, f"image {i}: {exc}", param="messages") from None
-        key = image_key(picture.digest, side)
-        await _media(ctx).put(key, await off_loop(square_pixels, picture, side))
-        return key
+        key = image_key(picture.digest, width, height)
+        if store:
+            await _media(ctx).put(key, await off_loop(resized_pixels, picture, width, height, spec.resample))
+        return PromptImage(key, width, height, spec.tokens_for(width, height))
 
     return list(await asyncio.gather(*(one(i) for i in range(len(urls)))))
 
@@ -55,24 +67,40 @@ def _media(ctx: ApiContext) -> MediaStore:
     return ctx.media
 
 
-def expand_placeholders(text: str, model: ServedModel, count: int) -> str:
-    """Each image's start token the template wrote becomes the model's whole run (Gemma 3's
-    processor: "\\n\\n<start_of_image>" + the image tokens + "<end_of_image>\\n\\n")."""
+def expand_placeholders(text: str, model: ServedModel, num_tokens: list[int]) -> str:
+    """Each image's placeholder the template wrote becomes the model's whole run of `num_tokens[i]`
+    image tokens, as its processor expands it: a start, one image token and an end (Qwen2.5-VL's
+    template) -> the image token repeated; a start alone (Gemma 3's) -> "\\n\\n" + start + the image
+    tokens + end + "\\n\\n"."""
     spec, tok = model.images, model.tokenizer
     start, end, image = tok.token_string(spec.start_id), tok.token_string(spec.end_id), tok.token_string(spec.token_id)
-    if text.count(start) != count:
-        raise APIError(400, f"the chat template placed {text.count(start)} image(s) where the request has {count}",
-                       param="messages")
-    return text.replace(start, f"\n\n{start}{image * spec.num_tokens}{end}\n\n") if count else text
+    whole = start + image + end
+    if text.count(whole) == len(num_tokens) > 0:
+        parts = text.split(whole)
+        runs = [f"{start}{image * n}{end}" for n in num_tokens]
+    elif text.count(start) == len(num_tokens):
+        parts = text.split(start)
+        runs = [f"\n\n{start}{image * n}{end}\n\n" for n in num_tokens]
+    else:
+        raise APIError(400, f"the chat template placed {text.count(start)} image(s) where the request has "
+                            f"{len(num_tokens)}", param="messages")
+    return parts[0] + "".join(run + part for run, part in zip(runs, parts[1:], strict=True))
 
 
-def image_refs(ids: list[int], spec: ImageSpec | None, keys: list[str]) -> list[ImageRef]:
-    """The image runs of the prompt's token ids, one per key, in order."""
-    if not keys:
+def image_refs(ids: list[int], spec: ImageSpec | None, images: list[PromptImage]) -> list[ImageRef]:
+    """The image runs of the prompt's token ids, one per image, in order, each as long as its image's tokens."""
+    if not images:
         return []
-    starts = [i for i, t in enumerate(ids) if t == spec.token_id and (i == 0 or ids[i - 1] != spec.token_id)]
-    refs = [ImageRef(key=key, offset=start, num_tokens=spec.num_tokens) for key, start in zip(keys, starts, strict=False)]
-    if len(starts) != len(keys) or any(ids[r.offset:r.end] != [spec.token_id] * spec.num_tokens for r in refs):
-        raise APIError(400, f"the prompt holds {len(starts)} whole image(s) of {spec.num_tokens} tokens where the "
-                            f"request has {len(keys)} (a truncated prompt cuts one?)", param="messages")
-    return refs
+    runs: list[list[int]] = []  # [start, length] of each run of image tokens
+    for i, t in enumerate(ids):
+        if t == spec.token_id:
+            if runs and runs[-1][0] + runs[-1][1] == i:
+                runs[-1][1] += 1
+            else:
+                runs.append([i, 1])
+    if len(runs) != len(images) or any(n != image.num_tokens for (_, n), image in zip(runs, images, strict=False)):
+        raise APIError(400, f"the prompt holds {len(runs)} image run(s) of {[n for _, n in runs]} tokens where the "
+                            f"request's images take {[i.num_tokens for i in images]} (a truncated prompt cuts one?)",
+                       param="messages")
+    return [ImageRef(key=image.key, offset=start, num_tokens=n, width=image.width, height=image.height)
+            for (start, n), image in zip(runs, images, strict=True)]

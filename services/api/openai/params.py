@@ -55,10 +55,11 @@ TEMPLATE_OWN_NAMES = ("messages", "tools", "add_generation_prompt", "bos_token",
 
 def render_messages(model: ServedModel, messages: list[ChatMessage], add_generation_prompt: bool,
                     tools: list[Tool] | None = None, continue_final_message: bool = False,
-                    template_kwargs: dict | None = None) -> str:
+                    template_kwargs: dict | None = None, image_tokens: list[int] | None = None) -> str:
     """Chat messages through the model's chat template (its own, or the OpenAI config's override);
     with tools, or tool calls and results in the history, a template that can render them.
-    continue_final_message (vLLM's): the last message is left open, so the model continues it."""
+    continue_final_message (vLLM's): the last message is left open, so the model continues it.
+    image_tokens: each image part's run of image tokens (media/prompt.py's PromptImage.num_tokens)."""
     if continue_final_message:
         if add_generation_prompt:
             raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true",
@@ -82,7 +83,7 @@ def render_messages(model: ServedModel, messages: list[ChatMessage], add_generat
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
     if model.images is not None:
-        text = expand_placeholders(text, model, sum(len(m.images()) for m in messages))
+        text = expand_placeholders(text, model, image_tokens or [])
     if continue_final_message:  # cut what the template closes the last message with (as transformers does)
         final = messages[-1].text()
         text = text[: text.rindex(final) + len(final)] if final in text else text

@@ -13,7 +13,7 @@ from sse_starlette import EventSourceResponse
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.guards import arrival
-from services.api.media.prompt import image_refs, store_images
+from services.api.media.prompt import PromptImage, image_refs, store_images
 from services.api.off_loop import off_loop
 from services.api.openai.beam_search import BeamChoices, check_beam_request
 from services.api.openai.body import parse
@@ -76,12 +76,12 @@ async def chat(request: Request, model_name: str | None = None, usage_every_chun
 
 
 def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionRequest,
-                    arrived: tuple[float, float], images: list[str]) -> tuple[Choices, ChatResponder]:
+                    arrived: tuple[float, float], images: list[PromptImage]) -> tuple[Choices, ChatResponder]:
     """A validated chat request as engine requests, and the responder that reads them back.
-    images: the media store keys of its image parts, in order (store_images)."""
+    images: its image parts, stored, in order (store_images)."""
     tools = plan_tools(body, resolve_parser(ctx.tool_call_parser, model.chat_template))
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
-                           body.continue_final_message, body.chat_template_kwargs)
+                           body.continue_final_message, body.chat_template_kwargs, [i.num_tokens for i in images])
     prompt_ids = truncated(encode_text(model, text, "messages"), body, model)
     refs = image_refs(prompt_ids, model.images, images)
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,

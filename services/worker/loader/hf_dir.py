@@ -13,6 +13,7 @@ from tqdm import tqdm
 from services.worker.loader import hf_quant
 from services.worker.loader.quant_blocks import QuantBlocks
 from services.worker.model_config import ModelConfig
+from services.worker.models.qwen_vit import qwen_vision_weight_name
 from services.worker.models.siglip import vision_weight_name
 from services.worker.quant_scheme import scheme_of
 from shared.log import get_logger
@@ -63,6 +64,10 @@ def our_name(hf_name: str, architecture: str = "") -> str | None:
         return None if name.startswith(unused) or name.endswith("position_ids") else name
     if architecture == "Gemma3ForConditionalGeneration":  # two towers in one file
         if (vision := vision_weight_name(hf_name)) is not None:
+            return f"vision.{vision}"
+        hf_name = _language_model_name(hf_name)
+    if architecture == "Qwen2_5_VLForConditionalGeneration":
+        if (vision := qwen_vision_weight_name(hf_name)) is not None:
             return f"vision.{vision}"
         hf_name = _language_model_name(hf_name)
     stem, kind = hf_name.rsplit(".", 1)

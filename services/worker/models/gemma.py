@@ -13,6 +13,7 @@ from torch import nn
 
 from services.worker.backends.base import LayerOps
 from services.worker.model_config import ModelConfig
+from services.worker.models.image_tokens import ImageTokens
 from services.worker.models.llama import Attention, FeedForward, Llama, RMSNorm, Rotary
 from services.worker.models.qwen3 import Qwen3Attention
 from services.worker.models.siglip import Gemma3VisionTower
@@ -84,20 +85,13 @@ class Gemma3(Gemma2):
     block_class = Gemma3Block
 
 
-class Gemma3Vision(Gemma3):
+class Gemma3Vision(ImageTokens, Gemma3):
     """Gemma3ForConditionalGeneration: Gemma 3's language model and its image encoder (siglip.py).
-    An image's features take the place of its image tokens' embeddings (`image_embeds`, set for a
-    step by the backend), and its tokens see each other both ways in a prefill (the attention's
-    `bidirectional` spans), as transformers masks them."""
+    An image's features take the place of its image tokens' embeddings, and its tokens see each
+    other both ways in a prefill (the attention's `bidirectional` spans), as transformers masks them."""
+
+    images_see_both_ways = True
 
     def __init__(self, cfg: ModelConfig, ops: LayerOps):
         super().__init__(cfg, ops)
         self.vision = Gemma3VisionTower(cfg.vision)
-        self.image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows of the batch, their features)
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = super().embed(input_ids)
-        if self.image_embeds is not None:
-            rows, features = self.image_embeds
-            x = x.index_copy(0, rows, features.to(x.dtype))
-        return x

@@ -203,7 +203,7 @@ class Llama(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta) -> torch.Tensor:
         """Ragged batch of new tokens [num_tokens] -> hidden states [num_tokens, hidden]."""
         cos, sin = self.rotary.cos_sin(positions)
-        x = self.tok_embeddings(input_ids)
+        x = self.embed(input_ids)
         residual = torch.zeros_like(x)  # the stream starts empty: the first norm adds the embeddings to it
         # a step with adapter rows runs eagerly: compiled graphs were traced without them
         runner = run_layers if self.lora is not None and self.lora.rows is not None else self.layer_runner
@@ -213,6 +213,9 @@ class Llama(nn.Module):
         else:
             x, residual = runner(self.layers, x, residual, cos, sin, kv_caches, meta)
         return self.norm(x, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.tok_embeddings(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden).float()

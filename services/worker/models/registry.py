@@ -6,6 +6,7 @@ from services.worker.models.bert import Bert, BertCrossEncoder
 from services.worker.models.gemma import Gemma2, Gemma3, Gemma3Vision
 from services.worker.models.llama import Llama
 from services.worker.models.moe import Mixtral, Qwen3Moe
+from services.worker.models.qwen2_vl import Qwen25VL
 from services.worker.models.qwen3 import Qwen3
 
 _REGISTRY: dict[str, type] = {
@@ -19,6 +20,7 @@ _REGISTRY: dict[str, type] = {
     "Gemma2ForCausalLM": Gemma2,  # sliding-window layers among global ones, four norms a layer, GeGLU, soft caps
     "Gemma3ForCausalLM": Gemma3,  # Gemma 2's layers, q/k norms in place of the soft caps, a local rope base
     "Gemma3ForConditionalGeneration": Gemma3Vision,  # Gemma 3's language model with its SigLIP image encoder
+    "Qwen2_5_VLForConditionalGeneration": Qwen25VL,  # Qwen2 with M-RoPE, and its vision transformer
     "BertModel": Bert,  # an encoder: bidirectional, pooled (embeddings and scores only)
     "BertForSequenceClassification": BertCrossEncoder,  # an encoder scoring (query, document) pairs
 }

@@ -48,6 +48,11 @@ class Gemma3VisionTower(nn.Module):
         self.soft_emb_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.input_projection = nn.Parameter(torch.zeros(cfg.hidden_size, cfg.text_hidden_size))
 
+    def encode(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
+        """images: RGB uint8 [image_size, image_size, 3] -> each one's features [tokens, text hidden], in one batch."""
+        pixels = (torch.stack(images).permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5  # Gemma 3's processor's
+        return list(self(pixels))
+
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels: [images, 3, image_size, image_size], normalized -> [images, mm_tokens_per_image, text hidden]."""
         cfg = self.config

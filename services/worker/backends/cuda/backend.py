@@ -13,7 +13,7 @@ import torch
 
 from services.worker.backends.base import BackendInfo
 from services.worker.backends.cuda.graphs import DecodeGraphs
-from services.worker.backends.cuda.inputs import CudaInputs, build_inputs
+from services.worker.backends.cuda.inputs import CudaInputs, build_inputs, to_device
 from services.worker.backends.cuda.memory import kv_budget, profile_peak
 from services.worker.backends.cuda.ops import TritonOps
 from services.worker.backends.cuda.quant_linear import kept_linears, quantize
@@ -21,9 +21,11 @@ from services.worker.backends.cuda.sampler import sample
 from services.worker.backends.eagle3 import Eagle3Drafter
 from services.worker.backends.kv_pool import KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
+from services.worker.images import ImageCache
 from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
 from services.worker.models.eagle3 import load_eagle3
+from services.worker.mrope import mrope_positions
 from shared.config import CHECKPOINT_QUANTIZATIONS, ConfigError
 from shared.control.deploy_config import FP8_KV_CACHE_DTYPES
 from shared.engine_defaults import checkpoint_quantization, refuse_other_checkpoint
@@ -44,7 +46,11 @@ class CudaBackend:
         self.model = loaded.model
         self.config = loaded.config
         self.encoder = None  # encoders are refused at load (refuse_encoder)
-        self.images = None  # an image-text model serves text here: its workers announce no ImageSpec
+        # an image-text model's images (services/worker/images.py), where the Triton attention serves
+        # its language model as it is: Qwen2.5-VL's causal; Gemma 3's images see each other both
+        # ways, which it does not, so Gemma 3 serves text here (its workers announce no ImageSpec)
+        both_ways = getattr(self.model, "images_see_both_ways", False)
+        self.images = ImageCache(self.model.vision, self.config.vision) if self.config.vision and not both_ways else None
         self.draft: Eagle3Drafter | None = None  # an EAGLE-3 head (the draft_model method runs on the cpu backend)
         self.kv = kv
         self.device = device
@@ -104,13 +110,22 @@ class CudaBackend:
         return backend
 
     def prepare(self, batch) -> CudaInputs:
-        return build_inputs(batch, self.block_size, self.null_block, self.device, self.config.num_kv_heads,
-                            self.num_sms)
+        inputs = build_inputs(batch, self.block_size, self.null_block, self.device, self.config.num_kv_heads,
+                              self.num_sms)
+        if self.images is not None and (embeds := self.images.step_inputs(batch)[0]) is not None:
+            inputs.image_embeds = (to_device(embeds[0], self.device), embeds[1])  # the features are on the device
+        if self.config.mrope_section and (positions := mrope_positions(batch, self.config.vision.token_pixels)) is not None:
+            inputs.positions = to_device(positions, self.device)  # [T] for text alone: a graph takes it
+        return inputs
 
     def forward(self, inputs: CudaInputs) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.can_run(inputs):
+        if inputs.image_embeds is None and self.graphs is not None and self.graphs.can_run(inputs):
             return self.graphs.run(inputs)
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        self.model.image_embeds = inputs.image_embeds
+        try:
+            return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        finally:
+            self.model.image_embeds = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)

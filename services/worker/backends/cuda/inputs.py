@@ -37,8 +37,9 @@ class CudaMeta:
 @dataclass
 class CudaInputs:
     input_ids: torch.Tensor
-    positions: torch.Tensor
+    positions: torch.Tensor  # [T]; [3, T] for M-RoPE's image tokens (mrope.py)
     meta: CudaMeta
+    image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, features): an image-text model's
 
 
 def _table(rows: list[list[int]], width: int, null_block: int) -> torch.Tensor:

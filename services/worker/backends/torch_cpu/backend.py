@@ -24,6 +24,7 @@ from services.worker.images import ImageCache
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
 from services.worker.models.eagle3 import Eagle3Head, load_eagle3
+from services.worker.mrope import mrope_positions
 from services.worker.sampler import sample
 from shared.config import COMPILE_NICE, ConfigError
 from shared.engine_defaults import QUANT_LINEAR
@@ -109,7 +110,11 @@ class TorchCpuBackend:
     def prepare(self, batch) -> TorchInputs:
         inputs = build_inputs(batch, self.block_size, self.null_block)
         if self.images is not None:
-            inputs.image_embeds, inputs.meta.bidirectional = self.images.step_inputs(batch)
+            inputs.image_embeds, spans = self.images.step_inputs(batch)
+            if self.model.images_see_both_ways:
+                inputs.meta.bidirectional = spans
+        if self.config.mrope_section and (positions := mrope_positions(batch, self.config.vision.token_pixels)) is not None:
+            inputs.positions = positions
         return inputs
 
     def forward(self, inputs: TorchInputs) -> torch.Tensor:

@@ -1,0 +1,255 @@
+"""Qwen2.5-VL with images (Qwen2_5_VLForConditionalGeneration), against transformers: random weights
+saved by transformers for a shrunk config (say so: 2 language layers, a 2-layer vision tower of
+4-pixel patches, 16-pixel windows, images of 15 and 16 tokens), transformers' own image processor
+for its pixels; the encoder's features alone and batched, and the logits over image and text
+positions with M-RoPE, in one prefill, in chunks and through decode steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from services.worker.backends.torch_cpu.ops import TORCH_OPS
+from services.worker.loader import load_model
+from shared.wire.images import ImageRef
+from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from tests.model_helpers import BLOCK_SIZE, make_runner
+
+transformers = pytest.importorskip("transformers")
+pil = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+IMAGE, START, END = 299, 297, 298
+SIZES = [(40, 24), (16, 64)]  # (width, height): 5x3 and 2x8 tokens of 8x8 pixels
+TOLERANCE = 2e-4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=300, max_position_embeddings=512,
+                         rope_parameters=dict(rope_type="default", mrope_section=[2, 3, 3], rope_theta=10000.0)),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, window_size=16, out_hidden_size=64,
+                           fullatt_block_indexes=[1]),
+        image_token_id=IMAGE, video_token_id=296, vision_start_token_id=START, vision_end_token_id=END)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    folder = tmp_path_factory.mktemp("qwen25vl")
+    model.save_pretrained(folder)
+    processor = pil.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+                                             size={"shortest_edge": 64, "longest_edge": 64 * 64})
+    processor.save_pretrained(folder)
+    return model, str(folder), processor
+
+
+def _pictures(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in SIZES]
+
+
+def _processed(processor, pictures):
+    from PIL import Image
+    return processor([Image.fromarray(p) for p in pictures], return_tensors="pt")
+
+
+def _prompt() -> tuple[list[int], list[ImageRef]]:
+    """Text, an image, text, a second image, text, as Qwen2.5-VL's processor lays out its tokens."""
+    ids, refs = [5, 10, 11, 12], []
+    for i, ((w, h), text) in enumerate(zip(SIZES, ([20, 21, 22], [30, 31]), strict=True)):
+        n = (w // 8) * (h // 8)
+        ids.append(START)
+        refs.append(ImageRef(key=f"img{i}", offset=len(ids), num_tokens=n, width=w, height=h))
+        ids += [IMAGE] * n + [END] + text
+    return ids, refs
+
+
+def _reference_logits(model, processor, ids: list[int], pictures) -> torch.Tensor:
+    inputs = _processed(processor, pictures)
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        return model(input_ids=input_ids, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                     mm_token_type_ids=(input_ids == IMAGE).int()).logits[0]
+
+
+def _run(runner, step: Step) -> torch.Tensor:
+    backend = runner.backend
+    with torch.inference_mode():
+        return backend.compute_logits(backend.forward(backend.prepare(runner.apply_deltas(step))))
+
+
+def _add(runner, refs, pictures) -> None:
+    for ref, picture in zip(refs, pictures, strict=True):
+        runner.add_image(ref, picture.tobytes())
+
+
+def test_the_image_encoder_gives_transformers_features_alone_and_batched(checkpoint):
+    model, folder, processor = checkpoint
+    ours = load_model(folder, ops=TORCH_OPS).model
+    pictures = _pictures()
+    inputs = _processed(processor, pictures)
+    with torch.no_grad():
+        expected = model.model.get_image_features(inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]).pooler_output
+        batched = ours.vision.encode([torch.from_numpy(p) for p in pictures])
+        alone = [ours.vision.encode([torch.from_numpy(p)])[0] for p in pictures]
+    assert [f.shape for f in batched] == [(15, 64), (16, 64)]
+    for want, got, one in zip(expected, batched, alone, strict=True):
+        assert torch.allclose(got, want, atol=TOLERANCE, rtol=0)
+        assert torch.allclose(one, got, atol=1e-5, rtol=0)
+
+
+def test_the_processor_settings_come_from_preprocessor_config(checkpoint):
+    from services.worker.images import image_spec
+    config = load_model(checkpoint[1], ops=TORCH_OPS).config
+    spec = image_spec(config.vision)
+    assert (spec.patch, spec.min_pixels, spec.max_pixels, spec.resample) == (8, 64, 64 * 64, "bicubic")
+    assert config.mrope_section == [2, 3, 3]
+
+
+@pytest.mark.parametrize("chunks", [[None], [4, None], [22, 19, None]], ids=["one-prefill", "two-chunks", "three-chunks"])
+def test_logits_over_image_and_text_positions_match_transformers(checkpoint, chunks):
+    """M-RoPE's positions: the text after each image continues past its longer side, in every chunk."""
+    model, folder, processor = checkpoint
+    runner = make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16)
+    ids, refs = _prompt()
+    pictures = _pictures()
+    _add(runner, refs, pictures)
+    expected = _reference_logits(model, processor, ids, pictures)
+    blocks = list(range((len(ids) + 8 + BLOCK_SIZE - 1) // BLOCK_SIZE))
+    got, start = [], 0
+    for i, size in enumerate(chunks):
+        num = size or len(ids) - start
+        if i == 0:
+            step = Step(step_id=0, new_seqs=[NewSeq(
+                request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=num,
+                block_ids=blocks, sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
+        else:
+            step = Step(step_id=i, scheduled=[ScheduledSeq(request_id="r", num_new_tokens=num, num_computed_tokens=start)])
+        assert not any(r.offset < start + num < r.end for r in refs)
+        got.append(_run(runner, step))
+        runner.seqs["r"].num_computed_tokens = start + num
+        start += num
+    assert torch.allclose(torch.cat(got), expected, atol=TOLERANCE, rtol=0)
+    assert runner.backend.images.num_encoded == 2
+
+
+def test_decode_steps_after_the_images_match_transformers(checkpoint):
+    """Each decode token's three positions are its index plus the images' shift (transformers' rope deltas)."""
+    model, folder, processor = checkpoint
+    runner = make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16)
+    ids, refs = _prompt()
+    pictures = _pictures(1)
+    _add(runner, refs, pictures)
+    step = Step(step_id=0, new_seqs=[NewSeq(
+        request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
+        block_ids=[0, 1, 2, 3], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
+    logits = _run(runner, step)[-1]
+    tokens = list(ids)
+    for _ in range(4):
+        assert torch.allclose(logits, _reference_logits(model, processor, tokens, pictures)[-1], atol=TOLERANCE, rtol=0)
+        tokens.append(int(logits.argmax()))
+        seq = runner.seqs["r"]
+        seq.num_computed_tokens = len(tokens) - 1
+        seq.token_ids.append(tokens[-1])
+        logits = _run(runner, Step(step_id=len(tokens), scheduled=[
+            ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)]))[-1]
+    assert torch.allclose(logits, _reference_logits(model, processor, tokens, pictures)[-1], atol=TOLERANCE, rtol=0)
+
+
+def test_text_only_matches_transformers(checkpoint):
+    model, folder, _ = checkpoint
+    runner = make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16)
+    ids = [5, 10, 11, 12, 40, 41, 42]
+    step = Step(step_id=0, new_seqs=[NewSeq(
+        request_id="t", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
+        block_ids=[0], sampling=SamplingParams(max_tokens=2, temperature=0.0), reply_to="")])
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([ids])).logits[0]
+    assert torch.allclose(_run(runner, step), expected, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.slow  # Triton interpreted on the CPU
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing")
+def test_the_cuda_backends_image_path_gives_the_torch_backends_logits(checkpoint):
+    """The CUDA backend (Triton kernels interpreted, float32) with both images: the prefill's logits,
+    then decode steps (text alone: one position per row, shifted, as a CUDA graph takes them)."""
+    from services.worker.backends.cuda.backend import CudaBackend
+    from services.worker.backends.cuda.ops import TritonOps
+    from services.worker.backends.kv_pool import KVSpec
+    from services.worker.model_runner import ModelRunner
+
+    folder = checkpoint[1]
+    triton = load_model(folder, ops=TritonOps())
+    backend = CudaBackend(triton, KVSpec.of(triton.config, BLOCK_SIZE, torch.float32), 16, torch.device("cpu"))
+    runners = [make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16),
+               ModelRunner(backend, max_model_len=512, eos_token_ids=[])]
+    ids, refs = _prompt()
+    pictures = _pictures(2)
+    outputs = []
+    for runner in runners:
+        _add(runner, refs, pictures)
+        step = Step(step_id=0, new_seqs=[NewSeq(
+            request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
+            block_ids=[0, 1, 2, 3], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
+        logits = [_run(runner, step)]
+        tokens = list(ids)
+        for _ in range(3):
+            tokens.append(int(logits[-1][-1].argmax()))
+            seq = runner.seqs["r"]
+            seq.num_computed_tokens = len(tokens) - 1
+            seq.token_ids.append(tokens[-1])
+            logits.append(_run(runner, Step(step_id=len(tokens), scheduled=[
+                ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)])))
+        outputs.append((tokens, logits))
+    (want_tokens, want), (got_tokens, got) = outputs
+    assert got_tokens == want_tokens
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=TOLERANCE, rtol=0)
+    assert backend.images.num_encoded == 2 and backend.images.spec.dynamic  # its workers announce images
+
+
+# Qwen/Qwen2.5-VL-7B-Instruct's config.json and preprocessor_config.json as the Hub has them
+# (transformers 4's flat layout: the language model's fields at the top, M-RoPE in rope_scaling)
+HUB_CONFIG = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "vision_token_id": 151654, "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu",
+    "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 128000,
+    "max_window_layers": 28, "model_type": "qwen2_5_vl", "num_attention_heads": 28, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.41.2", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 152064,
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+                      "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+                      "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2},
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+}
+HUB_PROCESSOR = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2,
+                 "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                 "image_std": [0.26862954, 0.26130258, 0.27577711], "image_processor_type": "Qwen2VLImageProcessor",
+                 "processor_class": "Qwen2_5_VLProcessor"}
+
+
+def test_the_hubs_config_reads_as_qwen2_and_its_vision_tower(tmp_path):
+    import json
+
+    from services.worker.images import image_spec
+    from services.worker.model_config import ModelConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIG))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(HUB_PROCESSOR))
+    config = ModelConfig.from_hf_config(tmp_path / "config.json")
+    assert (config.architecture, config.num_layers, config.num_kv_heads, config.head_dim, config.rope_theta) == \
+        ("Qwen2_5_VLForConditionalGeneration", 28, 4, 128, 1e6)
+    assert config.attention_bias and config.sliding_window is None and config.mrope_section == [16, 24, 24]
+    vision = config.vision
+    assert (vision.num_layers, vision.hidden_size, vision.full_attention_layers, vision.token_pixels) == \
+        (32, 1280, (7, 15, 23, 31), 28)
+    spec = image_spec(vision)
+    assert (spec.token_id, spec.start_id, spec.end_id, spec.patch, spec.max_pixels) == \
+        (151655, 151652, 151653, 28, 12845056)
+    assert spec.resized(640, 480) == (644, 476) and spec.tokens_for(644, 476) == 23 * 17

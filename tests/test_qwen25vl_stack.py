@@ -1,0 +1,154 @@
+"""Qwen2.5-VL images through the whole stack, on `make run`'s defaults: a random
+Qwen2_5_VLForConditionalGeneration (shrunk: 4-pixel patches, so one token per 8x8 pixels, 2 layers
+each tower; say so) with SmolLM2's tokenizer and Qwen's vision tokens added, served by the services
+and called with the official openai client. Each picture keeps about its own size (12 and 24 tokens
+here); greedy tokens equal transformers' generate over its own processor's inputs for one image, two
+images and text only; the prefix cache shares the same image and never another."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bench.images import QWEN25VL_TEMPLATE  # Qwen2.5-VL's chat template as the Hub's writes it
+from tests.model_helpers import serve_checkpoint
+
+pytestmark = pytest.mark.stack
+transformers = pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+pil = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+SIZES = [(31, 23), (50, 30)]  # (width, height) -> 32x24 and 48x32 pixels: 4x3 and 6x4 tokens
+NAME = "qwen25vl"
+
+
+def processor():
+    return pil.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+                                        size={"shortest_edge": 64, "longest_edge": 64 * 64})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, hf_tokenizer):
+    tokenizer = copy.deepcopy(hf_tokenizer)  # the session's is SmolLM2's as it is
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]})
+    tokenizer.chat_template = QWEN25VL_TEMPLATE
+    start, end, image = tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"])
+    torch.manual_seed(0)
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=1024,
+                         rope_parameters=dict(rope_type="default", mrope_section=[2, 3, 3], rope_theta=10000.0),
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, window_size=16, out_hidden_size=64,
+                           fullatt_block_indexes=[1]),
+        image_token_id=image, video_token_id=image, vision_start_token_id=start, vision_end_token_id=end)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    stack = serve_checkpoint(tmp_path_factory, NAME, model, tokenizer, "--max-model-len", "512",
+                             processor=processor())
+    yield stack, model, tokenizer
+    stack.stop()
+
+
+def picture(seed: int, size: tuple[int, int] = SIZES[0]) -> bytes:
+    width, height = size
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _messages(text: str, images: list[bytes]) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(i).decode()}}
+             for i in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int
+              ) -> tuple[list[int], list[int], list[float]]:
+    """What Qwen2.5-VL's processor and transformers' generate make of the request: (prompt ids,
+    tokens, each token's logprob)."""
+    content = [*({"type": "image"} for _ in images), {"type": "text", "text": text}]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                           add_generation_prompt=True)
+    kwargs = {}
+    if images:
+        inputs = processor()([Image.open(io.BytesIO(i)).convert("RGB") for i in images], return_tensors="pt")
+        counts = (inputs["image_grid_thw"].prod(-1) // 4).tolist()
+        parts = prompt.split("<|image_pad|>")
+        prompt = parts[0] + "".join("<|image_pad|>" * n + part for n, part in zip(counts, parts[1:], strict=True))
+        kwargs = {"pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    input_ids = torch.tensor([ids])
+    if images:
+        kwargs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int()
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, **kwargs)
+    tokens = out.sequences[0, len(ids):].tolist()
+    logprobs = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens, strict=True)]
+    return ids, tokens, logprobs
+
+
+def _logprobs(answer) -> list[float]:
+    return [entry.logprob for entry in answer.choices[0].logprobs.content]
+
+
+def _ask(client, text: str, images: list[bytes], max_tokens: int = 8):
+    return client.chat.completions.create(model=NAME, messages=_messages(text, images), max_tokens=max_tokens,
+                                          temperature=0, logprobs=True,
+                                          extra_body={"ignore_eos": True, "return_token_ids": True})
+
+
+@pytest.mark.parametrize("num_images", [1, 2, 0])
+def test_greedy_tokens_equal_transformers_generate(served, num_images):
+    stack, model, tokenizer = served
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
+    images = [picture(seed, size) for seed, size in zip(range(num_images), SIZES, strict=False)]
+    got = _ask(client, "What is this?", images)
+    prompt_ids, tokens, logprobs = _expected(model, tokenizer, "What is this?", images, 8)
+    assert got.model_extra["prompt_token_ids"] == prompt_ids  # each image's run as long as its size makes it
+    assert got.choices[0].model_extra["token_ids"] == tokens
+    assert np.allclose(_logprobs(got), logprobs, atol=1e-3, rtol=0)  # the features and M-RoPE's positions count
+    assert got.usage.prompt_tokens == len(prompt_ids)
+
+
+def test_the_prefix_cache_shares_an_image_and_never_another(served):
+    stack, model, tokenizer = served
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
+    text = "Describe the picture in great detail, please, " * 6
+    first, again, other = (_ask(client, text, [picture(seed)], 6) for seed in (10, 10, 11))
+    cached = [r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0
+              for r in (first, again, other)]
+    assert cached[1] >= 32 and cached[2] < cached[1]
+    _, tokens, logprobs = _expected(model, tokenizer, text, [picture(11)], 6)
+    assert other.choices[0].model_extra["token_ids"] == tokens
+    assert np.allclose(_logprobs(other), logprobs, atol=1e-3, rtol=0)
+    assert np.allclose(_logprobs(again), _logprobs(first), atol=1e-5, rtol=0)
+
+
+def test_tokenize_counts_each_images_own_tokens(served):
+    stack, model, tokenizer = served
+    import httpx
+
+    images = [picture(0, SIZES[0]), picture(1, SIZES[1])]
+    got = httpx.post(stack.base_url + "/tokenize", json={"model": NAME, "messages": _messages("Hi", images),
+                                                         "add_generation_prompt": True}, timeout=60).json()
+    assert got["tokens"] == _expected(model, tokenizer, "Hi", images, 1)[0]
+    assert got["tokens"].count(model.config.image_token_id) == 12 + 24
+
+
+def test_an_image_far_longer_than_wide_is_a_400(served):
+    stack, _, _ = served
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=NAME, messages=_messages("Hi", [picture(0, (1, 300))]), max_tokens=2)
+    assert "image 0: the image is 1x300: its sides may differ by at most 200 times" in err.value.message
