@@ -1,13 +1,14 @@
-"""`python -m bench.images`: Gemma 3's image path on this machine: images per second through its
-encoder (in process), and time to first token for one image at c=1 and c=8 through the stack.
+"""`python -m bench.images`: an image-text model's image path on this machine: images per second
+through its encoder (in process), and time to first token for one image at c=1 and c=8 through the stack.
 
-    python -m bench.images [--image-size 896] [--vision-layers 27] [--text-layers 4] [--concurrency 1,8]
-        [--service-args "--idle-timeout-s 3600"]
+    python -m bench.images [--family gemma3|qwen25vl] [--image-size 896] [--vision-layers N]
+        [--text-layers 4] [--concurrency 1,8] [--service-args "--idle-timeout-s 3600"]
 
-Random weights saved by transformers for Gemma 3's vision tower (SigLIP-So400m's geometry: 1,152
-wide, 27 layers, 14-pixel patches, 896 pixels a side: 4,096 patches pooled to 256 tokens) and a
-small language model of Gemma 3's layout (--text-layers layers, 1,152 wide): the encoder is what an
-image costs. Every request has its own picture, so no feature or prefix cache helps. Prints a
+Random weights saved by transformers for the family's vision tower at its real geometry (Gemma 3:
+SigLIP-So400m's, 1,152 wide, 27 layers, 14-pixel patches, 896 pixels a side: 4,096 patches pooled
+to 256 tokens; Qwen2.5-VL: 1,280 wide, 32 layers, the benchmark's 640 x 480 picture at its own size,
+644 x 476: 1,564 patches merged to 391 tokens) and a small language model of the family's layout
+(--text-layers layers): the encoder is what an image costs. Every request has its own picture, so no feature or prefix cache helps. Prints a
 markdown table (the CPU named). On a CPU an image costs the encoder about a minute, one after
 another, so a queue of them outlasts the gateway's --idle-timeout-s (300 s): raise it for c=8.
 """
@@ -35,7 +36,7 @@ from shared.models.model_files import default_model_path
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 
-NAME = "gemma3-bench"
+NAME = "images-bench"
 # Gemma 3's chat template, its image and text parts as the Hub's writes them (tests use it too)
 GEMMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<start_of_turn>"
@@ -55,42 +56,75 @@ QWEN25VL_TEMPLATE = (
     "<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-def write_checkpoint(folder: str, image_size: int, vision_layers: int, text_layers: int) -> None:
+def _tokenizer(tokens: list[str], template: str):
+    """SmolLM2's tokenizer with the family's image tokens added and its chat template."""
     import transformers
 
     path, name = os.path.split(default_model_path())
     tokenizer = copy.deepcopy(transformers.AutoTokenizer.from_pretrained(path, gguf_file=name))
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_image>", "<end_of_image>",
-                                                                "<image_soft_token>"]})
-    tokenizer.chat_template = GEMMA3_TEMPLATE
-    boi, eoi, image = tokenizer.convert_tokens_to_ids(["<start_of_image>", "<end_of_image>", "<image_soft_token>"])
-    config = transformers.Gemma3Config(
-        text_config=dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=text_layers,
-                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=len(tokenizer),
-                         sliding_window=512, max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id),
-        vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=vision_layers,
-                           num_attention_heads=16, patch_size=14, image_size=image_size, vision_use_head=False),
-        mm_tokens_per_image=256, image_token_index=image, boi_token_index=boi, eoi_token_index=eoi)
-    transformers.Gemma3ForConditionalGeneration(config).eval().save_pretrained(folder)
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    tokenizer.chat_template = template
+    return tokenizer, tokenizer.convert_tokens_to_ids(tokens)
+
+
+def write_checkpoint(folder: str, family: str, image_size: int, vision_layers: int, text_layers: int) -> None:
+    """gemma3: SigLIP-So400m's geometry at image_size pixels a side, 1,152-wide language layers;
+    qwen25vl: Qwen2.5-VL's vision transformer (1,280 wide, its four full-attention layers among
+    vision_layers; 28-pixel tokens) and 3B's language width (2,048), its processor's defaults."""
+    import transformers
+
+    if family == "qwen25vl":
+        tokenizer, (start, end, image) = _tokenizer(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"],
+                                                    QWEN25VL_TEMPLATE)
+        config = transformers.Qwen2_5_VLConfig(
+            text_config=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=text_layers,
+                             num_attention_heads=16, num_key_value_heads=2, vocab_size=len(tokenizer),
+                             max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id,
+                             rope_parameters=dict(rope_type="default", mrope_section=[16, 24, 24], rope_theta=1e6)),
+            vision_config=dict(depth=vision_layers, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                               out_hidden_size=2048, fullatt_block_indexes=[i for i in (7, 15, 23, 31)
+                                                                            if i < vision_layers]),
+            image_token_id=image, video_token_id=image, vision_start_token_id=start, vision_end_token_id=end)
+        transformers.Qwen2_5_VLForConditionalGeneration(config).eval().save_pretrained(folder)
+    else:
+        tokenizer, (boi, eoi, image) = _tokenizer(["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+                                                  GEMMA3_TEMPLATE)
+        config = transformers.Gemma3Config(
+            text_config=dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=text_layers,
+                             num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=len(tokenizer),
+                             sliding_window=512, max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id),
+            vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=vision_layers,
+                               num_attention_heads=16, patch_size=14, image_size=image_size, vision_use_head=False),
+            mm_tokens_per_image=256, image_token_index=image, boi_token_index=boi, eoi_token_index=eoi)
+        transformers.Gemma3ForConditionalGeneration(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
-def encoder_rate(folder: str, image_size: int, batch: int) -> float:
-    """Images per second through the loaded tower, float32 on torch's ops, `batch` at a time."""
+def encoder_rate(folder: str, batch: int) -> tuple[float, int]:
+    """Images per second through the loaded tower (float32 on torch's ops, `batch` at a time) for
+    the benchmark's picture as the gateway resizes it, and the image tokens it makes."""
+    from services.api.media.images import decode, resized_pixels
     from services.worker.backends.torch_cpu.ops import TORCH_OPS
+    from services.worker.images import image_spec
     from services.worker.loader import load_model
 
-    tower = load_model(folder, ops=TORCH_OPS).model.vision
-    pixels = torch.randn(batch, 3, image_size, image_size)
+    loaded = load_model(folder, ops=TORCH_OPS)
+    spec, tower = image_spec(loaded.config.vision), loaded.model.vision
+    image = decode(base64.b64decode(picture(0).split(",", 1)[1]))
+    width, height = spec.resized(*image.size)
+    pixels = torch.frombuffer(bytearray(resized_pixels(image, width, height, spec.resample)),
+                              dtype=torch.uint8).view(height, width, 3)
     with torch.inference_mode():
-        tower(pixels[:1])  # warm
+        tower.encode([pixels])  # warm
         started = time.perf_counter()
-        tower(pixels)
-    return batch / (time.perf_counter() - started)
+        tower.encode([pixels] * batch)
+    return batch / (time.perf_counter() - started), spec.tokens_for(width, height)
 
 
 def picture(seed: int) -> str:
+    """A 640 x 480 JPEG of noise, as a data URL."""
     pixels = (np.random.default_rng(seed).random((480, 640, 3)) * 255).astype("uint8")
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="JPEG")
@@ -131,30 +165,38 @@ async def through_stack(base_url: str, concurrency: list[int]) -> dict[int, list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--image-size", type=int, default=896)
-    parser.add_argument("--vision-layers", type=int, default=27)
+    parser.add_argument("--family", choices=("gemma3", "qwen25vl"), default="gemma3")
+    parser.add_argument("--image-size", type=int, default=896, help="gemma3's square")
+    parser.add_argument("--vision-layers", type=int, default=None, help="default: the family's (27, 32)")
     parser.add_argument("--text-layers", type=int, default=4)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--service-args", default="", help="added to every service's flags")
     args = parser.parse_args()
-    concurrency = [int(c) for c in args.concurrency.split(",")]
+    layers = args.vision_layers or {"gemma3": 27, "qwen25vl": 32}[args.family]
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
     with tempfile.TemporaryDirectory(prefix="bench-images-") as folder:
-        write_checkpoint(folder, args.image_size, args.vision_layers, args.text_layers)
-        rates = {b: encoder_rate(folder, args.image_size, b) for b in (1, 2)}
-        nats = NatsServer().start()
-        stack = Stack(nats_url=nats.url, api_port=free_port(), service_args=[
-            "--model-path", folder, "--model", NAME, "--max-model-len", "2048", *args.service_args.split()])
-        stack.nats = nats
-        try:
-            stack.start().wait_ready(timeout=1800)
-            times = asyncio.run(through_stack(stack.base_url, concurrency))
-        finally:
-            stack.stop()
-    print(f"\nGemma 3 image path, random weights: SigLIP {args.vision_layers} layers at {args.image_size} px "
-          f"({(args.image_size // 14) ** 2} patches -> 256 tokens), language model {args.text_layers} layers; "
+        write_checkpoint(folder, args.family, args.image_size, layers, args.text_layers)
+        rates = {b: encoder_rate(folder, b) for b in (1, 2)}
+        times = {}
+        if concurrency:
+            nats = NatsServer().start()
+            stack = Stack(nats_url=nats.url, api_port=free_port(), service_args=[
+                "--model-path", folder, "--model", NAME, "--max-model-len", "2048", *args.service_args.split()])
+            stack.nats = nats
+            try:
+                stack.start().wait_ready(timeout=1800)
+                times = asyncio.run(through_stack(stack.base_url, concurrency))
+            finally:
+                stack.stop()
+    tokens = rates[1][1]
+    tower = (f"SigLIP {layers} layers at {args.image_size} px ({(args.image_size // 14) ** 2} patches -> 256 tokens)"
+             if args.family == "gemma3" else
+             f"Qwen2.5-VL's vision transformer, {layers} layers, a 640x480 picture resized to {tokens} tokens "
+             f"({tokens * 4} patches)")
+    print(f"\n{args.family} image path, random weights: {tower}, language model {args.text_layers} layers; "
           f"{cpu_name()}\n")
     print("| measure | value |\n|---|---|")
-    for b, rate in rates.items():
+    for b, (rate, _) in rates.items():
         print(f"| encoder, in process (float32, torch ops), batch {b} | {rate:.3f} images/s |")
     for c, values in times.items():
         print(f"| TTFT, one image per request, c={c} (stack, `make run`'s defaults) | p50 {statistics.median(values):.2f} s, "
