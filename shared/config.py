@@ -278,6 +278,16 @@ def _mm_limits(text: str) -> dict[str, int]:
     return {"image": GATEWAY_DEFAULTS.limit_images_per_prompt} | limits
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r}: a JSON object")
+    return value
+
+
 def add_api_args(parser: argparse.ArgumentParser) -> None:
     g = GATEWAY_DEFAULTS
     parser.add_argument("--host", default=_env("host", "127.0.0.1"))
@@ -302,6 +312,11 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         default=_mm_limits(_env("limit_mm_per_prompt", json.dumps({"image": g.limit_images_per_prompt}))),
                         help=f'vLLM\'s: the most images one request may carry, as {{"image": N}} '
                              f"(default {g.limit_images_per_prompt}); more is a 400")
+    parser.add_argument("--mm-processor-kwargs", type=_json_object, metavar="JSON",
+                        default=_json_object(_env("mm_processor_kwargs", "{}")),
+                        help="vLLM's: image processor settings for every request, under each request's own "
+                             "mm_processor_kwargs (Qwen2.5-VL's min_pixels, max_pixels; Gemma 3's do_pan_and_scan "
+                             "and pan_and_scan_*); each model takes those its processor has (docs/images.md)")
     parser.add_argument("--media-fetch-timeout-s", type=float,
                         default=_env("media_fetch_timeout_s", g.media_fetch_timeout_s),
                         help="an image URL's fetch, all of it, within this (default 5 s)")

@@ -52,8 +52,8 @@ def served(tmp_path_factory, hf_tokenizer):
     stack.stop()
 
 
-def picture(seed: int) -> bytes:
-    pixels = (np.random.default_rng(seed).random((23, 31, 3)) * 255).astype("uint8")
+def picture(seed: int, width: int = 31, height: int = 23) -> bytes:
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     return buf.getvalue()
@@ -65,23 +65,32 @@ def _messages(text: str, images: list[bytes]) -> list[dict]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
-def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int
+def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int, pan_and_scan: dict | None = None
               ) -> tuple[list[int], list[int], list[float]]:
     """What Gemma 3's processor and transformers' generate make of the request: (prompt ids, tokens,
-    each token's logprob)."""
+    each token's logprob). pan_and_scan: its processor's pan-and-scan settings (Gemma3Processor's
+    sentence around an image's run and its crops')."""
     content = [*({"type": "image"} for _ in images), {"type": "text", "text": text}]
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                            add_generation_prompt=True)
     run = "\n\n<start_of_image>" + "<image_soft_token>" * TOKENS_PER_IMAGE + "<end_of_image>\n\n"
-    ids = tokenizer.encode(prompt.replace("<start_of_image>", run), add_special_tokens=False)
-    input_ids = torch.tensor([ids])
-    kwargs = {}
+    kwargs, crops = {}, [0] * len(images)
     if images:
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-        processor = Gemma3ImageProcessorPil(size={"height": SIDE, "width": SIDE})
-        kwargs["pixel_values"] = processor(images=[Image.open(io.BytesIO(i)) for i in images],
-                                           return_tensors="pt")["pixel_values"]
+        defaults = {"pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4,
+                    "pan_and_scan_min_ratio_to_activate": 1.2}  # its processor's
+        processor = Gemma3ImageProcessorPil(size={"height": SIDE, "width": SIDE},
+                                            **(defaults | pan_and_scan if pan_and_scan else {}))
+        out = processor(images=[Image.open(io.BytesIO(i)) for i in images], return_tensors="pt")
+        kwargs["pixel_values"], crops = out["pixel_values"], [int(n) for n in out["num_crops"]]
+    pieces = prompt.split("<start_of_image>")
+    prompt = pieces[0] + "".join(
+        (run if n == 0 else f"Here is the original image {run} and here are some crops to help you see better "
+         + " ".join([run] * n)) + piece for n, piece in zip(crops, pieces[1:], strict=True))
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    input_ids = torch.tensor([ids])
+    if images:
         kwargs["token_type_ids"] = (input_ids == model.config.image_token_index).long()
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, max_new_tokens=num_tokens, min_new_tokens=num_tokens,
@@ -154,3 +163,26 @@ def test_images_past_the_context_are_a_400(served):
         client.chat.completions.create(model="gemma3-vision", messages=_messages("Hi", [picture(0)] * 100),
                                        max_tokens=2)
     assert "512" in err.value.message
+
+
+def test_pan_and_scan_crops_follow_the_image_as_gemma3s_processor_lays_them_out(served):
+    """mm_processor_kwargs' do_pan_and_scan on a picture three times wider than tall: the image and
+    its three crops, each its own run of image tokens in Gemma3Processor's sentence, as transformers
+    generates over the processor's four images."""
+    stack, model, tokenizer = served
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
+    settings = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
+    wide = picture(5, width=60, height=20)
+    got = client.chat.completions.create(model="gemma3-vision", messages=_messages("What is this?", [wide]),
+                                         max_tokens=6, temperature=0, logprobs=True,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                     "mm_processor_kwargs": settings})
+    prompt_ids, tokens, logprobs = _expected(model, tokenizer, "What is this?", [wide], 6, settings)
+    assert got.model_extra["prompt_token_ids"] == prompt_ids
+    assert prompt_ids.count(model.config.image_token_index) == 4 * TOKENS_PER_IMAGE
+    assert got.choices[0].model_extra["token_ids"] == tokens
+    assert np.allclose(_logprobs(got), logprobs, atol=1e-3, rtol=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="gemma3-vision", messages=_messages("Hi", [wide]), max_tokens=2,
+                                       extra_body={"mm_processor_kwargs": {"max_pixels": 1000}})
+    assert "'max_pixels' is not a setting of this model's image processor" in err.value.message

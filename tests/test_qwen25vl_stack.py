@@ -27,9 +27,9 @@ SIZES = [(31, 23), (50, 30)]  # (width, height) -> 32x24 and 48x32 pixels: 4x3 a
 NAME = "qwen25vl"
 
 
-def processor():
+def processor(min_pixels: int = 64, max_pixels: int = 64 * 64):
     return pil.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                        size={"shortest_edge": 64, "longest_edge": 64 * 64})
+                                        size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +72,16 @@ def _messages(text: str, images: list[bytes]) -> list[dict]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
-def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int
+def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int, pixels: dict | None = None
               ) -> tuple[list[int], list[int], list[float]]:
-    """What Qwen2.5-VL's processor and transformers' generate make of the request: (prompt ids,
-    tokens, each token's logprob)."""
+    """What Qwen2.5-VL's processor (with `pixels`: its min_pixels, max_pixels) and transformers'
+    generate make of the request: (prompt ids, tokens, each token's logprob)."""
     content = [*({"type": "image"} for _ in images), {"type": "text", "text": text}]
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                            add_generation_prompt=True)
     kwargs = {}
     if images:
-        inputs = processor()([Image.open(io.BytesIO(i)).convert("RGB") for i in images], return_tensors="pt")
+        inputs = processor(**(pixels or {}))([Image.open(io.BytesIO(i)).convert("RGB") for i in images], return_tensors="pt")
         counts = (inputs["image_grid_thw"].prod(-1) // 4).tolist()
         parts = prompt.split("<|image_pad|>")
         prompt = parts[0] + "".join("<|image_pad|>" * n + part for n, part in zip(counts, parts[1:], strict=True))
@@ -102,10 +102,10 @@ def _logprobs(answer) -> list[float]:
     return [entry.logprob for entry in answer.choices[0].logprobs.content]
 
 
-def _ask(client, text: str, images: list[bytes], max_tokens: int = 8):
+def _ask(client, text: str, images: list[bytes], max_tokens: int = 8, pixels: dict | None = None):
+    extra = {"ignore_eos": True, "return_token_ids": True} | ({"mm_processor_kwargs": pixels} if pixels else {})
     return client.chat.completions.create(model=NAME, messages=_messages(text, images), max_tokens=max_tokens,
-                                          temperature=0, logprobs=True,
-                                          extra_body={"ignore_eos": True, "return_token_ids": True})
+                                          temperature=0, logprobs=True, extra_body=extra)
 
 
 @pytest.mark.parametrize("num_images", [1, 2, 0])
@@ -152,3 +152,18 @@ def test_an_image_far_longer_than_wide_is_a_400(served):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=NAME, messages=_messages("Hi", [picture(0, (1, 300))]), max_tokens=2)
     assert "image 0: the image is 1x300: its sides may differ by at most 200 times" in err.value.message
+
+
+def test_a_requests_pixel_range_resizes_its_images_as_the_processor_would(served):
+    """mm_processor_kwargs' max_pixels below the picture's 48x32: scaled down to 32x16 (8 tokens),
+    as Qwen2-VL's processor with that range."""
+    stack, model, tokenizer = served
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
+    small = {"max_pixels": 32 * 24}
+    images = [picture(7, SIZES[1])]
+    got = _ask(client, "What is this?", images, pixels=small)
+    prompt_ids, tokens, logprobs = _expected(model, tokenizer, "What is this?", images, 8, small)
+    assert prompt_ids.count(model.config.image_token_id) == 8
+    assert got.model_extra["prompt_token_ids"] == prompt_ids
+    assert got.choices[0].model_extra["token_ids"] == tokens
+    assert np.allclose(_logprobs(got), logprobs, atol=1e-3, rtol=0)

@@ -63,6 +63,7 @@ def main() -> None:
                              max_body_bytes=args.max_body_bytes, api_keys=api_keys,
                              per_request_metrics=args.enable_per_request_metrics,
                              limit_images=args.limit_mm_per_prompt["image"],
+                             mm_processor_kwargs=args.mm_processor_kwargs,
                              media=MediaPolicy(timeout_s=args.media_fetch_timeout_s, max_bytes=args.max_media_bytes,
                                                allowed_domains=tuple(d.lower() for d in args.allowed_media_domains),
                                                allow_private=args.allow_private_media_urls),

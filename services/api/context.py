@@ -71,6 +71,7 @@ class ServerState:
     api_keys: tuple[str, ...] = ()
     per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics
     limit_images: int = GATEWAY_DEFAULTS.limit_images_per_prompt  # --limit-mm-per-prompt's "image"
+    mm_processor_kwargs: dict = field(default_factory=dict)  # --mm-processor-kwargs: every request's (media/processor.py)
     media: MediaPolicy = field(default_factory=MediaPolicy)  # what an image URL may fetch (media/fetch.py)
     is_draining: bool = False
     num_in_flight: int = 0

@@ -132,9 +132,10 @@ async def tokenize(request: Request) -> JSONResponse:
     if body.prompt is not None:
         text = body.prompt
     else:
-        images = await store_images(ctx, model, body.messages, store=False)  # their sizes set their tokens
+        # measured, not stored: their sizes (and crops) set their tokens
+        images = await store_images(ctx, model, body.messages, body.mm_processor_kwargs, store=False)
         text = await off_loop(render_messages, model, body.messages, body.add_generation_prompt, body.tools,
-                              body.continue_final_message, body.chat_template_kwargs, [i.num_tokens for i in images])
+                              body.continue_final_message, body.chat_template_kwargs, images)
     special = True if body.add_special_tokens is None else body.add_special_tokens
     ids = await off_loop(encode_text, model, text, "prompt", special)
     strs = [model.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None  # null: vLLM's

@@ -23,7 +23,7 @@ def image_spec(config: VisionConfig | QwenVisionConfig) -> ImageSpec:
                          end_id=config.end_token_id, patch=config.token_pixels, min_pixels=config.min_pixels,
                          max_pixels=config.max_pixels, resample="bicubic")
     return ImageSpec(size=config.image_size, num_tokens=config.mm_tokens_per_image, token_id=config.image_token_id,
-                     start_id=config.start_token_id, end_id=config.end_token_id)
+                     start_id=config.start_token_id, end_id=config.end_token_id, pan_and_scan=True)
 
 
 class ImageCache:

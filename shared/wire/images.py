@@ -27,6 +27,7 @@ class ImageSpec(msgspec.Struct, frozen=True):
     min_pixels: int = 0
     max_pixels: int = 0
     resample: str = "bilinear"  # how the gateway resizes: as the model's processor does ("bilinear", "bicubic")
+    pan_and_scan: bool = False  # its processor can add crops of a long image, each an image (Gemma 3's)
 
     @property
     def dynamic(self) -> bool:

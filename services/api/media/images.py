@@ -55,7 +55,9 @@ def decode(data: bytes, max_pixels: int = MAX_PIXELS) -> Picture:
 RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
 
-def resized_pixels(picture: Picture, width: int, height: int, resample: str = "bilinear") -> bytes:
-    """RGB bytes, row-major, width x height, resized as the model's image processor does (Gemma 3's
-    bilinearly, Qwen2.5-VL's bicubically; their normalizations are the worker's)."""
-    return picture.image.resize((width, height), RESAMPLE[resample]).tobytes()
+def resized_pixels(picture: Picture, width: int, height: int, resample: str = "bilinear",
+                   box: tuple[int, int, int, int] | None = None) -> bytes:
+    """RGB bytes, row-major, width x height: the picture (or its crop `box`) resized as the model's
+    image processor does (Gemma 3's bilinearly, Qwen2.5-VL's bicubically; their normalizations are the worker's)."""
+    image = picture.image if box is None else picture.image.crop(box)
+    return image.resize((width, height), RESAMPLE[resample]).tobytes()

@@ -11,6 +11,7 @@ from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.media.fetch import MediaError, fetch
 from services.api.media.images import decode, resized_pixels
+from services.api.media.processor import pan_and_scan, processor_args
 from services.api.off_loop import off_loop
 from services.api.openai.protocol import ChatMessage
 from shared.bus.media import MediaStore, image_key
@@ -23,6 +24,7 @@ class PromptImage:
     width: int  # the pixels it was resized to
     height: int
     num_tokens: int  # its image tokens in the prompt
+    crop: bool = False  # one of pan and scan's crops of the image part before it (Gemma 3's)
 
 
 def check_images(model: ServedModel, messages: list[ChatMessage], limit: int) -> int:
@@ -38,27 +40,33 @@ def check_images(model: ServedModel, messages: list[ChatMessage], limit: int) ->
     return count
 
 
-async def store_images(ctx: ApiContext, model: ServedModel, messages: list[ChatMessage],
+async def store_images(ctx: ApiContext, model: ServedModel, messages: list[ChatMessage], kwargs: dict | None = None,
                        store: bool = True) -> list[PromptImage]:
-    """Each image part fetched, decoded, resized to what the model reads and (store) put in the
-    media store, in prompt order. Any that cannot be used is a 400 naming the part and why."""
+    """Each image part fetched, decoded, resized to what the model reads (kwargs: the request's
+    mm_processor_kwargs; pan and scan's crops after their image) and (store) put in the media store,
+    in prompt order. Any that cannot be used is a 400 naming the part and why."""
     urls = [image for m in messages for image in m.images()]
     if check_images(model, messages, ctx.server.limit_images) == 0:
         return []
-    spec = model.images
+    args = processor_args(model.images, ctx.server.mm_processor_kwargs, kwargs)
+    spec = args.spec
 
-    async def one(i: int) -> PromptImage:
+    async def one(i: int) -> list[PromptImage]:
         try:
             picture = await off_loop(decode, await fetch(urls[i].url, ctx.server.media))
-            width, height = spec.resized(*picture.size)
+            boxes = [None, *pan_and_scan(*picture.size, args)]
+            sizes = [spec.resized(*(picture.size if b is None else (b[2] - b[0], b[3] - b[1]))) for b in boxes]
         except (MediaError, ValueError) as exc:
             raise APIError(400, f"image {i}: {exc}", param="messages") from None
-        key = image_key(picture.digest, width, height)
-        if store:
-            await _media(ctx).put(key, await off_loop(resized_pixels, picture, width, height, spec.resample))
-        return PromptImage(key, width, height, spec.tokens_for(width, height))
+        out = []
+        for box, (width, height) in zip(boxes, sizes, strict=True):
+            key = image_key(picture.digest if box is None else f"{picture.digest}@{','.join(map(str, box))}", width, height)
+            if store:
+                await _media(ctx).put(key, await off_loop(resized_pixels, picture, width, height, spec.resample, box))
+            out.append(PromptImage(key, width, height, spec.tokens_for(width, height), crop=box is not None))
+        return out
 
-    return list(await asyncio.gather(*(one(i) for i in range(len(urls)))))
+    return [image for part in await asyncio.gather(*(one(i) for i in range(len(urls)))) for image in part]
 
 
 def _media(ctx: ApiContext) -> MediaStore:
@@ -67,24 +75,34 @@ def _media(ctx: ApiContext) -> MediaStore:
     return ctx.media
 
 
-def expand_placeholders(text: str, model: ServedModel, num_tokens: list[int]) -> str:
-    """Each image's placeholder the template wrote becomes the model's whole run of `num_tokens[i]`
-    image tokens, as its processor expands it: a start, one image token and an end (Qwen2.5-VL's
-    template) -> the image token repeated; a start alone (Gemma 3's) -> "\\n\\n" + start + the image
-    tokens + end + "\\n\\n"."""
+def expand_placeholders(text: str, model: ServedModel, images: list[PromptImage]) -> str:
+    """Each image part's placeholder the template wrote becomes the model's run of its image tokens,
+    as its processor expands it: a start, one image token and an end (Qwen2.5-VL's template) -> the
+    image token repeated as its size makes them; a start alone (Gemma 3's) -> "\n\n" + start + 256
+    image tokens + end + "\n\n", and with pan and scan's crops, Gemma3Processor's sentence around
+    the image's run and its crops'."""
     spec, tok = model.images, model.tokenizer
     start, end, image = tok.token_string(spec.start_id), tok.token_string(spec.end_id), tok.token_string(spec.token_id)
+    parts: list[list[PromptImage]] = []  # each part's image, then its crops
+    for item in images:
+        if item.crop:
+            parts[-1].append(item)
+        else:
+            parts.append([item])
     whole = start + image + end
-    if text.count(whole) == len(num_tokens) > 0:
-        parts = text.split(whole)
-        runs = [f"{start}{image * n}{end}" for n in num_tokens]
-    elif text.count(start) == len(num_tokens):
-        parts = text.split(start)
-        runs = [f"\n\n{start}{image * n}{end}\n\n" for n in num_tokens]
+    if text.count(whole) == len(parts) > 0:
+        pieces, runs = text.split(whole), [f"{start}{image * p[0].num_tokens}{end}" for p in parts]
+    elif text.count(start) == len(parts):
+        def run(n: int) -> str:
+            return f"\n\n{start}{image * n}{end}\n\n"
+        pieces = text.split(start)
+        runs = [run(p[0].num_tokens) if len(p) == 1 else
+                f"Here is the original image {run(p[0].num_tokens)} and here are some crops to help you see better "
+                + " ".join(run(c.num_tokens) for c in p[1:]) for p in parts]
     else:
         raise APIError(400, f"the chat template placed {text.count(start)} image(s) where the request has "
-                            f"{len(num_tokens)}", param="messages")
-    return parts[0] + "".join(run + part for run, part in zip(runs, parts[1:], strict=True))
+                            f"{len(parts)}", param="messages")
+    return pieces[0] + "".join(r + piece for r, piece in zip(runs, pieces[1:], strict=True))
 
 
 def image_refs(ids: list[int], spec: ImageSpec | None, images: list[PromptImage]) -> list[ImageRef]:

@@ -10,7 +10,7 @@ import re
 
 from services.api.context import ServedModel
 from services.api.errors import APIError
-from services.api.media.prompt import expand_placeholders
+from services.api.media.prompt import PromptImage, expand_placeholders
 from services.api.openai.chat_template import ChatTemplateError, render_chat
 from services.api.openai.protocol import (
     MAX_N,
@@ -55,11 +55,11 @@ TEMPLATE_OWN_NAMES = ("messages", "tools", "add_generation_prompt", "bos_token",
 
 def render_messages(model: ServedModel, messages: list[ChatMessage], add_generation_prompt: bool,
                     tools: list[Tool] | None = None, continue_final_message: bool = False,
-                    template_kwargs: dict | None = None, image_tokens: list[int] | None = None) -> str:
+                    template_kwargs: dict | None = None, images: list[PromptImage] | None = None) -> str:
     """Chat messages through the model's chat template (its own, or the OpenAI config's override);
     with tools, or tool calls and results in the history, a template that can render them.
     continue_final_message (vLLM's): the last message is left open, so the model continues it.
-    image_tokens: each image part's run of image tokens (media/prompt.py's PromptImage.num_tokens)."""
+    images: the image parts as stored (media/prompt.py), whose runs of image tokens replace their placeholders."""
     if continue_final_message:
         if add_generation_prompt:
             raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true",
@@ -83,7 +83,7 @@ def render_messages(model: ServedModel, messages: list[ChatMessage], add_generat
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), param="messages") from None
     if model.images is not None:
-        text = expand_placeholders(text, model, image_tokens or [])
+        text = expand_placeholders(text, model, images or [])
     if continue_final_message:  # cut what the template closes the last message with (as transformers does)
         final = messages[-1].text()
         text = text[: text.rindex(final) + len(final)] if final in text else text

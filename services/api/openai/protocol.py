@@ -209,6 +209,7 @@ class ChatCompletionRequest(_Sampling):
     include_reasoning: bool = True  # vLLM: false leaves the thinking (--reasoning-parser's) out of the answer
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM: more variables for the chat template (enable_thinking)
     thinking_token_budget: int | None = Field(default=None, ge=1)  # tokens the thinking may take (openai/thinking.py)
+    mm_processor_kwargs: dict[str, Any] | None = None  # vLLM: the image processor's settings (media/processor.py)
 
 
 class TokenizeRequest(_Request):
@@ -221,6 +222,7 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool | None = None  # the tokenizer's BOS; None: as the completion would encode it
     tools: list[Tool] | None = None  # messages: rendered as the chat completion renders them
     chat_template_kwargs: dict[str, Any] | None = None  # messages: as the chat completion passes them
+    mm_processor_kwargs: dict[str, Any] | None = None  # messages: as the chat completion's images take them
 
 
 class DetokenizeRequest(_Request):

@@ -70,7 +70,7 @@ async def complete(request: Request, model_name: str | None = None, usage_every_
 
 async def chat(request: Request, model_name: str | None = None, usage_every_chunk: bool = False):
     ctx, model, body = await parse(request, ChatCompletionRequest, lambda m: m.openai.chat, model_name)
-    images = await store_images(ctx, model, body.messages)
+    images = await store_images(ctx, model, body.messages, body.mm_processor_kwargs)
     choices, responder = await off_loop(chat_generation, ctx, model, body, arrival(request), images)
     return await _respond(choices, responder, body, request, usage_every_chunk)
 
@@ -81,7 +81,7 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
     images: its image parts, stored, in order (store_images)."""
     tools = plan_tools(body, resolve_parser(ctx.tool_call_parser, model.chat_template))
     text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
-                           body.continue_final_message, body.chat_template_kwargs, [i.num_tokens for i in images])
+                           body.continue_final_message, body.chat_template_kwargs, images)
     prompt_ids = truncated(encode_text(model, text, "messages"), body, model)
     refs = image_refs(prompt_ids, model.images, images)
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
