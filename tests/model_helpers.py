@@ -89,3 +89,46 @@ def check_batched_as_alone(loaded, vocab: int) -> None:
     assert engine.run() == alone
     assert engine.scheduler.num_preemptions > 0
     assert max(engine.num_cached_tokens.values()) >= 32  # a later prompt found the shared blocks
+
+
+def step_logits(runner: ModelRunner, step) -> torch.Tensor:
+    """One step's logits through the runner's backend (its ImageCache sets an image-text model's rows)."""
+    backend = runner.backend
+    with torch.inference_mode():
+        return backend.compute_logits(backend.forward(backend.prepare(runner.apply_deltas(step))))
+
+
+def greedy_with_images(runner: ModelRunner, ids: list[int], images: list, pixels: list[bytes], block_ids: list[int],
+                       decode_steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """A prompt with its images (ImageRefs, their pixels as the media store holds them) in one
+    prefill, then `decode_steps` greedy decode steps: (the tokens, each step's logits)."""
+    for ref, data in zip(images, pixels, strict=True):
+        runner.add_image(ref, data)
+    logits = [step_logits(runner, Step(step_id=0, new_seqs=[NewSeq(
+        request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
+        block_ids=block_ids, sampling=SamplingParams(max_tokens=decode_steps + 1, temperature=0.0), reply_to="",
+        images=images)]))]
+    tokens = list(ids)
+    for _ in range(decode_steps):
+        tokens.append(int(logits[-1][-1].argmax()))
+        seq = runner.seqs["r"]
+        seq.num_computed_tokens = len(tokens) - 1
+        seq.token_ids.append(tokens[-1])
+        logits.append(step_logits(runner, Step(step_id=len(tokens), scheduled=[
+            ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)])))
+    return tokens, logits
+
+
+def cuda_image_runner(folder: str, num_blocks: int = 16, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                      graphs: bool = False) -> ModelRunner:
+    """An image-text checkpoint on the CUDA backend: on the CPU its Triton kernels interpreted
+    (float32); on a GPU in `dtype`, decode steps through CUDA graphs if asked."""
+    from services.worker.backends.cuda.backend import CudaBackend
+    from services.worker.backends.cuda.ops import TritonOps
+    from services.worker.loader import load_model
+
+    loaded = load_model(folder, dtype=dtype, ops=TritonOps(), device=device)
+    backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, dtype), num_blocks, torch.device(device),
+                          capture=(4, 512) if graphs else None)
+    backend.warm_up()
+    return ModelRunner(backend, max_model_len=512, eos_token_ids=[])

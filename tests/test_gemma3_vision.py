@@ -12,32 +12,24 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from shared.wire.images import ImageRef
 from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
-from tests.model_helpers import BLOCK_SIZE, make_runner
+from tests.image_checkpoints import (
+    GEMMA3_BOI,
+    GEMMA3_EOI,
+    GEMMA3_IMAGE,
+    GEMMA3_TOKENS_PER_IMAGE,
+    gemma3_vision,
+)
+from tests.model_helpers import BLOCK_SIZE, cuda_image_runner, greedy_with_images, make_runner, step_logits
 
 transformers = pytest.importorskip("transformers")
-IMAGE_TOKEN, BOI, EOI = 299, 297, 298
-TOKENS_PER_IMAGE = 4
+IMAGE_TOKEN, BOI, EOI, TOKENS_PER_IMAGE = GEMMA3_IMAGE, GEMMA3_BOI, GEMMA3_EOI, GEMMA3_TOKENS_PER_IMAGE
 TOLERANCE = 2e-4
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.Gemma3Config(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=300, sliding_window=6,
-                         layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           patch_size=4, image_size=16, vision_use_head=False),
-        mm_tokens_per_image=TOKENS_PER_IMAGE, image_token_index=IMAGE_TOKEN, boi_token_index=BOI,
-        eoi_token_index=EOI)
-    model = transformers.Gemma3ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
     folder = tmp_path_factory.mktemp("gemma3-vision")
-    model.save_pretrained(folder)
-    return model, str(folder)
+    return gemma3_vision(folder), str(folder)
 
 
 def _prompt() -> tuple[list[int], list[tuple[int, int]]]:
@@ -65,13 +57,6 @@ def _images(runner, spans: list[tuple[int, int]]) -> tuple[list[ImageRef], torch
     for ref, picture in zip(refs, raw, strict=True):
         runner.add_image(ref, picture.numpy().tobytes())
     return refs, (raw.permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5
-
-
-def _run(runner, step: Step) -> torch.Tensor:
-    """One step's logits through the backend (its ImageCache sets the images' rows and spans)."""
-    backend = runner.backend
-    with torch.inference_mode():
-        return backend.compute_logits(backend.forward(backend.prepare(runner.apply_deltas(step))))
 
 
 def test_the_image_encoder_gives_transformers_features(checkpoint):
@@ -105,7 +90,7 @@ def test_logits_over_image_and_text_positions_match_transformers(checkpoint, chu
         else:
             step = Step(step_id=i, scheduled=[ScheduledSeq(request_id="r", num_new_tokens=num, num_computed_tokens=start)])
         assert not any(begin < start + num < end for begin, end in spans)
-        got.append(_run(runner, step))
+        got.append(step_logits(runner, step))
         runner.seqs["r"].num_computed_tokens = start + num
         start += num
     assert torch.allclose(torch.cat(got), expected, atol=TOLERANCE, rtol=0)
@@ -120,7 +105,7 @@ def test_decode_steps_after_the_images_match_transformers(checkpoint):
     step = Step(step_id=0, new_seqs=[NewSeq(
         request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
         block_ids=[0, 1], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
-    logits = _run(runner, step)[-1]
+    logits = step_logits(runner, step)[-1]
     tokens = list(ids)
     for _ in range(4):
         assert torch.allclose(logits, _reference_logits(model, tokens, pixels)[-1], atol=TOLERANCE, rtol=0)
@@ -128,7 +113,7 @@ def test_decode_steps_after_the_images_match_transformers(checkpoint):
         seq = runner.seqs["r"]
         seq.num_computed_tokens = len(tokens) - 1
         seq.token_ids.append(tokens[-1])
-        logits = _run(runner, Step(step_id=len(tokens), scheduled=[
+        logits = step_logits(runner, Step(step_id=len(tokens), scheduled=[
             ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)]))[-1]
     assert torch.allclose(logits, _reference_logits(model, tokens, pixels)[-1], atol=TOLERANCE, rtol=0)
 
@@ -159,3 +144,23 @@ def test_the_qaic_backend_refuses_an_image_text_model_by_name(checkpoint):
     with pytest.raises(ConfigError, match="Gemma3ForConditionalGeneration is an image-text model, which the qaic "
                                           "backend does not serve: its vision tower would be a second compiled program"):
         QaicBackend.create(spec.with_dtype_for("qaic"), device="cpu")
+
+
+@pytest.mark.slow  # Triton interpreted on the CPU
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing")
+def test_the_cuda_backends_image_path_gives_the_torch_backends_logits(checkpoint):
+    """The CUDA backend (Triton kernels interpreted, float32) with both images: the prefill kernel
+    lets an image's tokens see each other both ways, in the sliding layer too; then decode steps."""
+    folder = checkpoint[1]
+    ids, spans = _prompt()
+    raw = torch.randint(0, 256, (len(spans), 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    refs = [ImageRef(key=f"img{i}", offset=begin, num_tokens=end - begin) for i, (begin, end) in enumerate(spans)]
+    pixels = [picture.numpy().tobytes() for picture in raw]
+    cuda = cuda_image_runner(folder)
+    want_tokens, want = greedy_with_images(make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16), ids, refs,
+                                           pixels, [0, 1], 3)
+    got_tokens, got = greedy_with_images(cuda, ids, refs, pixels, [0, 1], 3)
+    assert got_tokens == want_tokens
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=TOLERANCE, rtol=0)
+    assert cuda.backend.images.num_encoded == 2

@@ -14,35 +14,19 @@ from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from shared.wire.images import ImageRef
 from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
-from tests.model_helpers import BLOCK_SIZE, make_runner
+from tests.image_checkpoints import QWEN_END, QWEN_IMAGE, QWEN_START, qwen25vl
+from tests.model_helpers import BLOCK_SIZE, cuda_image_runner, greedy_with_images, make_runner, step_logits
 
 transformers = pytest.importorskip("transformers")
-pil = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
-IMAGE, START, END = 299, 297, 298
+IMAGE, START, END = QWEN_IMAGE, QWEN_START, QWEN_END
 SIZES = [(40, 24), (16, 64)]  # (width, height): 5x3 and 2x8 tokens of 8x8 pixels
 TOLERANCE = 2e-4
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.Qwen2_5_VLConfig(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=300, max_position_embeddings=512,
-                         rope_parameters=dict(rope_type="default", mrope_section=[2, 3, 3], rope_theta=10000.0)),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
-                           spatial_merge_size=2, temporal_patch_size=2, window_size=16, out_hidden_size=64,
-                           fullatt_block_indexes=[1]),
-        image_token_id=IMAGE, video_token_id=296, vision_start_token_id=START, vision_end_token_id=END)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
     folder = tmp_path_factory.mktemp("qwen25vl")
-    model.save_pretrained(folder)
-    processor = pil.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                             size={"shortest_edge": 64, "longest_edge": 64 * 64})
-    processor.save_pretrained(folder)
+    model, processor = qwen25vl(folder)
     return model, str(folder), processor
 
 
@@ -73,12 +57,6 @@ def _reference_logits(model, processor, ids: list[int], pictures) -> torch.Tenso
     with torch.no_grad():
         return model(input_ids=input_ids, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
                      mm_token_type_ids=(input_ids == IMAGE).int()).logits[0]
-
-
-def _run(runner, step: Step) -> torch.Tensor:
-    backend = runner.backend
-    with torch.inference_mode():
-        return backend.compute_logits(backend.forward(backend.prepare(runner.apply_deltas(step))))
 
 
 def _add(runner, refs, pictures) -> None:
@@ -129,7 +107,7 @@ def test_logits_over_image_and_text_positions_match_transformers(checkpoint, chu
         else:
             step = Step(step_id=i, scheduled=[ScheduledSeq(request_id="r", num_new_tokens=num, num_computed_tokens=start)])
         assert not any(r.offset < start + num < r.end for r in refs)
-        got.append(_run(runner, step))
+        got.append(step_logits(runner, step))
         runner.seqs["r"].num_computed_tokens = start + num
         start += num
     assert torch.allclose(torch.cat(got), expected, atol=TOLERANCE, rtol=0)
@@ -146,7 +124,7 @@ def test_decode_steps_after_the_images_match_transformers(checkpoint):
     step = Step(step_id=0, new_seqs=[NewSeq(
         request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
         block_ids=[0, 1, 2, 3], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
-    logits = _run(runner, step)[-1]
+    logits = step_logits(runner, step)[-1]
     tokens = list(ids)
     for _ in range(4):
         assert torch.allclose(logits, _reference_logits(model, processor, tokens, pictures)[-1], atol=TOLERANCE, rtol=0)
@@ -154,7 +132,7 @@ def test_decode_steps_after_the_images_match_transformers(checkpoint):
         seq = runner.seqs["r"]
         seq.num_computed_tokens = len(tokens) - 1
         seq.token_ids.append(tokens[-1])
-        logits = _run(runner, Step(step_id=len(tokens), scheduled=[
+        logits = step_logits(runner, Step(step_id=len(tokens), scheduled=[
             ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)]))[-1]
     assert torch.allclose(logits, _reference_logits(model, processor, tokens, pictures)[-1], atol=TOLERANCE, rtol=0)
 
@@ -168,7 +146,7 @@ def test_text_only_matches_transformers(checkpoint):
         block_ids=[0], sampling=SamplingParams(max_tokens=2, temperature=0.0), reply_to="")])
     with torch.no_grad():
         expected = model(input_ids=torch.tensor([ids])).logits[0]
-    assert torch.allclose(_run(runner, step), expected, atol=TOLERANCE, rtol=0)
+    assert torch.allclose(step_logits(runner, step), expected, atol=TOLERANCE, rtol=0)
 
 
 @pytest.mark.slow  # Triton interpreted on the CPU
@@ -176,39 +154,17 @@ def test_text_only_matches_transformers(checkpoint):
 def test_the_cuda_backends_image_path_gives_the_torch_backends_logits(checkpoint):
     """The CUDA backend (Triton kernels interpreted, float32) with both images: the prefill's logits,
     then decode steps (text alone: one position per row, shifted, as a CUDA graph takes them)."""
-    from services.worker.backends.cuda.backend import CudaBackend
-    from services.worker.backends.cuda.ops import TritonOps
-    from services.worker.backends.kv_pool import KVSpec
-    from services.worker.model_runner import ModelRunner
-
     folder = checkpoint[1]
-    triton = load_model(folder, ops=TritonOps())
-    backend = CudaBackend(triton, KVSpec.of(triton.config, BLOCK_SIZE, torch.float32), 16, torch.device("cpu"))
-    runners = [make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16),
-               ModelRunner(backend, max_model_len=512, eos_token_ids=[])]
     ids, refs = _prompt()
-    pictures = _pictures(2)
-    outputs = []
-    for runner in runners:
-        _add(runner, refs, pictures)
-        step = Step(step_id=0, new_seqs=[NewSeq(
-            request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
-            block_ids=[0, 1, 2, 3], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
-        logits = [_run(runner, step)]
-        tokens = list(ids)
-        for _ in range(3):
-            tokens.append(int(logits[-1][-1].argmax()))
-            seq = runner.seqs["r"]
-            seq.num_computed_tokens = len(tokens) - 1
-            seq.token_ids.append(tokens[-1])
-            logits.append(_run(runner, Step(step_id=len(tokens), scheduled=[
-                ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)])))
-        outputs.append((tokens, logits))
-    (want_tokens, want), (got_tokens, got) = outputs
+    pixels = [p.tobytes() for p in _pictures(2)]
+    cuda = cuda_image_runner(folder)
+    want_tokens, want = greedy_with_images(make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16), ids, refs,
+                                           pixels, [0, 1, 2, 3], 3)
+    got_tokens, got = greedy_with_images(cuda, ids, refs, pixels, [0, 1, 2, 3], 3)
     assert got_tokens == want_tokens
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(a, b, atol=TOLERANCE, rtol=0)
-    assert backend.images.num_encoded == 2 and backend.images.spec.dynamic  # its workers announce images
+    assert cuda.backend.images.num_encoded == 2 and cuda.backend.images.spec.dynamic  # its workers announce images
 
 
 # Qwen/Qwen2.5-VL-7B-Instruct's config.json and preprocessor_config.json as the Hub has them

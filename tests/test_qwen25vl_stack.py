@@ -17,19 +17,14 @@ import torch
 from PIL import Image
 
 from bench.images import QWEN25VL_TEMPLATE  # Qwen2.5-VL's chat template as the Hub's writes it
+from tests.image_checkpoints import qwen25vl, qwen25vl_config, qwen25vl_processor
 from tests.model_helpers import serve_checkpoint
 
 pytestmark = pytest.mark.stack
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
-pil = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
 SIZES = [(31, 23), (50, 30)]  # (width, height) -> 32x24 and 48x32 pixels: 4x3 and 6x4 tokens
 NAME = "qwen25vl"
-
-
-def processor(min_pixels: int = 64, max_pixels: int = 64 * 64):
-    return pil.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                        size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +33,9 @@ def served(tmp_path_factory, hf_tokenizer):
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]})
     tokenizer.chat_template = QWEN25VL_TEMPLATE
     start, end, image = tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"])
-    torch.manual_seed(0)
-    config = transformers.Qwen2_5_VLConfig(
-        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=1024,
-                         rope_parameters=dict(rope_type="default", mrope_section=[2, 3, 3], rope_theta=10000.0),
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
-                           spatial_merge_size=2, temporal_patch_size=2, window_size=16, out_hidden_size=64,
-                           fullatt_block_indexes=[1]),
-        image_token_id=image, video_token_id=image, vision_start_token_id=start, vision_end_token_id=end)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    stack = serve_checkpoint(tmp_path_factory, NAME, model, tokenizer, "--max-model-len", "512",
-                             processor=processor())
+    model, processor = qwen25vl(tmp_path_factory.mktemp("qwen25vl-weights"), qwen25vl_config(
+        len(tokenizer), image, start, end, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+    stack = serve_checkpoint(tmp_path_factory, NAME, model, tokenizer, "--max-model-len", "512", processor=processor)
     yield stack, model, tokenizer
     stack.stop()
 
@@ -81,7 +63,7 @@ def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int,
                                            add_generation_prompt=True)
     kwargs = {}
     if images:
-        inputs = processor(**(pixels or {}))([Image.open(io.BytesIO(i)).convert("RGB") for i in images], return_tensors="pt")
+        inputs = qwen25vl_processor(**(pixels or {}))([Image.open(io.BytesIO(i)).convert("RGB") for i in images], return_tensors="pt")
         counts = (inputs["image_grid_thw"].prod(-1) // 4).tolist()
         parts = prompt.split("<|image_pad|>")
         prompt = parts[0] + "".join("<|image_pad|>" * n + part for n, part in zip(counts, parts[1:], strict=True))

@@ -94,8 +94,19 @@ def _batch(rows: list[tuple[int, int]], block_size: int, num_kv_heads: int, grou
 # a sliding-window layer's window (off the block grid) with Gemma 2's soft cap (low: it bites)
 @pytest.mark.parametrize("window,softcap", [(None, None), (20, 2.0)])
 def test_kv_write_then_paged_attention_over_a_mixed_batch(dtype, block_size, num_kv_heads, group, window, softcap):
-    # decode rows with short and long contexts, a fresh prefill, one after a cached prefix, a chunk
-    # whose start and end are off the block grid
+    _mixed_batch(dtype, block_size, num_kv_heads, group, window, softcap, images=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window,softcap", [(None, None), (20, 2.0)])
+def test_prefill_attention_with_images_seen_both_ways(dtype, window, softcap):
+    _mixed_batch(dtype, 16, 2, 2, window, softcap, images=True)
+
+
+def _mixed_batch(dtype, block_size, num_kv_heads, group, window, softcap, images: bool) -> None:
+    """Decode rows with short and long contexts, a fresh prefill, one after a cached prefix, a chunk
+    whose start and end are off the block grid; images: spans of two prefills whose queries see each
+    other both ways (Gemma 3's image tokens), one reaching its chunk's end. Against the torch backend's."""
     rows = [(0, 1), (37, 1), (0, 21), (2 * block_size, 9), (75, 1), (block_size + 5, 30), (130, 1)]
     k_cache, v_cache, tables, slots, q, k, v = _batch(rows, block_size, num_kv_heads, group, 32, dtype, seed=1)
     null = k_cache.shape[0] - 1
@@ -120,13 +131,20 @@ def test_kv_write_then_paged_attention_over_a_mixed_batch(dtype, block_size, num
             prefills.append((row, num_new, num_cached, torch.tensor(table, device=DEVICE)))
         starts.append(row)
         row += num_new
+    spans = {starts[2]: [(3, 12)], starts[5]: [(block_size + 8, block_size + 35)]} if images else {}
+    limits = torch.full((row,), -1, dtype=torch.int32)
+    for first, chunk_spans in spans.items():
+        num_cached = next(c for (c, _), s in zip(rows, starts, strict=True) if s == first)
+        for begin, end in chunk_spans:
+            limits[first + begin - num_cached:first + end - num_cached] = end - 1
     width = max(len(t) for t in decode_tables)
     decode_table = torch.tensor([t + [null] * (width - len(t)) for t in decode_tables], device=DEVICE)
     mask = torch.arange(width * block_size, device=DEVICE)[None, :] < torch.tensor(decode_lens, device=DEVICE)[:, None]
     meta = AttentionMetadata(slot_mapping=slots, decode_token_idx=torch.tensor(decode_rows, device=DEVICE),
                              decode_block_tables=decode_table,
                              decode_context_mask=mask.view(len(decode_rows), 1, 1, -1),
-                             decode_context_lens=torch.tensor(decode_lens, device=DEVICE), prefills=prefills)
+                             decode_context_lens=torch.tensor(decode_lens, device=DEVICE), prefills=prefills,
+                             bidirectional=spans)
     expected = paged_attention(q, ref_k, ref_v, meta, scale, window=window, softcap=softcap)
 
     def ints(values) -> torch.Tensor:
@@ -139,7 +157,7 @@ def test_kv_write_then_paged_attention_over_a_mixed_batch(dtype, block_size, num
     prefill_tables = ints([p[3].tolist() + [null] * (width - len(p[3])) for p in prefills])
     prefill_attention(q, got_k, got_v, out, ints([p[0] for p in prefills]), ints([p[1] for p in prefills]),
                       ints([p[2] for p in prefills]), prefill_tables, max(p[1] for p in prefills), scale,
-                      window=window, softcap=softcap)
+                      window=window, softcap=softcap, limits=limits.to(DEVICE) if images else None)
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
 

@@ -50,7 +50,8 @@ class Gemma3VisionTower(nn.Module):
 
     def encode(self, images: list[torch.Tensor]) -> list[torch.Tensor]:
         """images: RGB uint8 [image_size, image_size, 3] -> each one's features [tokens, text hidden], in one batch."""
-        pixels = (torch.stack(images).permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5  # Gemma 3's processor's
+        raw = torch.stack(images).to(self.position_embedding.device)
+        pixels = (raw.permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5  # Gemma 3's processor's
         return list(self(pixels))
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:

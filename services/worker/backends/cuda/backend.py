@@ -13,7 +13,7 @@ import torch
 
 from services.worker.backends.base import BackendInfo
 from services.worker.backends.cuda.graphs import DecodeGraphs
-from services.worker.backends.cuda.inputs import CudaInputs, build_inputs, to_device
+from services.worker.backends.cuda.inputs import CudaInputs, build_inputs, span_limits, to_device
 from services.worker.backends.cuda.memory import kv_budget, profile_peak
 from services.worker.backends.cuda.ops import TritonOps
 from services.worker.backends.cuda.quant_linear import kept_linears, quantize
@@ -46,11 +46,10 @@ class CudaBackend:
         self.model = loaded.model
         self.config = loaded.config
         self.encoder = None  # encoders are refused at load (refuse_encoder)
-        # an image-text model's images (services/worker/images.py), where the Triton attention serves
-        # its language model as it is: Qwen2.5-VL's causal; Gemma 3's images see each other both
-        # ways, which it does not, so Gemma 3 serves text here (its workers announce no ImageSpec)
-        both_ways = getattr(self.model, "images_see_both_ways", False)
-        self.images = ImageCache(self.model.vision, self.config.vision) if self.config.vision and not both_ways else None
+        # an image-text model's images (services/worker/images.py): the tower's torch ops on the
+        # device, its features in the embeddings; Gemma 3's image tokens seen both ways by the prefill
+        # kernel (its rows' limits)
+        self.images = ImageCache(self.model.vision, self.config.vision) if self.config.vision else None
         self.draft: Eagle3Drafter | None = None  # an EAGLE-3 head (the draft_model method runs on the cpu backend)
         self.kv = kv
         self.device = device
@@ -112,8 +111,12 @@ class CudaBackend:
     def prepare(self, batch) -> CudaInputs:
         inputs = build_inputs(batch, self.block_size, self.null_block, self.device, self.config.num_kv_heads,
                               self.num_sms)
-        if self.images is not None and (embeds := self.images.step_inputs(batch)[0]) is not None:
-            inputs.image_embeds = (to_device(embeds[0], self.device), embeds[1])  # the features are on the device
+        if self.images is not None:
+            embeds, spans = self.images.step_inputs(batch)
+            if embeds is not None:
+                inputs.image_embeds = (to_device(embeds[0], self.device), embeds[1])  # the features are on the device
+            if self.model.images_see_both_ways:
+                inputs.meta.prefill_limits = span_limits(batch, spans, self.device)
         if self.config.mrope_section and (positions := mrope_positions(batch, self.config.vision.token_pixels)) is not None:
             inputs.positions = to_device(positions, self.device)  # [T] for text alone: a graph takes it
         return inputs

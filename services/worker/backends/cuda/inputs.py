@@ -28,6 +28,9 @@ class CudaMeta:
     prefill_tables: torch.Tensor  # [C, width] int32
     max_query_len: int
     max_decode_len: int  # the longest decode context (graphs capture up to max_seq_len_to_capture)
+    # [T] int32: the last key position each prefill row also sees (Gemma 3's image tokens, both
+    # ways); None: every row causal
+    prefill_limits: torch.Tensor | None = None
 
     @property
     def is_decode_only(self) -> bool:
@@ -76,3 +79,18 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def span_limits(batch: list[BatchRow], spans: dict[int, list[tuple[int, int]]], device: torch.device
+                ) -> torch.Tensor | None:
+    """The rows' limits for prefill_attention from the image spans of each prefill (keyed by its
+    first row, as services/worker/images.py gives them): an image's rows see up to its last token."""
+    if not spans:
+        return None
+    limits = torch.full((sum(n for _, n in batch),), -1, dtype=torch.int32)
+    row = 0
+    for seq, num_new in batch:
+        for begin, end in spans.get(row, ()):
+            limits[row + begin - seq.num_computed_tokens:row + end - seq.num_computed_tokens] = end - 1
+        row += num_new
+    return to_device(limits, device)

@@ -28,7 +28,7 @@ class TritonOps:
                          meta.num_splits, self.k_scale, self.v_scale, window, softcap)
         prefill_attention(q, k_cache, v_cache, out, meta.prefill_starts, meta.prefill_lens, meta.prefill_cached,
                           meta.prefill_tables, meta.max_query_len, scale, self.k_scale, self.v_scale, window,
-                          softcap)
+                          softcap, meta.prefill_limits)
         return out
 
     def add_rms_norm(self, x, residual, weight, eps):
