@@ -1,9 +1,14 @@
 """Shrunk image-text checkpoints with random weights, saved by transformers (say so in reports):
 Gemma 3 (2 layers, one sliding; 16x16 images of 4 tokens) and Qwen2.5-VL (2 layers each tower,
-4-pixel patches: a token per 8x8 pixels; 16-pixel windows), with Qwen's image processor beside it."""
+4-pixel patches: a token per 8x8 pixels; 16-pixel windows), with Qwen's image processor beside it;
+and the pictures and chat messages the stack tests send them."""
 
 from __future__ import annotations
 
+import base64
+import io
+
+import numpy as np
 import torch
 
 GEMMA3_IMAGE, GEMMA3_BOI, GEMMA3_EOI = 299, 297, 298
@@ -67,3 +72,20 @@ def qwen25vl(folder, config=None):
     processor = qwen25vl_processor()
     processor.save_pretrained(folder)
     return model, processor
+
+
+def png(seed: int, width: int, height: int) -> bytes:
+    """A PNG of random pixels, as Pillow writes it."""
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_messages(text: str, images: list[bytes]) -> list[dict]:
+    """One user message: the pictures as data-URL image parts, then the text."""
+    parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(i).decode()}}
+             for i in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]

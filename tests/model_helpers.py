@@ -98,11 +98,11 @@ def step_logits(runner: ModelRunner, step) -> torch.Tensor:
         return backend.compute_logits(backend.forward(backend.prepare(runner.apply_deltas(step))))
 
 
-def greedy_with_images(runner: ModelRunner, ids: list[int], images: list, pixels: list[bytes], block_ids: list[int],
-                       decode_steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    """A prompt with its images (ImageRefs, their pixels as the media store holds them) in one
-    prefill, then `decode_steps` greedy decode steps: (the tokens, each step's logits)."""
-    for ref, data in zip(images, pixels, strict=True):
+def greedy_with_images(runner: ModelRunner, ids: list[int], images: list, pixels: list[bytes] | None,
+                       block_ids: list[int], decode_steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """A prompt with its images (ImageRefs, their pixels as the media store holds them; None: added
+    already) in one prefill, then `decode_steps` greedy decode steps: (the tokens, each step's logits)."""
+    for ref, data in zip(images, pixels or [], strict=pixels is not None):
         runner.add_image(ref, data)
     logits = [step_logits(runner, Step(step_id=0, new_seqs=[NewSeq(
         request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
@@ -132,3 +132,39 @@ def cuda_image_runner(folder: str, num_blocks: int = 16, device: str = "cpu", dt
                           capture=(4, 512) if graphs else None)
     backend.warm_up()
     return ModelRunner(backend, max_model_len=512, eos_token_ids=[])
+
+
+def chunked_logits(runner: ModelRunner, ids: list[int], images: list, chunks: list[int | None],
+                   block_ids: list[int]) -> torch.Tensor:
+    """A prompt with its images (already added to the runner) prefilled in `chunks` (None: the rest),
+    none ending inside an image (the scheduler's rule): every position's logits."""
+    got, start = [], 0
+    for i, size in enumerate(chunks):
+        num = size or len(ids) - start
+        if i == 0:
+            step = Step(step_id=0, new_seqs=[NewSeq(
+                request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=num,
+                block_ids=block_ids, sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="",
+                images=images)])
+        else:
+            step = Step(step_id=i, scheduled=[ScheduledSeq(request_id="r", num_new_tokens=num, num_computed_tokens=start)])
+        assert not any(image.offset < start + num < image.end for image in images)
+        got.append(step_logits(runner, step))
+        runner.seqs["r"].num_computed_tokens = start + num
+        start += num
+    return torch.cat(got)
+
+
+def generate_with_logprobs(model, ids: list[int], num_tokens: int, **inputs) -> tuple[list[int], list[float]]:
+    """transformers' greedy generate of exactly `num_tokens` (an image-text model's `inputs` beside
+    the ids): the tokens, and each one's logprob."""
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, **inputs)
+    tokens = out.sequences[0, len(ids):].tolist()
+    return tokens, [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens, strict=True)]
+
+
+def answer_logprobs(answer) -> list[float]:
+    """An openai client's chat completion's logprobs, token by token."""
+    return [entry.logprob for entry in answer.choices[0].logprobs.content]

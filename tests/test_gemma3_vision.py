@@ -11,7 +11,7 @@ import torch
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from shared.wire.images import ImageRef
-from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.wire.messages import NewSeq, SamplingParams, Step
 from tests.image_checkpoints import (
     GEMMA3_BOI,
     GEMMA3_EOI,
@@ -19,7 +19,7 @@ from tests.image_checkpoints import (
     GEMMA3_TOKENS_PER_IMAGE,
     gemma3_vision,
 )
-from tests.model_helpers import BLOCK_SIZE, cuda_image_runner, greedy_with_images, make_runner, step_logits
+from tests.model_helpers import BLOCK_SIZE, chunked_logits, cuda_image_runner, greedy_with_images, make_runner
 
 transformers = pytest.importorskip("transformers")
 IMAGE_TOKEN, BOI, EOI, TOKENS_PER_IMAGE = GEMMA3_IMAGE, GEMMA3_BOI, GEMMA3_EOI, GEMMA3_TOKENS_PER_IMAGE
@@ -79,21 +79,8 @@ def test_logits_over_image_and_text_positions_match_transformers(checkpoint, chu
     ids, spans = _prompt()
     refs, pixels = _images(runner, spans)
     expected = _reference_logits(model, ids, pixels)
-    blocks = list(range((len(ids) + 8 + BLOCK_SIZE - 1) // BLOCK_SIZE))
-    got, start = [], 0
-    for i, size in enumerate(chunks):
-        num = (size or len(ids) - start)
-        if i == 0:
-            step = Step(step_id=0, new_seqs=[NewSeq(
-                request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=num,
-                block_ids=blocks, sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
-        else:
-            step = Step(step_id=i, scheduled=[ScheduledSeq(request_id="r", num_new_tokens=num, num_computed_tokens=start)])
-        assert not any(begin < start + num < end for begin, end in spans)
-        got.append(step_logits(runner, step))
-        runner.seqs["r"].num_computed_tokens = start + num
-        start += num
-    assert torch.allclose(torch.cat(got), expected, atol=TOLERANCE, rtol=0)
+    got = chunked_logits(runner, ids, refs, chunks, list(range((len(ids) + 8 + BLOCK_SIZE - 1) // BLOCK_SIZE)))
+    assert torch.allclose(got, expected, atol=TOLERANCE, rtol=0)
     assert runner.backend.images.num_encoded == 2  # each image once, though three chunks read them
 
 
@@ -102,20 +89,10 @@ def test_decode_steps_after_the_images_match_transformers(checkpoint):
     runner = make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16)
     ids, spans = _prompt()
     refs, pixels = _images(runner, spans)
-    step = Step(step_id=0, new_seqs=[NewSeq(
-        request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
-        block_ids=[0, 1], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
-    logits = step_logits(runner, step)[-1]
-    tokens = list(ids)
-    for _ in range(4):
-        assert torch.allclose(logits, _reference_logits(model, tokens, pixels)[-1], atol=TOLERANCE, rtol=0)
-        tokens.append(int(logits.argmax()))
-        seq = runner.seqs["r"]
-        seq.num_computed_tokens = len(tokens) - 1
-        seq.token_ids.append(tokens[-1])
-        logits = step_logits(runner, Step(step_id=len(tokens), scheduled=[
-            ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)]))[-1]
-    assert torch.allclose(logits, _reference_logits(model, tokens, pixels)[-1], atol=TOLERANCE, rtol=0)
+    tokens, logits = greedy_with_images(runner, ids, refs, None, [0, 1], 4)
+    for step, step_logits_ in enumerate(logits):
+        expected = _reference_logits(model, tokens[:len(ids) + step], pixels)[-1]
+        assert torch.allclose(step_logits_[-1], expected, atol=TOLERANCE, rtol=0)
 
 
 def test_a_new_sequence_whose_image_is_not_there_fails_alone(checkpoint):

@@ -18,7 +18,8 @@ from PIL import Image
 from bench.images import (
     GEMMA3_TEMPLATE,  # Gemma 3's chat template, its image and text parts as the Hub's writes them
 )
-from tests.model_helpers import serve_checkpoint
+from tests.image_checkpoints import image_messages, png
+from tests.model_helpers import answer_logprobs, generate_with_logprobs, serve_checkpoint
 
 pytestmark = pytest.mark.stack
 transformers = pytest.importorskip("transformers")
@@ -53,16 +54,7 @@ def served(tmp_path_factory, hf_tokenizer):
 
 
 def picture(seed: int, width: int = 31, height: int = 23) -> bytes:
-    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _messages(text: str, images: list[bytes]) -> list[dict]:
-    parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(i).decode()}}
-             for i in images]
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+    return png(seed, width, height)
 
 
 def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int, pan_and_scan: dict | None = None
@@ -92,16 +84,8 @@ def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int,
     input_ids = torch.tensor([ids])
     if images:
         kwargs["token_type_ids"] = (input_ids == model.config.image_token_index).long()
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids, max_new_tokens=num_tokens, min_new_tokens=num_tokens,
-                             do_sample=False, output_logits=True, return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(ids):].tolist()
-    logprobs = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens, strict=True)]
+    tokens, logprobs = generate_with_logprobs(model, ids, num_tokens, **kwargs)
     return ids, tokens, logprobs
-
-
-def _logprobs(answer) -> list[float]:
-    return [entry.logprob for entry in answer.choices[0].logprobs.content]
 
 
 @pytest.mark.parametrize("num_images", [1, 2, 0])
@@ -109,13 +93,13 @@ def test_greedy_tokens_equal_transformers_generate(served, num_images):
     stack, model, tokenizer = served
     client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
     images = [picture(seed) for seed in range(num_images)]
-    got = client.chat.completions.create(model="gemma3-vision", messages=_messages("What is this?", images),
+    got = client.chat.completions.create(model="gemma3-vision", messages=image_messages("What is this?", images),
                                          max_tokens=8, temperature=0, logprobs=True,
                                          extra_body={"ignore_eos": True, "return_token_ids": True})
     prompt_ids, tokens, logprobs = _expected(model, tokenizer, "What is this?", images, 8)
     assert got.model_extra["prompt_token_ids"] == prompt_ids
     assert got.choices[0].model_extra["token_ids"] == tokens
-    assert np.allclose(_logprobs(got), logprobs, atol=1e-3, rtol=0)  # the images' features and attention count
+    assert np.allclose(answer_logprobs(got), logprobs, atol=1e-3, rtol=0)  # the images' features and attention count
     assert got.usage.prompt_tokens == len(prompt_ids)  # the image tokens count
 
 
@@ -127,7 +111,7 @@ def test_the_prefix_cache_shares_an_image_and_never_another(served):
     text = "Describe the picture in great detail, please, " * 6
 
     def ask(seed: int):
-        return client.chat.completions.create(model="gemma3-vision", messages=_messages(text, [picture(seed)]),
+        return client.chat.completions.create(model="gemma3-vision", messages=image_messages(text, [picture(seed)]),
                                               max_tokens=6, temperature=0, logprobs=True,
                                               extra_body={"ignore_eos": True, "return_token_ids": True})
     first, again, other = ask(10), ask(10), ask(11)
@@ -136,9 +120,9 @@ def test_the_prefix_cache_shares_an_image_and_never_another(served):
     assert cached[1] >= 32 and cached[2] < cached[1]  # the same image: its blocks and the text's after them
     _, tokens, logprobs = _expected(model, tokenizer, text, [picture(11)], 6)
     assert other.choices[0].model_extra["token_ids"] == tokens
-    assert np.allclose(_logprobs(other), logprobs, atol=1e-3, rtol=0)
-    assert np.allclose(_logprobs(again), _logprobs(first), atol=1e-5, rtol=0)  # its image's blocks from the cache
-    assert not np.allclose(_logprobs(other), _logprobs(first), atol=1e-3, rtol=0)
+    assert np.allclose(answer_logprobs(other), logprobs, atol=1e-3, rtol=0)
+    assert np.allclose(answer_logprobs(again), answer_logprobs(first), atol=1e-5, rtol=0)  # its image's blocks from the cache
+    assert not np.allclose(answer_logprobs(other), answer_logprobs(first), atol=1e-3, rtol=0)
 
 
 @pytest.mark.parametrize(("content", "why"), [
@@ -160,7 +144,7 @@ def test_images_past_the_context_are_a_400(served):
     stack, _, _ = served
     client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as err:  # 100 images of 8 tokens with their markers: past 512
-        client.chat.completions.create(model="gemma3-vision", messages=_messages("Hi", [picture(0)] * 100),
+        client.chat.completions.create(model="gemma3-vision", messages=image_messages("Hi", [picture(0)] * 100),
                                        max_tokens=2)
     assert "512" in err.value.message
 
@@ -173,7 +157,7 @@ def test_pan_and_scan_crops_follow_the_image_as_gemma3s_processor_lays_them_out(
     client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused")
     settings = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
     wide = picture(5, width=60, height=20)
-    got = client.chat.completions.create(model="gemma3-vision", messages=_messages("What is this?", [wide]),
+    got = client.chat.completions.create(model="gemma3-vision", messages=image_messages("What is this?", [wide]),
                                          max_tokens=6, temperature=0, logprobs=True,
                                          extra_body={"ignore_eos": True, "return_token_ids": True,
                                                      "mm_processor_kwargs": settings})
@@ -181,8 +165,8 @@ def test_pan_and_scan_crops_follow_the_image_as_gemma3s_processor_lays_them_out(
     assert got.model_extra["prompt_token_ids"] == prompt_ids
     assert prompt_ids.count(model.config.image_token_index) == 4 * TOKENS_PER_IMAGE
     assert got.choices[0].model_extra["token_ids"] == tokens
-    assert np.allclose(_logprobs(got), logprobs, atol=1e-3, rtol=0)
+    assert np.allclose(answer_logprobs(got), logprobs, atol=1e-3, rtol=0)
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="gemma3-vision", messages=_messages("Hi", [wide]), max_tokens=2,
+        client.chat.completions.create(model="gemma3-vision", messages=image_messages("Hi", [wide]), max_tokens=2,
                                        extra_body={"mm_processor_kwargs": {"max_pixels": 1000}})
     assert "'max_pixels' is not a setting of this model's image processor" in err.value.message

@@ -13,9 +13,16 @@ import torch
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
 from services.worker.loader import load_model
 from shared.wire.images import ImageRef
-from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
+from shared.wire.messages import NewSeq, SamplingParams, Step
 from tests.image_checkpoints import QWEN_END, QWEN_IMAGE, QWEN_START, qwen25vl
-from tests.model_helpers import BLOCK_SIZE, cuda_image_runner, greedy_with_images, make_runner, step_logits
+from tests.model_helpers import (
+    BLOCK_SIZE,
+    chunked_logits,
+    cuda_image_runner,
+    greedy_with_images,
+    make_runner,
+    step_logits,
+)
 
 transformers = pytest.importorskip("transformers")
 IMAGE, START, END = QWEN_IMAGE, QWEN_START, QWEN_END
@@ -96,21 +103,8 @@ def test_logits_over_image_and_text_positions_match_transformers(checkpoint, chu
     pictures = _pictures()
     _add(runner, refs, pictures)
     expected = _reference_logits(model, processor, ids, pictures)
-    blocks = list(range((len(ids) + 8 + BLOCK_SIZE - 1) // BLOCK_SIZE))
-    got, start = [], 0
-    for i, size in enumerate(chunks):
-        num = size or len(ids) - start
-        if i == 0:
-            step = Step(step_id=0, new_seqs=[NewSeq(
-                request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=num,
-                block_ids=blocks, sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
-        else:
-            step = Step(step_id=i, scheduled=[ScheduledSeq(request_id="r", num_new_tokens=num, num_computed_tokens=start)])
-        assert not any(r.offset < start + num < r.end for r in refs)
-        got.append(step_logits(runner, step))
-        runner.seqs["r"].num_computed_tokens = start + num
-        start += num
-    assert torch.allclose(torch.cat(got), expected, atol=TOLERANCE, rtol=0)
+    got = chunked_logits(runner, ids, refs, chunks, list(range((len(ids) + 8 + BLOCK_SIZE - 1) // BLOCK_SIZE)))
+    assert torch.allclose(got, expected, atol=TOLERANCE, rtol=0)
     assert runner.backend.images.num_encoded == 2
 
 
@@ -120,21 +114,10 @@ def test_decode_steps_after_the_images_match_transformers(checkpoint):
     runner = make_runner(load_model(folder, ops=TORCH_OPS), num_blocks=16)
     ids, refs = _prompt()
     pictures = _pictures(1)
-    _add(runner, refs, pictures)
-    step = Step(step_id=0, new_seqs=[NewSeq(
-        request_id="r", token_ids=ids, num_prompt_tokens=len(ids), num_computed_tokens=0, num_new_tokens=len(ids),
-        block_ids=[0, 1, 2, 3], sampling=SamplingParams(max_tokens=8, temperature=0.0), reply_to="", images=refs)])
-    logits = step_logits(runner, step)[-1]
-    tokens = list(ids)
-    for _ in range(4):
-        assert torch.allclose(logits, _reference_logits(model, processor, tokens, pictures)[-1], atol=TOLERANCE, rtol=0)
-        tokens.append(int(logits.argmax()))
-        seq = runner.seqs["r"]
-        seq.num_computed_tokens = len(tokens) - 1
-        seq.token_ids.append(tokens[-1])
-        logits = step_logits(runner, Step(step_id=len(tokens), scheduled=[
-            ScheduledSeq(request_id="r", num_new_tokens=1, num_computed_tokens=len(tokens) - 1)]))[-1]
-    assert torch.allclose(logits, _reference_logits(model, processor, tokens, pictures)[-1], atol=TOLERANCE, rtol=0)
+    tokens, logits = greedy_with_images(runner, ids, refs, [p.tobytes() for p in pictures], [0, 1, 2, 3], 4)
+    for step, step_logits_ in enumerate(logits):
+        expected = _reference_logits(model, processor, tokens[:len(ids) + step], pictures)[-1]
+        assert torch.allclose(step_logits_[-1], expected, atol=TOLERANCE, rtol=0)
 
 
 def test_text_only_matches_transformers(checkpoint):

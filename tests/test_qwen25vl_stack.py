@@ -7,7 +7,6 @@ images and text only; the prefix cache shares the same image and never another."
 
 from __future__ import annotations
 
-import base64
 import copy
 import io
 
@@ -17,8 +16,8 @@ import torch
 from PIL import Image
 
 from bench.images import QWEN25VL_TEMPLATE  # Qwen2.5-VL's chat template as the Hub's writes it
-from tests.image_checkpoints import qwen25vl, qwen25vl_config, qwen25vl_processor
-from tests.model_helpers import serve_checkpoint
+from tests.image_checkpoints import image_messages, png, qwen25vl, qwen25vl_config, qwen25vl_processor
+from tests.model_helpers import answer_logprobs, generate_with_logprobs, serve_checkpoint
 
 pytestmark = pytest.mark.stack
 transformers = pytest.importorskip("transformers")
@@ -41,17 +40,7 @@ def served(tmp_path_factory, hf_tokenizer):
 
 
 def picture(seed: int, size: tuple[int, int] = SIZES[0]) -> bytes:
-    width, height = size
-    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _messages(text: str, images: list[bytes]) -> list[dict]:
-    parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(i).decode()}}
-             for i in images]
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+    return png(seed, *size)
 
 
 def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int, pixels: dict | None = None
@@ -72,21 +61,13 @@ def _expected(model, tokenizer, text: str, images: list[bytes], num_tokens: int,
     input_ids = torch.tensor([ids])
     if images:
         kwargs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int()
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids, max_new_tokens=num_tokens, min_new_tokens=num_tokens,
-                             do_sample=False, output_logits=True, return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(ids):].tolist()
-    logprobs = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens, strict=True)]
+    tokens, logprobs = generate_with_logprobs(model, ids, num_tokens, **kwargs)
     return ids, tokens, logprobs
-
-
-def _logprobs(answer) -> list[float]:
-    return [entry.logprob for entry in answer.choices[0].logprobs.content]
 
 
 def _ask(client, text: str, images: list[bytes], max_tokens: int = 8, pixels: dict | None = None):
     extra = {"ignore_eos": True, "return_token_ids": True} | ({"mm_processor_kwargs": pixels} if pixels else {})
-    return client.chat.completions.create(model=NAME, messages=_messages(text, images), max_tokens=max_tokens,
+    return client.chat.completions.create(model=NAME, messages=image_messages(text, images), max_tokens=max_tokens,
                                           temperature=0, logprobs=True, extra_body=extra)
 
 
@@ -99,7 +80,7 @@ def test_greedy_tokens_equal_transformers_generate(served, num_images):
     prompt_ids, tokens, logprobs = _expected(model, tokenizer, "What is this?", images, 8)
     assert got.model_extra["prompt_token_ids"] == prompt_ids  # each image's run as long as its size makes it
     assert got.choices[0].model_extra["token_ids"] == tokens
-    assert np.allclose(_logprobs(got), logprobs, atol=1e-3, rtol=0)  # the features and M-RoPE's positions count
+    assert np.allclose(answer_logprobs(got), logprobs, atol=1e-3, rtol=0)  # the features and M-RoPE's positions count
     assert got.usage.prompt_tokens == len(prompt_ids)
 
 
@@ -113,8 +94,8 @@ def test_the_prefix_cache_shares_an_image_and_never_another(served):
     assert cached[1] >= 32 and cached[2] < cached[1]
     _, tokens, logprobs = _expected(model, tokenizer, text, [picture(11)], 6)
     assert other.choices[0].model_extra["token_ids"] == tokens
-    assert np.allclose(_logprobs(other), logprobs, atol=1e-3, rtol=0)
-    assert np.allclose(_logprobs(again), _logprobs(first), atol=1e-5, rtol=0)
+    assert np.allclose(answer_logprobs(other), logprobs, atol=1e-3, rtol=0)
+    assert np.allclose(answer_logprobs(again), answer_logprobs(first), atol=1e-5, rtol=0)
 
 
 def test_tokenize_counts_each_images_own_tokens(served):
@@ -122,7 +103,7 @@ def test_tokenize_counts_each_images_own_tokens(served):
     import httpx
 
     images = [picture(0, SIZES[0]), picture(1, SIZES[1])]
-    got = httpx.post(stack.base_url + "/tokenize", json={"model": NAME, "messages": _messages("Hi", images),
+    got = httpx.post(stack.base_url + "/tokenize", json={"model": NAME, "messages": image_messages("Hi", images),
                                                          "add_generation_prompt": True}, timeout=60).json()
     assert got["tokens"] == _expected(model, tokenizer, "Hi", images, 1)[0]
     assert got["tokens"].count(model.config.image_token_id) == 12 + 24
@@ -132,7 +113,7 @@ def test_an_image_far_longer_than_wide_is_a_400(served):
     stack, _, _ = served
     client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=NAME, messages=_messages("Hi", [picture(0, (1, 300))]), max_tokens=2)
+        client.chat.completions.create(model=NAME, messages=image_messages("Hi", [picture(0, (1, 300))]), max_tokens=2)
     assert "image 0: the image is 1x300: its sides may differ by at most 200 times" in err.value.message
 
 
@@ -148,4 +129,4 @@ def test_a_requests_pixel_range_resizes_its_images_as_the_processor_would(served
     assert prompt_ids.count(model.config.image_token_id) == 8
     assert got.model_extra["prompt_token_ids"] == prompt_ids
     assert got.choices[0].model_extra["token_ids"] == tokens
-    assert np.allclose(_logprobs(got), logprobs, atol=1e-3, rtol=0)
+    assert np.allclose(answer_logprobs(got), logprobs, atol=1e-3, rtol=0)
