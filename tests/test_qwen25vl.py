@@ -192,3 +192,14 @@ def test_the_hubs_config_reads_as_qwen2_and_its_vision_tower(tmp_path):
     assert (spec.token_id, spec.start_id, spec.end_id, spec.patch, spec.max_pixels) == \
         (151655, 151652, 151653, 28, 12845056)
     assert spec.resized(640, 480) == (644, 476) and spec.tokens_for(644, 476) == 23 * 17
+
+
+def test_the_qaic_backend_refuses_it_by_name(checkpoint):
+    from services.worker.backends.qaic.backend import QaicBackend
+    from services.worker.backends.spec import WorkerSpec
+    from shared.config import ConfigError
+
+    spec = WorkerSpec(model_path=checkpoint[1], load_format="auto", kv_cache_bytes=lambda _: 0)
+    with pytest.raises(ConfigError, match="Qwen2_5_VLForConditionalGeneration is an image-text model, which the qaic "
+                                          "backend does not serve: .* M-RoPE's three positions a token"):
+        QaicBackend.create(spec.with_dtype_for("qaic"), device="cpu")

@@ -156,6 +156,8 @@ class QwenVisionConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{path}: vision hidden_act {vision['hidden_act']!r} is not implemented (silu)")
         if vision.get("in_channels", vision.get("in_chans", 3)) != 3:
             raise ConfigError(f"{path}: a vision tower of other than 3 channels is not implemented")
+        if vision.get("spatial_patch_size", vision.get("patch_size", 14)) != vision.get("patch_size", 14):
+            raise ConfigError(f"{path}: vision spatial_patch_size {vision['spatial_patch_size']} is not its patch_size")
         rope = vision.get("rope_parameters") or {}
         if rope.get("rope_type", "axial") != "axial":
             raise ConfigError(f"{path}: vision rope type {rope['rope_type']!r} is not implemented (axial)")
@@ -210,9 +212,8 @@ def qwen25vl_text_config(raw: dict, path: str) -> tuple[dict, tuple[int, ...]]:
         rope["rope_type"] = "default"
     text[key] = rope
     text.pop("model_type", None)
-    for field in ("tie_word_embeddings",):
-        if raw.get(field) is not None:
-            text[field] = raw[field]
+    if raw.get("tie_word_embeddings") is not None:  # transformers 5 writes it at the top
+        text["tie_word_embeddings"] = raw["tie_word_embeddings"]
     return text | {"architectures": ["Qwen2ForCausalLM"]}, sections
 
 

@@ -231,5 +231,5 @@ def test_upload_takes_every_family_and_refuses_an_architecture_it_cannot_serve(w
             with pytest.raises(SwitchyardError, match="architecture 'T5EncoderModel' is not supported; known: Bert"):
                 wl.upload_model("t5", str(folder))
             continue
-        version = wl.upload_model(f"family-{arch.lower()}", str(folder))
+        version = wl.upload_model(f"family-{arch.lower().replace('_', '-')}", str(folder))
         assert (version.status, version.record["architecture"]) == ("ready", arch)

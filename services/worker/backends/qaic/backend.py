@@ -72,8 +72,11 @@ class QaicBackend:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         loaded = load_model(spec.model_path, spec.load_format, spec.torch_dtype, ops=QAIC_OPS, device=device)
         refuse_encoder(loaded, "qaic")
-        refuse_images(loaded, "qaic", "its vision tower would be a second compiled program, and its image tokens' "
-                                      "two-way attention a mask the decoder's specializations do not take (docs/qaic.md)")
+        unsupported = ("its image tokens' two-way attention a mask the decoder's specializations do not take"
+                       if getattr(loaded.model, "images_see_both_ways", False) else
+                       "M-RoPE's three positions a token an input the decoder's program does not take")
+        refuse_images(loaded, "qaic", f"its vision tower would be a second compiled program, and {unsupported} "
+                                      "(docs/qaic.md)")
         program = compile_program(loaded.model, qaic, qaic.full_batch_size or spec.max_num_seqs, spec.model_path,
                                   spec.torch_dtype)
         if runtime.detect() is not None:
