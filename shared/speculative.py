@@ -8,9 +8,11 @@ import msgspec
 
 from shared.checks import ConfigError
 
-METHODS = ("ngram", "draft_model", "eagle3")
+METHODS = ("ngram", "draft_model", "eagle3", "suffix")
 # vLLM's other methods: known by name, refused with a message rather than an unknown-key error
-METHODS_NOT_BUILT = ("eagle", "medusa", "mlp_speculator", "mtp", "suffix")
+METHODS_NOT_BUILT = ("eagle", "medusa", "mlp_speculator", "mtp")
+SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 NGRAM_MODEL = "[ngram]"  # vLLM's older spelling of the n-gram method, as the "model"
 MAX_SPECULATIVE_TOKENS = 16
 # rows in a step above which no row speculates, where the config names no disable_by_batch_size: the
@@ -30,6 +32,13 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     prompt_lookup_min: int | None = None  # n-gram: the shortest suffix matched (vLLM: 5 when neither is set)
     prompt_lookup_max: int | None = None  # n-gram: the longest
     disable_by_batch_size: int | None = None  # a step of more rows than this speculates for none
+    # suffix decoding's (services/worker/suffix.py), vLLM's defaults: the trees' depth (the longest
+    # match plus its drafts), the finished requests whose outputs are kept, the drafts per matched
+    # token, and the least estimated probability a draft may have
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     @property
     def max_batch(self) -> int:
@@ -56,6 +65,9 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if method == "eagle3" and self.model in (None, NGRAM_MODEL):
             raise ConfigError("speculative_config: the eagle3 method needs \"model\": the EAGLE-3 head's checkpoint "
                               "(a speculators folder), trained for this model")
+        if method == "suffix":
+            return self._suffix()
+        self._check_suffix_keys_unset(method)
         self._check_common()
         if method in ("draft_model", "eagle3"):
             if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
@@ -71,6 +83,32 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
                               f"(got {low} and {high})")
         return msgspec.structs.replace(self, method=method, model=None, prompt_lookup_min=low,
                                        prompt_lookup_max=high)
+
+    def _suffix(self) -> SpeculativeConfig:
+        """vLLM's suffix decoding: no model, no n-gram sizes; num_speculative_tokens defaults to the
+        trees' depth (capped here at MAX_SPECULATIVE_TOKENS, the most lookahead a row is given)."""
+        if self.model is not None or self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+            raise ConfigError("speculative_config: the suffix method drafts from its suffix trees: it takes no "
+                              "\"model\" and no prompt_lookup_min/max")
+        checks = [(self.suffix_decoding_max_tree_depth >= 2, "suffix_decoding_max_tree_depth must be 2 or more"),
+                  (self.suffix_decoding_max_cached_requests >= 0, "suffix_decoding_max_cached_requests must be >= 0"),
+                  (self.suffix_decoding_max_spec_factor > 0, "suffix_decoding_max_spec_factor must be > 0"),
+                  (0 <= self.suffix_decoding_min_token_prob <= 1, "suffix_decoding_min_token_prob must be in [0, 1]")]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"speculative_config: {message}")
+        k = self.num_speculative_tokens
+        config = msgspec.structs.replace(self, method="suffix", num_speculative_tokens=k if k is not None else
+                                         min(self.suffix_decoding_max_tree_depth, MAX_SPECULATIVE_TOKENS))
+        config._check_common()
+        return config
+
+    def _check_suffix_keys_unset(self, method: str) -> None:
+        default = SpeculativeConfig()
+        for key in SUFFIX_KEYS:
+            if getattr(self, key) != getattr(default, key):
+                raise ConfigError(f"speculative_config: {key} is the suffix method's; the {method} method does "
+                                  "not read it")
 
     def _check_common(self) -> None:
         k = self.num_speculative_tokens

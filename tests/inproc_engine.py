@@ -15,6 +15,7 @@ from services.worker.draft_proposer import DraftModelProposer
 from services.worker.eagle_proposer import Eagle3Proposer
 from services.worker.models.eagle3 import load_eagle3
 from services.worker.ngram import NgramProposer
+from services.worker.suffix import SuffixProposer
 from shared.speculative import parse_speculative_config
 from shared.wire.hashing import root_hash
 from shared.wire.messages import SamplingParams, StepResult
@@ -50,7 +51,7 @@ class InProcessEngine:
                                           backend.prepare)
             self.runner.proposer = Eagle3Proposer(spec)
         elif spec is not None:
-            self.runner.proposer = NgramProposer(spec)
+            self.runner.proposer = SuffixProposer(spec) if spec.method == "suffix" else NgramProposer(spec)
         kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
         self.scheduler = scheduler or Scheduler(
             kv, max_num_seqs, max_num_batched_tokens, num_scheduler_steps=num_scheduler_steps,

@@ -24,6 +24,7 @@ from services.worker.model_runner import ModelRunner, Proposer
 from services.worker.ngram import NgramProposer
 from services.worker.service import WorkerService
 from services.worker.settings import WorkerSettings, resolve
+from services.worker.suffix import SuffixProposer
 from shared import log as sylog
 from shared.bus import connect
 from shared.bus.lifecycle import serve
@@ -169,7 +170,7 @@ def spec_proposer(backend, settings: WorkerSettings) -> Proposer | None:
             raise ConfigError(f"speculative decoding: the {backend.name.value} backend holds no drafter for the "
                               f"{spec.method} method (docs/speculative_decoding.md)")
         return Eagle3Proposer(spec) if spec.method == "eagle3" else DraftModelProposer(spec)
-    return NgramProposer(spec)
+    return SuffixProposer(spec) if spec.method == "suffix" else NgramProposer(spec)
 
 
 def engine_defaults(settings: WorkerSettings) -> EngineDefaults:

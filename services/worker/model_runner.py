@@ -22,11 +22,12 @@ from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
+from services.worker.suffix import SuffixProposer
 from shared.wire.images import ImageRef
 from shared.wire.messages import FinishReason, Logprobs, NewSeq, Pooling, Sampled, ScheduledSeq, Step
 from shared.wire.spec_decode import Drafts
 
-Proposer = NgramProposer | DraftModelProposer | Eagle3Proposer
+Proposer = NgramProposer | SuffixProposer | DraftModelProposer | Eagle3Proposer
 
 
 class SequenceDrift(RuntimeError):
