@@ -30,6 +30,7 @@ def test_the_config_takes_vllms_keys_and_defaults():
     assert (config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
             config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob) == (24, 10000, 1.0, 0.1)
     assert config.num_speculative_tokens == 16  # the tree's depth, capped at the lookahead a row may have
+    assert config.max_batch == 8  # its own crossover (docs/speculative_decoding.md)
     assert parse_speculative_config({**SPEC, "suffix_decoding_max_tree_depth": 6}).num_speculative_tokens == 8
 
 
@@ -55,8 +56,9 @@ def test_a_tree_built_token_by_token_is_the_tree_built_whole_and_removal_leaves_
         grown.extend(tokens[:n], n - 1)
     assert _paths(grown.root) == _paths(whole.root)
     assert _paths(whole.root)[(1, 2)] == 3 and _paths(whole.root)[(1, 2, 3)] == 2
+    assert grown.num_nodes == whole.num_nodes == len(_paths(whole.root))  # what the memory bound counts
     whole.add(tokens, sign=-1)
-    assert whole.root.children == {}
+    assert whole.root.children == {} and whole.num_nodes == 0
 
 
 def _seq(request_id: str, tokens: list[int], num_prompt: int | None = None) -> SeqState:
@@ -87,6 +89,22 @@ def test_a_finished_requests_output_is_drafted_for_the_next_and_the_cache_is_bou
     proposer.observe(None, [], [], live={})
     assert list(proposer.cached) == ["b"]  # one kept: "a"'s output left the tree with it
     assert proposer.propose(_seq("c", [9, 50, 51, 52]), 8) == []
+
+
+def test_the_outputs_tree_keeps_under_its_node_budget_and_a_request_tree_under_its_window(monkeypatch):
+    from services.worker import suffix
+
+    monkeypatch.setattr(suffix, "OUTPUT_NODES", 200)
+    monkeypatch.setattr(suffix, "REQUEST_WINDOW", 32)
+    proposer = SuffixProposer(parse_speculative_config(SPEC))
+    for i in range(10):  # ten outputs of 20 distinct tokens: ~20 x 20 nodes each
+        proposer.propose(_seq(f"r{i}", [1] + list(range(100 * i, 100 * i + 20)), num_prompt=1), 4)
+        proposer.observe(None, [], [], live={})
+        assert proposer.outputs.num_nodes <= 200 or len(proposer.cached) == 1
+    assert list(proposer.cached) == ["r9"]  # the oldest went first
+    long = _seq("long", list(range(5000, 5100)))
+    proposer.propose(long, 4)
+    assert proposer.requests["long"][1].num_nodes <= 32 * 24  # its last 32 tokens' suffixes alone
 
 
 def test_an_ambiguous_continuation_stops_below_min_token_prob():

@@ -9,6 +9,12 @@ from collections import OrderedDict
 from services.worker.sequence import SeqState
 from shared.speculative import SpeculativeConfig
 
+# what the trees may hold (a node is ~270 bytes in Python): a request's tree covers its last
+# REQUEST_WINDOW tokens (built again from them once it has grown past twice that), and the outputs'
+# tree is kept under OUTPUT_NODES by evicting the oldest outputs (docs/speculative_decoding.md)
+REQUEST_WINDOW = 2048
+OUTPUT_NODES = 2**20
+
 
 class _Node:
     __slots__ = ("children", "count")
@@ -18,12 +24,21 @@ class _Node:
         self.count = 0  # occurrences of the path from the root to here
 
 
+def _size(node: _Node) -> int:
+    stack, n = [node], 0
+    while stack:
+        n += 1
+        stack.extend(stack.pop().children.values())
+    return n
+
+
 class SuffixTree:
     """Every suffix of the sequences added, cut at `depth` tokens, as counted paths from the root."""
 
     def __init__(self, depth: int):
         self.depth = depth
         self.root = _Node()
+        self.num_nodes = 0
 
     def add(self, tokens: list[int], sign: int = 1) -> None:
         """Counts the sequence's suffixes in (sign -1: out, dropping paths no longer seen)."""
@@ -38,9 +53,10 @@ class SuffixTree:
                 if sign < 0:
                     return
                 child = node.children[token] = _Node()
+                self.num_nodes += 1
             child.count += sign
-            if child.count <= 0:
-                del node.children[token]
+            if child.count <= 0:  # no sequence left passes here: the subtree goes
+                self.num_nodes -= _size(node.children.pop(token))
                 return
             node = child
 
@@ -57,6 +73,7 @@ class SuffixTree:
         child = node.children.get(token)
         if child is None:
             child = node.children[token] = _Node()
+            self.num_nodes += 1
         child.count += 1
 
     def matches(self, context: list[int]):
@@ -97,7 +114,8 @@ class SuffixProposer:
         self.max_spec_factor = config.suffix_decoding_max_spec_factor
         self.min_token_prob = config.suffix_decoding_min_token_prob
         self.max_cached = config.suffix_decoding_max_cached_requests
-        self.requests: dict[str, tuple[SeqState, SuffixTree, int]] = {}  # (its state, its tree, tokens counted)
+        # each request's: (its state, its tree, the first and the end of the tokens it counts)
+        self.requests: dict[str, tuple[SeqState, SuffixTree, int, int]] = {}
         self.cached: OrderedDict[str, list[int]] = OrderedDict()  # finished requests' outputs, oldest first
         self.outputs = SuffixTree(self.depth)
 
@@ -108,7 +126,7 @@ class SuffixProposer:
     def observe(self, backend, batch, starts, live) -> None:
         """Requests gone from the worker (finished, aborted, preempted): their outputs join the cache."""
         for request_id in [r for r in self.requests if r not in live]:
-            seq, _, _ = self.requests.pop(request_id)
+            seq = self.requests.pop(request_id)[0]
             self._cache(request_id, seq.token_ids[seq.num_prompt_tokens:])
 
     def propose(self, seq: SeqState, max_drafts: int) -> list[int]:
@@ -116,13 +134,14 @@ class SuffixProposer:
             return []
         tokens = seq.token_ids
         entry = self.requests.get(seq.request_id)
-        if entry is None or entry[0] is not seq:
+        if entry is None or entry[0] is not seq or len(tokens) - entry[2] > 2 * REQUEST_WINDOW:
+            first = max(0, len(tokens) - REQUEST_WINDOW)
             tree = SuffixTree(self.depth)
-            tree.add(tokens)
+            tree.add(tokens[first:])
         else:
-            _, tree, counted = entry
-            tree.extend(tokens, counted)
-        self.requests[seq.request_id] = (seq, tree, len(tokens))
+            _, tree, first, counted = entry
+            tree.extend(tokens[first:], counted - first)
+        self.requests[seq.request_id] = (seq, tree, first, len(tokens))
         context = tokens[-(self.depth - 1):]
         best, best_score = [], 0.0
         for source in (tree, self.outputs):  # every match length: a longer one may have no continuation yet
@@ -140,5 +159,5 @@ class SuffixProposer:
             self.outputs.add(self.cached.pop(request_id), sign=-1)
         self.cached[request_id] = output
         self.outputs.add(output)
-        while len(self.cached) > self.max_cached:
+        while len(self.cached) > self.max_cached or (self.outputs.num_nodes > OUTPUT_NODES and len(self.cached) > 1):
             self.outputs.add(self.cached.popitem(last=False)[1], sign=-1)
