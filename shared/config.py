@@ -15,6 +15,7 @@ import msgspec
 from shared.checks import MAX_CONTEXT, ConfigError, in_range, one_of
 from shared.models.hub import is_hub_id
 from shared.speculative import SpeculativeConfig, parse_speculative_config
+from shared.wire.images import PAN_AND_SCAN_KEYS, PIXEL_RANGE_KEYS
 from shared.wire.lora import add_lora_args
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -278,13 +279,18 @@ def _mm_limits(text: str) -> dict[str, int]:
     return {"image": GATEWAY_DEFAULTS.limit_images_per_prompt} | limits
 
 
-def _json_object(text: str) -> dict:
+def _mm_processor_kwargs(text: str) -> dict:
+    """--mm-processor-kwargs: a JSON object of the image processors' settings (a misspelt key is
+    refused here, not dropped for every model)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"{text!r}: a JSON object")
+    if unknown := sorted(set(value) - set(PIXEL_RANGE_KEYS) - set(PAN_AND_SCAN_KEYS)):
+        raise argparse.ArgumentTypeError(f"{unknown}: not an image processor setting served here (takes "
+                                         f"{', '.join(PIXEL_RANGE_KEYS + PAN_AND_SCAN_KEYS)})")
     return value
 
 
@@ -312,8 +318,8 @@ def add_api_args(parser: argparse.ArgumentParser) -> None:
                         default=_mm_limits(_env("limit_mm_per_prompt", json.dumps({"image": g.limit_images_per_prompt}))),
                         help=f'vLLM\'s: the most images one request may carry, as {{"image": N}} '
                              f"(default {g.limit_images_per_prompt}); more is a 400")
-    parser.add_argument("--mm-processor-kwargs", type=_json_object, metavar="JSON",
-                        default=_json_object(_env("mm_processor_kwargs", "{}")),
+    parser.add_argument("--mm-processor-kwargs", type=_mm_processor_kwargs, metavar="JSON",
+                        default=_mm_processor_kwargs(_env("mm_processor_kwargs", "{}")),
                         help="vLLM's: image processor settings for every request, under each request's own "
                              "mm_processor_kwargs (Qwen2.5-VL's min_pixels, max_pixels; Gemma 3's do_pan_and_scan "
                              "and pan_and_scan_*); each model takes those its processor has (docs/images.md)")

@@ -57,3 +57,18 @@ def test_a_setting_the_processor_does_not_take_is_a_400(spec, kwargs, why):
     with pytest.raises(APIError) as err:
         processor_args(spec, {}, kwargs)
     assert err.value.status == 400 and why in err.value.message
+
+
+def test_a_text_only_model_refuses_image_processor_settings_and_the_gateway_a_misspelt_one():
+    import argparse
+
+    from shared.config import add_api_args
+
+    assert processor_args(None, {"max_pixels": 10_000}, None) is None  # the gateway's: for the models that take them
+    with pytest.raises(APIError, match="this model takes no images, so no image processor settings"):
+        processor_args(None, {}, {"max_pixels": 10_000})
+    parser = argparse.ArgumentParser()
+    add_api_args(parser)
+    assert parser.parse_args(["--mm-processor-kwargs", '{"max_pixels": 1000}']).mm_processor_kwargs == {"max_pixels": 1000}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mm-processor-kwargs", '{"max_pixel": 1000}'])

@@ -55,6 +55,11 @@ def test_a_tree_built_token_by_token_is_the_tree_built_whole_and_removal_leaves_
     for n in range(4, len(tokens) + 1):
         grown.extend(tokens[:n], n - 1)
     assert _paths(grown.root) == _paths(whole.root)
+    windowed, tail = SuffixTree(4), SuffixTree(4)  # a tree of the tokens from index 5 on, grown in place
+    windowed.add(tokens[5:8])
+    windowed.extend(tokens, 8, first=5)
+    tail.add(tokens[5:])
+    assert _paths(windowed.root) == _paths(tail.root)
     assert _paths(whole.root)[(1, 2)] == 3 and _paths(whole.root)[(1, 2, 3)] == 2
     assert grown.num_nodes == whole.num_nodes == len(_paths(whole.root))  # what the memory bound counts
     whole.add(tokens, sign=-1)

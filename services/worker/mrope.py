@@ -21,16 +21,24 @@ def mrope_positions(batch: list[BatchRow], token_pixels: int) -> torch.Tensor | 
     parts = []
     for seq, num_new in batch:
         index = torch.arange(seq.num_computed_tokens, seq.num_computed_tokens + num_new)
-        parts.append(_axes(seq.images, index, token_pixels) if seq.images else index.expand(3, -1))
+        if seq.images and seq.num_computed_tokens < seq.images[-1].end:  # a row in or before its images
+            parts.append(_axes(seq.images, index, token_pixels))
+        else:  # text after every image (each decode step): its index plus the images' whole shift
+            parts.append((index + _shift(seq.images, token_pixels)).expand(3, -1))
     out = torch.cat(parts, dim=1)
     return out[0].contiguous() if torch.equal(out[0], out[1]) and torch.equal(out[1], out[2]) else out
+
+
+def _shift(images: list[ImageRef], token_pixels: int) -> int:
+    """How far the images move the text after them: each by its longer side less its tokens."""
+    return sum(max(i.height, i.width) // token_pixels - i.num_tokens for i in images)
 
 
 def _axes(images: list[ImageRef], index: torch.Tensor, token_pixels: int) -> torch.Tensor:
     out = index.expand(3, -1).clone()
     shift = 0  # the images before so far: each moves the text after it by (its longer side - its tokens)
     for image in images:
-        rows, cols = image.height // token_pixels, image.width // token_pixels
+        cols = image.width // token_pixels
         inside = (index >= image.offset) & (index < image.end)
         if inside.any():
             k = index[inside] - image.offset
@@ -38,7 +46,7 @@ def _axes(images: list[ImageRef], index: torch.Tensor, token_pixels: int) -> tor
             out[0, inside] = first
             out[1, inside] = first + k // cols
             out[2, inside] = first + k % cols
-        delta = max(rows, cols) - image.num_tokens
+        delta = _shift([image], token_pixels)
         out[:, index >= image.end] += delta
         shift += delta
     return out

@@ -60,10 +60,11 @@ class SuffixTree:
                 return
             node = child
 
-    def extend(self, tokens: list[int], new_from: int) -> None:
-        """The sequence grew: count the suffix paths of each token from index `new_from` on."""
+    def extend(self, tokens: list[int], new_from: int, first: int = 0) -> None:
+        """The sequence (counted from index `first`) grew: count the suffix paths of each token from
+        index `new_from` on."""
         for end in range(new_from, len(tokens)):  # each suffix path that now ends at token `end`
-            for start in range(max(0, end - self.depth + 1), end + 1):
+            for start in range(max(first, end - self.depth + 1), end + 1):
                 self._step(tokens[start:end], tokens[end])
 
     def _step(self, prefix: list[int], token: int) -> None:
@@ -140,7 +141,7 @@ class SuffixProposer:
             tree.add(tokens[first:])
         else:
             _, tree, first, counted = entry
-            tree.extend(tokens[first:], counted - first)
+            tree.extend(tokens, counted, first)  # the new tokens alone: no copy of the window
         self.requests[seq.request_id] = (seq, tree, first, len(tokens))
         context = tokens[-(self.depth - 1):]
         best, best_score = [], 0.0

@@ -8,6 +8,11 @@ import math
 import msgspec
 
 MAX_ASPECT = 200  # Qwen2.5-VL's processor refuses an image longer than this many times its width, or wider
+# the image processors' settings a request (or the gateway) may give (vLLM's mm_processor_kwargs):
+# Qwen2-VL's pixel range, Gemma 3's pan and scan
+PIXEL_RANGE_KEYS = ("min_pixels", "max_pixels")
+PAN_AND_SCAN_KEYS = ("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
+                     "pan_and_scan_min_ratio_to_activate")
 
 
 class ImageSpec(msgspec.Struct, frozen=True):

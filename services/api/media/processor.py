@@ -10,12 +10,11 @@ from dataclasses import dataclass
 import msgspec
 
 from services.api.errors import APIError
+from shared.wire.images import PAN_AND_SCAN_KEYS as PAN_AND_SCAN
+from shared.wire.images import PIXEL_RANGE_KEYS as PIXEL_RANGE
 from shared.wire.images import ImageSpec
 
 PARAM = "mm_processor_kwargs"
-PIXEL_RANGE = ("min_pixels", "max_pixels")  # Qwen2-VL's processor's
-PAN_AND_SCAN = ("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
-                "pan_and_scan_min_ratio_to_activate")  # Gemma 3's processor's
 
 
 @dataclass(frozen=True)
@@ -27,9 +26,15 @@ class ProcessorArgs:
     pan_and_scan_min_ratio_to_activate: float = 1.2
 
 
-def processor_args(spec: ImageSpec, defaults: dict, asked: dict | None) -> ProcessorArgs:
+def processor_args(spec: ImageSpec | None, defaults: dict, asked: dict | None) -> ProcessorArgs | None:
     """The request's settings over the gateway's defaults (those the model's processor takes: one
-    gateway may serve models of either kind)."""
+    gateway may serve models of either kind). A text-only model (spec None) takes none: asked any,
+    a 400; else None."""
+    if spec is None:
+        if asked:
+            raise APIError(400, f"{PARAM}: this model takes no images, so no image processor settings",
+                           param=PARAM)
+        return None
     takes = PIXEL_RANGE if spec.dynamic else PAN_AND_SCAN if spec.pan_and_scan else ()
     for key in asked or {}:
         if key not in takes:

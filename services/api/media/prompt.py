@@ -46,9 +46,9 @@ async def store_images(ctx: ApiContext, model: ServedModel, messages: list[ChatM
     mm_processor_kwargs; pan and scan's crops after their image) and (store) put in the media store,
     in prompt order. Any that cannot be used is a 400 naming the part and why."""
     urls = [image for m in messages for image in m.images()]
+    args = processor_args(model.images, ctx.server.mm_processor_kwargs, kwargs)  # checked with or without images
     if check_images(model, messages, ctx.server.limit_images) == 0:
         return []
-    args = processor_args(model.images, ctx.server.mm_processor_kwargs, kwargs)
     spec = args.spec
 
     async def one(i: int) -> list[PromptImage]:
