@@ -48,6 +48,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     kv_cache_memory_gib: float = 1.0  # CPU memory budget for the paged KV pool
     num_kv_blocks: int | None = None  # overrides the budget (tests use it to force preemption)
     enable_prefix_caching: bool = True
+    kv_offloading_size: float = 0.0  # GiB of host memory for blocks evicted from a worker's pool (0: none)
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
@@ -89,6 +90,7 @@ ENGINE_CHECKS = {
     "max_concurrent_batch_size": lambda f, v: in_range(f, v, 1, 100_000),
     "num_scheduler_steps": lambda f, v: in_range(f, v, 0, 64),  # 0: the worker's pick
     "num_kv_blocks": lambda f, v: in_range(f, v, 2, allow_none=True),
+    "kv_offloading_size": lambda f, v: in_range(f, v, 0),
     "kv_cache_dtype": lambda f, v: one_of(f, v, KV_CACHE_DTYPES, KV_CACHE_DTYPES_REFUSED, "by any backend here"),
     "quantization": lambda f, v: one_of(f, v, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend"),
     "load_format": lambda f, v: one_of(f, v, LOAD_FORMATS),
@@ -155,6 +157,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=_env("num_kv_blocks", d.num_kv_blocks))
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", True))
+    parser.add_argument("--kv-offloading-size", type=float, default=_env("kv_offloading_size", d.kv_offloading_size),
+                        help="GiB of host shared memory that keeps KV blocks evicted from a worker's pool, for "
+                             "prefix hits on any worker of the model on this host (0, the default: off; "
+                             "docs/kv_offloading.md)")
     parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))

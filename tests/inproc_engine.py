@@ -5,6 +5,7 @@ Used to test batching invariants exactly (no timing): the services run this same
 
 from __future__ import annotations
 
+from services.scheduler.host_tier import TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
@@ -28,12 +29,13 @@ BLOCK_SIZE = 16
 class InProcessEngine:
     def __init__(self, loaded, num_blocks: int, max_num_seqs: int = 64, max_num_batched_tokens: int = 256,
                  num_scheduler_steps: int = 1, runner=None, scheduler: Scheduler | None = None,
-                 speculative: dict | None = None, draft=None):
+                 speculative: dict | None = None, draft=None, tier=None):
         """runner: the worker side (default: the torch backend's over `loaded`, num_blocks blocks);
         scheduler: the scheduler side (default: paged, over num_blocks blocks); speculative: a
         --speculative-config, as the worker announces it to the scheduler; draft: the draft_model
         method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it; the eagle3
-        method's head (its folder), the runner's model then keeping the streams it reads."""
+        method's head (its folder), the runner's model then keeping the streams it reads. tier: a
+        worker's HostTier (services/worker/kv_tier.py), indexed by the scheduler as one pool's."""
         self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=loaded.model.output.weight.dtype,
                                             max_model_len=8192, block_size=BLOCK_SIZE)
         spec = parse_speculative_config(speculative)
@@ -52,7 +54,9 @@ class InProcessEngine:
             self.runner.proposer = Eagle3Proposer(spec)
         elif spec is not None:
             self.runner.proposer = SuffixProposer(spec) if spec.method == "suffix" else NgramProposer(spec)
-        kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"))
+        self.runner.tier = tier
+        kv = KVCacheManager(num_blocks, BLOCK_SIZE, root_hash("test-model", "auto"),
+                            tier=TierIndex(tier.info()) if tier is not None else None)
         self.scheduler = scheduler or Scheduler(
             kv, max_num_seqs, max_num_batched_tokens, num_scheduler_steps=num_scheduler_steps,
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0, spec_max_batch=spec.max_batch if spec else 0)
@@ -76,6 +80,7 @@ class InProcessEngine:
             result.drafts += out.drafts
             result.iteration_sizes.append(len(out.sampled))
             self.embeddings.update(out.embeddings)
+        self.scheduler.kv.end_transfers(ok=True)  # as the pool's loop does once the Step is back
         self.drafts += result.drafts
         finished = self.scheduler.update(plan, result)
         for f in finished:

@@ -25,6 +25,8 @@ class Counts:
     num_preemptions: int = 0
     num_queried_tokens: int = 0
     num_hit_tokens: int = 0
+    num_tier_queried_tokens: int = 0
+    num_tier_hit_tokens: int = 0
 
     @property
     def kv(self) -> Counts:

@@ -8,7 +8,7 @@ revived by a later hit until it is handed out again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from shared.wire.kv_events import BlockRemoved, BlockStored, KvEvent
 
@@ -83,7 +83,9 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, on_evict: Callable[[KVBlock], None] | None = None):
+        """on_evict: told of each cached block before it is handed out again (the host tier saves it)."""
+        self.on_evict = on_evict
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVBlock] = {}
@@ -142,6 +144,14 @@ class BlockPool:
         self.events.append(BlockStored(block_hashes=[block_hash], parent_hash=parent_hash))
 
     def _maybe_evict(self, block: KVBlock) -> None:
+        if block.block_hash is None:
+            return
+        if self.on_evict is not None:
+            self.on_evict(block)
+        self.forget(block)
+
+    def forget(self, block: KVBlock) -> None:
+        """The block's content is no longer its hash's."""
         if block.block_hash is None:
             return
         if self.cached.get(block.block_hash) is block:

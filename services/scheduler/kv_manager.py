@@ -12,12 +12,14 @@ class KVManager(Protocol):
     enable_prefix_caching: bool
     num_queried_tokens: int  # prompt tokens of admitted requests
     num_hit_tokens: int  # of which the prefix cache held
+    num_tier_queried_tokens: int  # prompt tokens of admitted requests, with a host KV tier
+    num_tier_hit_tokens: int  # of which the tier held
 
     def get_computed_blocks(self, request: Request) -> list:
         """The cached blocks a waiting request starts from (its prefix hits)."""
 
-    def record_admission(self, num_tokens: int, num_hit_tokens: int) -> None:
-        """Prefix-cache statistics, once per request."""
+    def record_admission(self, num_tokens: int, hits: list) -> None:
+        """Prefix-cache statistics, once per request (hits: its get_computed_blocks)."""
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether a sequence of this many tokens fits an empty pool."""
@@ -39,6 +41,16 @@ class KVManager(Protocol):
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (its worker freed the KV pool); only while nothing runs."""
+
+    @property
+    def has_transfers(self) -> bool:
+        """Copies to the host tier wait for the next Step, even with no request to run."""
+
+    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The next Step's host-tier copies: (block, slot) saves and (slot, block) loads."""
+
+    def end_transfers(self, ok: bool) -> None:
+        """The Step that carried them is back (ok) or lost."""
 
     def take_events(self) -> list:
         """Blocks stored and removed since the last call, for the KV index."""

@@ -14,6 +14,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from services.scheduler.engine_metrics import EngineMetrics
+from services.scheduler.host_tier import MEDIUM, TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.lease import deposed
 from services.scheduler.reply import publish_error
@@ -50,14 +51,14 @@ class WorkerGone(Exception):
     pass
 
 
-def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more) -> Scheduler:
+def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more, tier: TierIndex | None) -> Scheduler:
     """Blocks for a paged worker; for a slots worker (static shapes), its slots and chunk size."""
     num_steps = config.num_scheduler_steps or hello.num_scheduler_steps  # 0: the worker knows its step's cost
     if hello.kind == WorkerKind.SLOTS:
         return SlotScheduler(SlotManager(hello.num_blocks, hello.block_size), hello.prefill_seq_len, can_run_more,
                              num_scheduler_steps=num_steps)
     kv = KVCacheManager(hello.num_blocks, hello.block_size, root_hash(hello.model, hello.kv_cache_dtype),
-                        enable_prefix_caching=config.enable_prefix_caching)
+                        enable_prefix_caching=config.enable_prefix_caching, tier=tier)
     kind = StaticScheduler if config.batching == "static" else Scheduler
     return kind(kv, min(config.max_num_seqs, hello.max_batch), config.max_num_batched_tokens, can_run_more,
                 num_scheduler_steps=num_steps, long_prefill_token_threshold=config.long_prefill_token_threshold,
@@ -68,9 +69,10 @@ def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more) -> Sc
 class PoolLoop:
     def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
                  on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]],
-                 can_run_more: Callable[[], bool], workers: Heartbeats, fence: int = 0):
+                 can_run_more: Callable[[], bool], workers: Heartbeats, fence: int = 0, tier: TierIndex | None = None):
         """workers: where this pool's worker is heard from (its heartbeats and its step replies).
-        fence: our lease's token (lease.py), on every Step; 0 without a lease."""
+        fence: our lease's token (lease.py), on every Step; 0 without a lease.
+        tier: the index of the host KV tier the worker maps (host_tier.py), shared with its peers there."""
         self.nc = nc
         self.hello = hello
         self.worker_id = hello.worker_id
@@ -78,7 +80,8 @@ class PoolLoop:
         self.worker_bus_epoch = 0  # the worker's reconnects, as its heartbeat says (_request)
         self.fence = fence
         self.max_migrations = config.max_migrations
-        self.scheduler = _scheduler_for(hello, config, can_run_more)
+        self.tier = tier
+        self.scheduler = _scheduler_for(hello, config, can_run_more, tier)
         self.on_gone = on_gone
         self.workers = workers
         workers.heard(self.worker_id)
@@ -170,6 +173,7 @@ class PoolLoop:
             self.between_steps.clear()
             try:
                 result = await self._step(plan.step)
+                self.scheduler.kv.end_transfers(ok=not result.error)
                 if result.error:
                     await self._fail_step(plan.num_new_tokens, result.error)
                 else:
@@ -293,6 +297,7 @@ class PoolLoop:
         at the next offset), unless it has moved max_migrations times already."""
         log.error("worker_gone", worker_id=self.worker_id, reason=reason)
         self.is_alive = False
+        self.scheduler.kv.end_transfers(ok=False)  # a Step it may not have run: its tier copies are not trusted
         requeue = []
         for request in self.scheduler.take_all():
             # only a request the worker was computing may have brought it down: one that waited moves freely
@@ -321,6 +326,10 @@ class PoolLoop:
         if events:
             await self.nc.publish(subjects.kv_events(self.worker_id), encode(
                 KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))
+        tier_events = self.tier.take_events() if self.tier is not None else []
+        if tier_events:  # the tier is a pool of the index of its own, shared by the workers that map it
+            await self.nc.publish(subjects.kv_events(self.tier.pool_id), encode(
+                KvEventBatch(pool=self.tier.pool_id, model=self.hello.model, events=tier_events)))
 
     async def publish_snapshot(self) -> None:
         """PoolCleared then everything cached: how the KV index (re)learns this pool."""
@@ -328,3 +337,8 @@ class PoolLoop:
         events = [PoolCleared()] + ([BlockStored(block_hashes=hashes)] if hashes else [])
         await self.nc.publish(subjects.kv_events(self.worker_id), encode(
             KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))
+        if self.tier is not None:
+            held = list(self.tier.entries)
+            events = [PoolCleared()] + ([BlockStored(block_hashes=held, medium=MEDIUM)] if held else [])
+            await self.nc.publish(subjects.kv_events(self.tier.pool_id), encode(
+                KvEventBatch(pool=self.tier.pool_id, model=self.hello.model, events=events)))

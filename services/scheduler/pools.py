@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from services.scheduler.engine_metrics import EngineMetrics
+from services.scheduler.host_tier import HostTiers
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.request import Request
@@ -41,6 +42,8 @@ class RetiredCounts:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    tier_queries: int = 0
+    tier_hits: int = 0
 
     def absorb(self, pool: PoolLoop) -> None:
         self.metrics.add(pool.metrics)
@@ -50,6 +53,8 @@ class RetiredCounts:
         self.num_preemptions += pool.scheduler.num_preemptions
         self.prefix_cache_queries += pool.scheduler.kv.num_queried_tokens
         self.prefix_cache_hits += pool.scheduler.kv.num_hit_tokens
+        self.tier_queries += pool.scheduler.kv.num_tier_queried_tokens
+        self.tier_hits += pool.scheduler.kv.num_tier_hit_tokens
 
 
 class WorkerPools:
@@ -60,6 +65,7 @@ class WorkerPools:
         self._pools: dict[str, PoolLoop] = {}
         self.held: dict[str, tuple[Request, float]] = {}  # request id -> (request, monotonic deadline)
         self.retired = RetiredCounts()
+        self.tiers = HostTiers()  # the host KV tiers the workers map, by id; they outlive any one worker
 
     # ---- membership -----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Route a request to a worker pool: static-shape slots when it fits them, else the longest cached
-prefix (from the KV index), then a worker already running its LoRA adapter, then least load."""
+prefix in a worker's pool (from the KV index), then the longest it reaches with its host KV tier,
+then a worker already running its LoRA adapter, then least load."""
 
 from __future__ import annotations
 
@@ -25,14 +26,22 @@ class Router:
         first: its program runs every slot each step, so a filled slot is capacity otherwise idle.
         The rest (longer than its ctx_len, or arriving while every slot is taken: queued behind a
         slot, a short request waited seconds more for its first token, bench/qaic_mixed.py) go to
-        paged workers by cached prefix, then to one whose requests already run on the request's LoRA
-        adapter (it is in that worker's slots), then by load; with no paged worker, to the least loaded."""
+        paged workers by prefix cached in their pool, then by prefix they reach with their host tier
+        (a block in the pool beats one in the tier, which beats one on another host: recomputed),
+        then to one whose requests already run on the request's LoRA adapter (it is in that worker's
+        slots), then by load; with no paged worker, to the least loaded."""
         static = [p for p in pools if p.hello.kind == WorkerKind.SLOTS and p.load < p.hello.num_blocks]
         if static:
             return min(static, key=lambda p: p.load)
         pools = [p for p in pools if p.hello.kind == WorkerKind.PAGED] or pools
         matches = await self._cached_blocks(pools, block_hashes) if len(pools) > 1 and block_hashes else {}
-        return max(pools, key=lambda p: (matches.get(p.worker_id, 0), lora in p.loras_in_use, -p.load))
+
+        def reach(pool: PoolLoop) -> int:
+            in_pool = matches.get(pool.worker_id, 0)
+            return in_pool + (pool.tier.num_leading(block_hashes[in_pool:]) if pool.tier is not None else 0)
+
+        return max(pools, key=lambda p: (matches.get(p.worker_id, 0), reach(p) if matches else 0,
+                                         lora in p.loras_in_use, -p.load))
 
     async def _cached_blocks(self, pools: list[PoolLoop], block_hashes: list[bytes]) -> dict[str, int]:
         try:

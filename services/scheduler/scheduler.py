@@ -24,7 +24,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.num_new_tokens and not self.step.dropped_ids
+        return not (self.num_new_tokens or self.step.dropped_ids or self.step.kv_saves or self.step.kv_loads)
 
 
 @dataclass
@@ -105,7 +105,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.dropped_ids)
+        return bool(self.waiting or self.running or self.dropped_ids or self.kv.has_transfers)
 
     @property
     def num_requests(self) -> int:
@@ -136,6 +136,7 @@ class Scheduler:
         speculating = self._speculate(out, budget)
         self._look_ahead(out, 1 + self.num_speculative_tokens if speculating else 1)
         out.step.dropped_ids = self.take_dropped_ids()
+        out.step.kv_saves, out.step.kv_loads = self.kv.take_transfers()
         return out
 
     @staticmethod
@@ -171,7 +172,7 @@ class Scheduler:
                 request.num_cached_tokens = num_computed
                 request.first_scheduled_at = time.time()
                 if not request.is_probe:
-                    self.kv.record_admission(request.num_tokens, num_computed)
+                    self.kv.record_admission(request.num_tokens, hits)
             self._emit(out, request, num_new, [])
             budget -= num_new
         return budget

@@ -293,7 +293,7 @@ class SchedulerService:
 
     def _add_pool(self, hello: WorkerHello) -> None:
         pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more,
-                        workers=self.workers, fence=self.fence)
+                        workers=self.workers, fence=self.fence, tier=self.pools.tiers.get(hello.kv_tier))
         self.pools.add(pool)
         pool.start()
         if self.is_sleeping:  # it joins a sleeping model: it sleeps too, and wakes with the others

@@ -21,6 +21,7 @@ class SlotManager:
         self.req_to_slot: dict[str, int] = {}
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0  # stays 0: no prefix caching across slots (yet)
+        self.num_tier_queried_tokens = self.num_tier_hit_tokens = 0  # no host tier
 
     @property
     def ctx_len(self) -> int:
@@ -33,8 +34,16 @@ class SlotManager:
     def get_computed_blocks(self, request: Request) -> list:
         return []
 
-    def record_admission(self, num_tokens: int, num_hit_tokens: int) -> None:
+    def record_admission(self, num_tokens: int, hits: list) -> None:
         self.num_queried_tokens += num_tokens
+
+    has_transfers = False
+
+    def take_transfers(self) -> tuple[list, list]:
+        return [], []  # no host tier: a slot is a whole sequence's context
+
+    def end_transfers(self, ok: bool) -> None:
+        pass
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return num_tokens <= self.ctx_len

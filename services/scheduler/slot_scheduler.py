@@ -53,5 +53,5 @@ class SlotScheduler(Scheduler):
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         request.first_scheduled_at = time.time()
-        self.kv.record_admission(request.num_tokens, 0)
+        self.kv.record_admission(request.num_tokens, [])
         return request

@@ -25,6 +25,8 @@ def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_
         num_preemptions=gone.num_preemptions + sum(p.scheduler.num_preemptions for p in every),
         prefix_cache_queries=gone.prefix_cache_queries + sum(p.scheduler.kv.num_queried_tokens for p in every),
         prefix_cache_hits=gone.prefix_cache_hits + sum(p.scheduler.kv.num_hit_tokens for p in every),
+        external_prefix_cache_queries=gone.tier_queries + sum(p.scheduler.kv.num_tier_queried_tokens for p in every),
+        external_prefix_cache_hits=gone.tier_hits + sum(p.scheduler.kv.num_tier_hit_tokens for p in every),
         max_model_len=pools.max_model_len if alive else 0,
         steps_run=gone.steps_run + sum(p.steps_run for p in every),
         step_seconds=gone.step_seconds + sum(p.step_seconds for p in every),

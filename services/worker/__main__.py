@@ -17,6 +17,7 @@ from services.worker.deployment import drain_when_orphaned
 from services.worker.draft_proposer import DraftModelProposer
 from services.worker.eagle_proposer import Eagle3Proposer
 from services.worker.guided import GrammarCompiler
+from services.worker.kv_tier import HostTier
 from services.worker.lora.adapter import LoraError
 from services.worker.lora.manager import LoraManager
 from services.worker.main_thread import MainThreadExecutor, run_with_bus_thread
@@ -91,8 +92,11 @@ def main() -> None:
     # sleep mode's wake builds the backend again from the file (a background compile would hold the old one)
     rebuild = None if spec.compile else lambda: create_backend(device, spec)
     proposer = spec_proposer(backend, settings)
+    # shared by the model's workers on this host that one scheduler (on this bus) indexes
+    tier = HostTier.open(f"{args.nats_url} {config.model}", backend.kv_tensors(), config.kv_offloading_size) \
+        if config.kv_offloading_size else None
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild,
-                         lora=lora, proposer=proposer)
+                         lora=lora, proposer=proposer, tier=tier)
     info = backend.describe()
     hello = WorkerHello(worker_id=worker_id, model=config.model, max_batch=config.max_num_seqs,
                         max_model_len=max_model_len, vocab_size=backend.config.vocab_size,
@@ -104,7 +108,8 @@ def main() -> None:
                         dtype=info.dtype, device=info.device, prefill_seq_len=info.prefill_seq_len,
                         kv_cache_dtype=info.kv_cache_dtype or config.kv_cache_dtype,
                         num_speculative_tokens=proposer.num_speculative_tokens if proposer else 0,
-                        spec_max_batch=config.speculative_config.max_batch if proposer else 0)
+                        spec_max_batch=config.speculative_config.max_batch if proposer else 0,
+                        kv_tier=tier.info() if tier else None)
     del backend  # the runner holds it alone, so that sleep mode frees it
     executor = MainThreadExecutor()
 
@@ -126,7 +131,11 @@ def main() -> None:
         if runtime is not None:
             await runtime
 
-    run_with_bus_thread(serve_bus, executor)
+    try:
+        run_with_bus_thread(serve_bus, executor)
+    finally:
+        if tier is not None:
+            tier.close()
 
 
 async def _set_when(first: asyncio.Event, then: asyncio.Event) -> None:

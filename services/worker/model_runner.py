@@ -18,6 +18,7 @@ from services.worker.backends.base import Backend, BatchRow
 from services.worker.draft_proposer import DraftModelProposer
 from services.worker.eagle_proposer import Eagle3Proposer
 from services.worker.guided import GrammarCompiler
+from services.worker.kv_tier import HostTier
 from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
 from services.worker.sampler import logprobs_of
@@ -54,10 +55,11 @@ class StepOutput:
 class ModelRunner:
     def __init__(self, backend: Backend, max_model_len: int, eos_token_ids: list[int],
                  grammar: GrammarCompiler | None = None, rebuild: Callable[[], Backend] | None = None,
-                 lora: LoraManager | None = None, proposer: Proposer | None = None):
+                 lora: LoraManager | None = None, proposer: Proposer | None = None, tier: HostTier | None = None):
         """rebuild: a fresh backend from the model file (sleep mode's wake); None: this worker cannot sleep.
         lora: the adapters attached to the backend's model (None: it serves the base model alone).
-        proposer: speculative decoding's drafts for rows given lookahead slots (None: it does not speculate)."""
+        proposer: speculative decoding's drafts for rows given lookahead slots (None: it does not speculate).
+        tier: the host KV tier this worker copies blocks to and from (None: --kv-offloading-size 0)."""
         self.backend: Backend | None = backend
         self.lora = lora
         self.rebuild = rebuild
@@ -66,6 +68,7 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.grammar = grammar
         self.proposer = proposer
+        self.tier = tier
         self.seqs: dict[str, SeqState] = {}
         self._row_errors: dict[str, str] = {}  # this iteration's rows that failed on their own
 
@@ -158,6 +161,10 @@ class ModelRunner:
         """A failure of the forward fails the step; a failure of one row's grammar or sampling
         fails that row's sequence only (a Sampled with finish_reason ERROR), and the others go on."""
         self._row_errors = {}
+        if step.kv_saves or step.kv_loads:
+            if self.tier is None:
+                raise RuntimeError("the Step moves KV blocks to or from a host tier this worker does not have")
+            self.tier.transfer(self.backend.kv_tensors(), step.kv_saves, step.kv_loads)
         batch = self.apply_deltas(step)
         if not batch:
             return self._record([], [], [])

@@ -48,6 +48,9 @@ def resolve(args: argparse.Namespace) -> WorkerSettings:
     if settings.device != "qaic" and json.loads(args.qaic_config):
         raise ConfigError(f"--qaic-config configures the qaic backend; this worker's device is {settings.device!r}")
     settings.qaic.validate()
+    if settings.device == "qaic" and settings.config.kv_offloading_size:
+        raise ConfigError("--kv-offloading-size keeps paged KV blocks in host memory; the qaic backend's KV is "
+                          "whole sequences in static-shape slots")
     in_range("--compile-nice", settings.compile_nice, 0, 19)
     if settings.quant_activations != "float32" and (settings.device != "cpu" or settings.deterministic):
         raise ConfigError(f"--quant-activations {settings.quant_activations} is the cpu backend's C kernels' "

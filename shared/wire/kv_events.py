@@ -16,10 +16,12 @@ class BlockStored(msgspec.Struct, tag="stored"):
     # hash chains its parent's); it is DESIGN.md's contract for consumers that build a tree of
     # prefixes from the events, as vLLM's KV-event consumers do
     parent_hash: BlockHash | None = None
+    medium: str | None = None  # where they are, as vLLM's events say: None, a worker's pool; "host": the host tier
 
 
 class BlockRemoved(msgspec.Struct, tag="removed"):
     block_hashes: list[BlockHash]
+    medium: str | None = None
 
 
 class PoolCleared(msgspec.Struct, tag="cleared"):

@@ -267,6 +267,10 @@ class Step(msgspec.Struct, tag="step", array_like=True):
     # the sending scheduler's lease token (services/scheduler/lease.py; 0: no lease): a worker
     # refuses a Step with a token below one it has seen, from a leader that was deposed
     fence: int = 0
+    # the host KV tier (services/worker/kv_tier.py), before the forward: (pool block, tier slot)
+    # copied out of blocks being handed out again, then (tier slot, pool block) copied in for prefix hits
+    kv_saves: list[tuple[int, int]] = []
+    kv_loads: list[tuple[int, int]] = []
 
 
 class Sampled(msgspec.Struct, array_like=True):
@@ -289,6 +293,14 @@ class StepResult(msgspec.Struct, tag="step_result", array_like=True):
 
 
 # ---- worker discovery ----------------------------------------------------------------------
+
+
+class HostTierInfo(msgspec.Struct):
+    """A worker's host KV tier: shared memory every worker of its model on the host maps."""
+
+    tier_id: str  # the file's identity: workers announcing the same id share its slots
+    num_slots: int  # KV blocks it holds
+    path: str = ""  # for the logs
 
 
 class WorkerHello(msgspec.Struct, tag="hello"):
@@ -318,6 +330,7 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     loras: list[LoraInfo] = []  # the adapters it serves (said again after each load and unload)
     num_speculative_tokens: int = 0  # drafts a decode row may verify per step (0: it does not speculate)
     spec_max_batch: int = 0  # ...in steps of at most this many running requests
+    kv_tier: HostTierInfo | None = None  # --kv-offloading-size: its host tier (None: evicted blocks are gone)
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
@@ -394,7 +407,9 @@ class SchedulerStats(msgspec.Struct, tag="sched_stats_reply"):
     kv_cache_usage: float  # 0..1, averaged over pools
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up
-    prefix_cache_hits: int = 0  # of which were cached
+    prefix_cache_hits: int = 0  # of which were cached in a worker's pool
+    external_prefix_cache_queries: int = 0  # prompt tokens looked up with a host KV tier
+    external_prefix_cache_hits: int = 0  # of which the tier held (loaded, not computed)
     max_model_len: int = 0
     steps_run: int = 0  # Steps the pools ran (a multi-step Step counts once)
     step_seconds: float = 0.0  # summed round trip of every step (scheduler -> worker -> scheduler)

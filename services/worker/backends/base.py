@@ -119,6 +119,10 @@ class Backend(Protocol):
         """Compile or capture what serving needs before the worker says hello (the CPU backend
         compiles in the background instead); returns seconds."""
 
+    def kv_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by KV block (dim 0), the draft's too: what the host KV tier copies
+        (a paged backend's; a slots backend has none)."""
+
     def describe(self) -> BackendInfo:
         """What the worker announces about its backend; its device line may change while it serves
         (the CPU backend's background compile ending)."""

@@ -142,6 +142,11 @@ class CudaBackend:
             self.graphs.capture()
         return time.perf_counter() - started
 
+    def kv_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by KV block (the draft's over the same blocks too): what a block is."""
+        caches = self.kv_caches + (self.draft.kv_caches if self.draft is not None else [])
+        return [t for pair in caches for t in pair]
+
     def describe(self) -> BackendInfo:
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu, Triton interpreted"
         head = f", EAGLE-3 head drafting from {self.draft.head.draft_vocab} tokens" if self.draft else ""

@@ -119,6 +119,10 @@ class QaicBackend:
                                     torch.zeros(0, dtype=torch.long), "warm-up").to(self.device))
         return time.perf_counter() - started
 
+    def kv_tensors(self) -> list[torch.Tensor]:
+        """None: a slot is a whole sequence's context, not blocks the host tier could keep."""
+        return []
+
     def describe(self) -> BackendInfo:
         return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
                            prefill_seq_len=self.program.prefill_seq_len,

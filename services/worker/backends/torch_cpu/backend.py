@@ -139,6 +139,11 @@ class TorchCpuBackend:
                                                cache_root() / "compile-probe", self.compile_nice)
         return 0.0
 
+    def kv_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by KV block (the draft's over the same blocks too): what a block is."""
+        caches = self.kv_caches + (self.draft.kv_caches if self.draft is not None else [])
+        return [t for pair in caches for t in pair]
+
     def describe(self) -> BackendInfo:
         """The device line says what computes: it changes when a background compile ends (or fails)."""
         dense = self.model.norm if hasattr(self.model, "norm") else self.model.tok_embeddings  # BERT has no final norm

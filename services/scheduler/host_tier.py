@@ -1,0 +1,122 @@
+"""The host KV tier's index: which block hash sits in which slot of a host's shared memory, LRU.
+
+The workers only copy (Step.kv_saves / kv_loads); the index is the scheduler's, shared by every
+pool whose worker maps the same tier. A slot saved in a Step is readable once that Step's result
+is back (pending until then); a slot loaded by a Step in flight is pinned, never reused under it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+from shared.wire.kv_events import BlockRemoved, BlockStored, KvEvent
+from shared.wire.messages import HostTierInfo
+
+MEDIUM = "host"  # the KV events' medium for this tier's blocks
+
+
+class TierIndex:
+    def __init__(self, info: HostTierInfo):
+        self.tier_id = info.tier_id
+        self.num_slots = info.num_slots
+        self.free_slots = list(range(info.num_slots - 1, -1, -1))
+        self.entries: OrderedDict[bytes, int] = OrderedDict()  # ready, least recently used first
+        self.pending: dict[bytes, int] = {}  # saved by a Step in flight
+        self.pins: Counter[int] = Counter()  # slots loads in flight read
+        self.events: list[KvEvent] = []
+        self.num_saved = 0  # blocks written to the tier
+        self.num_loaded = 0  # blocks read back instead of recomputed
+
+    @property
+    def pool_id(self) -> str:
+        """Its name among the pools of the KV index."""
+        return f"host:{self.tier_id}"
+
+    def grow(self, num_slots: int) -> None:
+        """A worker mapped the file after it grew (asked for more): the new slots are free."""
+        if num_slots > self.num_slots:
+            self.free_slots[:0] = range(num_slots - 1, self.num_slots - 1, -1)
+            self.num_slots = num_slots
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        return self.entries.get(block_hash)
+
+    def num_leading(self, block_hashes: list[bytes]) -> int:
+        """How many of these hashes, from the first, the tier holds."""
+        n = 0
+        for block_hash in block_hashes:
+            if block_hash not in self.entries:
+                break
+            n += 1
+        return n
+
+    def reserve(self, block_hash: bytes) -> int | None:
+        """A slot to save a block being evicted from a pool into; None: the tier has it already (now
+        most recently used), or every slot is pinned or pending."""
+        if block_hash in self.entries:
+            self.entries.move_to_end(block_hash)
+            return None
+        if block_hash in self.pending:
+            return None
+        slot = self.free_slots.pop() if self.free_slots else self._evict()
+        if slot is not None:
+            self.pending[block_hash] = slot
+        return slot
+
+    def _evict(self) -> int | None:
+        victim = next((h for h, slot in self.entries.items() if not self.pins[slot]), None)
+        if victim is None:
+            return None
+        self.events.append(BlockRemoved(block_hashes=[victim], medium=MEDIUM))
+        return self.entries.pop(victim)
+
+    def pin(self, slot: int) -> None:
+        self.pins[slot] += 1
+
+    def unpin(self, slot: int) -> None:
+        self.pins[slot] -= 1
+        if not self.pins[slot]:
+            del self.pins[slot]
+
+    def commit(self, block_hashes: list[bytes]) -> None:
+        """Their Step is back: the slots hold the blocks."""
+        stored = []
+        for block_hash in block_hashes:
+            slot = self.pending.pop(block_hash, None)
+            if slot is not None:
+                self.entries[block_hash] = slot
+                stored.append(block_hash)
+        if stored:
+            self.num_saved += len(stored)
+            self.events.append(BlockStored(block_hashes=stored, medium=MEDIUM))
+
+    def abort(self, block_hashes: list[bytes]) -> None:
+        """Their Step failed or its worker is gone: what the slots hold is unknown, they are free."""
+        for block_hash in block_hashes:
+            slot = self.pending.pop(block_hash, None)
+            if slot is not None:
+                self.free_slots.append(slot)
+
+    def take_events(self) -> list[KvEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+class HostTiers:
+    """A model's tiers by id: the pools of workers that map one file share its index, and it
+    outlives them (a worker restarted on the host finds its prefixes still there)."""
+
+    def __init__(self):
+        self._tiers: dict[str, TierIndex] = {}
+
+    def get(self, info: HostTierInfo | None) -> TierIndex | None:
+        if info is None:
+            return None
+        tier = self._tiers.get(info.tier_id)
+        if tier is None:
+            tier = self._tiers[info.tier_id] = TierIndex(info)
+        tier.grow(info.num_slots)
+        return tier
+
+    def __iter__(self):
+        return iter(list(self._tiers.values()))

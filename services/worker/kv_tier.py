@@ -1,0 +1,142 @@
+"""The host KV tier's memory: a shared-memory file of block-sized slots that every worker of a model
+on this host maps; the scheduler decides what goes where, the worker only copies (Step.kv_saves/loads)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from shared.checks import ConfigError
+from shared.log import get_logger
+from shared.wire.messages import HostTierInfo
+
+log = get_logger("worker.kv_tier")
+HEADER_BYTES = 4096  # the tier's identity (a uuid) and room to grow; slots start after it
+SHM_DIR = Path("/dev/shm")
+
+
+def block_bytes(tensors: list[torch.Tensor]) -> list[int]:
+    """What one block is in each tensor indexed by block (dim 0), in bytes."""
+    return [t[0].numel() * t.element_size() for t in tensors]
+
+
+def tier_name(scope: str, tensors: list[torch.Tensor]) -> str:
+    """Workers of one scope (a model on one bus: one scheduler indexes it) with one KV layout share a
+    tier; another stack on the host, another model or layout gets a file of its own."""
+    layout = repr([scope] + [(tuple(t.shape[1:]), str(t.dtype)) for t in tensors])
+    return "switchyard-kv-" + hashlib.sha256(layout.encode()).hexdigest()[:16]
+
+
+class HostTier:
+    def __init__(self, path: Path, num_slots: int, slot_bytes: int, tier_id: str, fd: int, mapped: mmap.mmap):
+        self.path = path
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.tier_id = tier_id  # a new file is a new tier: the scheduler never reads one it did not fill
+        self._fd = fd
+        self._mmap = mapped
+        buffer = torch.frombuffer(mapped, dtype=torch.uint8, offset=HEADER_BYTES, count=num_slots * slot_bytes)
+        self.slots = buffer.view(num_slots, slot_bytes)
+
+    @classmethod
+    def open(cls, scope: str, tensors: list[torch.Tensor], size_gib: float, directory: Path | None = None) -> HostTier:
+        """Maps the scope's tier on this host, created (and its memory reserved) if no worker has it:
+        at least size_gib of slots. Each worker holds a shared lock; the last to leave removes the file."""
+        slot_bytes = sum(block_bytes(tensors))
+        wanted = int(size_gib * 2**30) // slot_bytes
+        if wanted < 1:
+            raise ConfigError(f"--kv-offloading-size {size_gib} GiB holds no KV block of this model "
+                              f"({slot_bytes / 2**20:.2f} MiB each)")
+        directory = directory or (SHM_DIR if SHM_DIR.is_dir() else Path(os.environ.get("TMPDIR", "/tmp")))
+        path = directory / tier_name(scope, tensors)
+        with _setup_lock(path):  # one worker at a time creates, grows, or removes the file
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                size = HEADER_BYTES + wanted * slot_bytes
+                if os.fstat(fd).st_size < size:
+                    try:  # reserved now, so that a full /dev/shm fails here and not as a SIGBUS mid-step
+                        os.posix_fallocate(fd, 0, size)
+                    except OSError as exc:
+                        raise ConfigError(
+                            f"--kv-offloading-size: could not reserve {size / 2**30:.2f} GiB in {directory} "
+                            f"({exc.strerror}); give the host (or the container's /dev/shm) more shared memory "
+                            "or ask for less") from None
+                size = os.fstat(fd).st_size
+                mapped = mmap.mmap(fd, size)
+                tier_id = bytes(mapped[:32]).rstrip(b"\0").decode()
+                if not tier_id:
+                    tier_id = uuid.uuid4().hex
+                    mapped[:32] = tier_id.encode().ljust(32, b"\0")
+                fcntl.flock(fd, fcntl.LOCK_SH)  # held while this worker maps it
+            except BaseException:
+                os.close(fd)
+                raise
+        tier = cls(path, (size - HEADER_BYTES) // slot_bytes, slot_bytes, tier_id, fd, mapped)
+        log.info("kv_tier_mapped", path=str(path), tier_id=tier_id, num_slots=tier.num_slots,
+                 gib=round(tier.num_slots * slot_bytes / 2**30, 3))
+        return tier
+
+    def info(self) -> HostTierInfo:
+        return HostTierInfo(tier_id=self.tier_id, num_slots=self.num_slots, path=str(self.path))
+
+    def transfer(self, tensors: list[torch.Tensor], saves: list[tuple[int, int]],
+                 loads: list[tuple[int, int]]) -> None:
+        """Saves (pool block -> slot) first: a block they read may be the target of a load."""
+        if saves:
+            blocks, slots = _columns(saves, len(tensors[0]), self.num_slots)
+            offset = 0
+            for t in tensors:
+                rows = _as_rows(t)
+                self.slots[slots, offset:offset + rows.shape[1]] = rows[blocks].cpu()
+                offset += rows.shape[1]
+        if loads:
+            slots, blocks = _columns(loads, self.num_slots, len(tensors[0]))
+            offset = 0
+            for t in tensors:
+                rows = _as_rows(t)
+                rows[blocks] = self.slots[slots, offset:offset + rows.shape[1]].to(t.device)
+                offset += rows.shape[1]
+
+    def close(self) -> None:
+        """Unmaps; removes the file when no other worker holds it."""
+        del self.slots
+        self._mmap.close()
+        with _setup_lock(self.path):
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.path.unlink(missing_ok=True)
+            except BlockingIOError:
+                pass  # another worker of the model still maps it
+            finally:
+                os.close(self._fd)
+
+
+@contextmanager
+def _setup_lock(path: Path) -> Iterator[None]:
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """[blocks, ...] of any dtype as [blocks, bytes per block] of uint8, sharing its storage."""
+    return t.view(torch.uint8).view(t.shape[0], -1)
+
+
+def _columns(pairs: list[tuple[int, int]], first_bound: int, second_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    first = torch.tensor([a for a, _ in pairs], dtype=torch.long)
+    second = torch.tensor([b for _, b in pairs], dtype=torch.long)
+    if first.min() < 0 or first.max() >= first_bound or second.min() < 0 or second.max() >= second_bound:
+        raise ValueError(f"a KV transfer names a block or slot out of range: {pairs}")
+    return first, second

@@ -1,0 +1,111 @@
+"""The host KV tier in a stack of two workers (--kv-offloading-size): a conversation whose worker
+was killed goes on on the other from the blocks the dead one wrote to the tier, with a lone run's
+tokens; the KV index and /metrics say where the blocks are."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import nats
+import pytest
+
+from shared.bus.client import BusClient
+from shared.wire.messages import SamplingParams
+from tests.test_two_workers import _wait_for_workers, kv_stats
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def tier_stack(tmp_path_factory, model_name):
+    from tests.conftest import _start_stack
+
+    # 24 blocks of 16 tokens a worker: a few conversations evict each other
+    s = _start_stack(tmp_path_factory, "host-tier", num_workers=2,
+                     extra_args=["--kv-offloading-size", "0.1", "--num-kv-blocks", "24", "--max-model-len", "384"])
+    asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))
+    yield s
+    s.stop()
+
+
+async def _run(bus: BusClient, model: str, prompt: list[int], max_tokens: int, salt: str | None = None):
+    stream = await bus.submit(model, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                              cache_salt=salt)
+    entries = [e async for e in stream.entries(timeout=120)]
+    return stream.worker_id, entries[0].num_cached_tokens, [t for e in entries for t in e.token_ids]
+
+
+async def _tier_blocks(nc) -> int:
+    return sum(n for pool, n in (await kv_stats(nc)).items() if pool.startswith("host:"))
+
+
+async def _until(condition, timeout_s: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_conversation_goes_on_from_the_tier_after_its_worker_is_killed(tier_stack, model_name):
+    nc = await nats.connect(tier_stack.admin_url)
+    bus = BusClient(nc)
+    await bus.start()
+    victim = None
+    try:
+        history = [2000 + i for i in range(100)]  # 6 full blocks
+        home, cached, answer = await _run(bus, model_name, history, 12)
+        assert cached == 0
+        # written through by the Step after the one that computed them; the KV index hears of it
+        await _until(lambda: _tier_blocks_at_least(nc, 6))
+        victim = tier_stack.service(home)
+        victim.proc.kill()
+        victim.proc.wait(timeout=10)
+        turn = history + answer + [3000 + i for i in range(20)]
+        _, _, alone = await _run(bus, model_name, turn, 12, salt="alone")  # no cache of any kind
+        worker, cached, got = await _run(bus, model_name, turn, 12)
+        assert worker != home
+        assert cached >= 96  # the history's blocks, the first 96 tokens at least, loaded from the tier
+        assert got == alone
+    finally:
+        if victim is not None:
+            victim.start(tier_stack._env(victim.name))
+        await _wait_for_workers(tier_stack.admin_url, model_name, 2)
+        await bus.stop()
+        await nc.close()
+    assert _tier_hits(tier_stack) >= 96
+
+
+def _tier_hits(stack) -> float:
+    metrics = httpx.get(stack.base_url + "/metrics", timeout=10).text
+    return float(next(line for line in metrics.splitlines()
+                      if line.startswith("vllm:external_prefix_cache_hits_total")).split()[-1])
+
+
+async def test_conversations_that_overflow_the_pool_come_back_from_the_tier(tier_stack, model_name):
+    """Four conversations of 160 tokens against 24 blocks a worker: their blocks are evicted by the
+    others' and loaded back from the tier; every later turn's answer is a lone run's."""
+    nc = await nats.connect(tier_stack.admin_url)
+    bus = BusClient(nc)
+    await bus.start()
+    hits_before = _tier_hits(tier_stack)
+    try:
+        histories = [[10000 * (c + 1) + i for i in range(160)] for c in range(4)]
+        for c, history in enumerate(histories):
+            _, _, answer = await _run(bus, model_name, history, 8)
+            history += answer + [500 + c] * 8
+        for history in histories:
+            _, _, alone = await _run(bus, model_name, history, 8, salt="alone")
+            _, cached, got = await _run(bus, model_name, history, 8)
+            assert got == alone and cached >= 160
+    finally:
+        await bus.stop()
+        await nc.close()
+    assert _tier_hits(tier_stack) - hits_before >= 160  # one conversation at least came back from the tier
+
+
+async def _tier_blocks_at_least(nc, n: int) -> bool:
+    try:
+        return await _tier_blocks(nc) >= n
+    except Exception:  # the index not answering yet
+        return False
