@@ -13,6 +13,7 @@ import os
 import msgspec
 
 from shared.checks import MAX_CONTEXT, ConfigError, in_range, one_of
+from shared.kv_transfer import KvTransferConfig, parse_kv_transfer_config
 from shared.models.hub import is_hub_id
 from shared.speculative import SpeculativeConfig, parse_speculative_config
 from shared.wire.images import PAN_AND_SCAN_KEYS, PIXEL_RANGE_KEYS
@@ -63,6 +64,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     gpu_memory_utilization: float = 0.9  # cuda: the share of the GPU's memory the worker takes
     max_seq_len_to_capture: int = 8192  # cuda: decode steps with longer contexts run without CUDA graphs
     speculative_config: SpeculativeConfig | None = None  # vLLM's JSON (shared/speculative.py); None: off
+    kv_transfer_config: KvTransferConfig | None = None  # disaggregated prefill (shared/kv_transfer.py); None: off
 
     def validate(self) -> EngineConfig:
         for name in ENGINE_CHECKS:
@@ -72,6 +74,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                               f"allowed block_size ({self.block_size}) or more")
         if self.speculative_config is not None:
             self.speculative_config = self.speculative_config.validate()
+        if self.kv_transfer_config is not None:
+            self.kv_transfer_config = self.kv_transfer_config.validate()
+            if not self.kv_offloading_size:
+                raise ConfigError("--kv-transfer-config: the SharedMemoryConnector hands a prefill worker's blocks to a "
+                                  "decode worker through the host KV tier; give it --kv-offloading-size GIB")
         return self
 
 
@@ -161,6 +168,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="GiB of host shared memory that keeps KV blocks evicted from a worker's pool, for "
                              "prefix hits on any worker of the model on this host (0, the default: off; "
                              "docs/kv_offloading.md)")
+    parser.add_argument("--kv-transfer-config", default=_env("kv_transfer_config", None),
+                        help="disaggregated prefill, as vLLM's JSON: {\"kv_connector\": \"SharedMemoryConnector\", "
+                             "\"kv_role\": \"kv_producer\"} (or kv_consumer, kv_both); the launcher's "
+                             "--prefill-workers / --decode-workers set it (docs/kv_offloading.md)")
     parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
@@ -197,6 +208,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     fields = {f: getattr(args, f) for f in EngineConfig.__struct_fields__ if hasattr(args, f)}
     if "speculative_config" in fields:
         fields["speculative_config"] = parse_speculative_config(fields["speculative_config"])
+    if "kv_transfer_config" in fields:
+        fields["kv_transfer_config"] = parse_kv_transfer_config(fields["kv_transfer_config"])
     if fields.get("model") is None:  # as vLLM's: a Hub id serves under its own name
         fields["model"] = fields.get("model_path") if is_hub_id(fields.get("model_path")) else DEFAULTS.model
     typed = msgspec.convert(fields, EngineConfig, strict=False)

@@ -64,6 +64,9 @@ class Stack:
     nats_url: str | None = None
     api_port: int = 8000
     num_workers: int = 1
+    # disaggregated prefill: workers that compute prompts and workers that decode (--kv-transfer-config)
+    num_prefill_workers: int = 0
+    num_decode_workers: int = 0
     num_schedulers: int = 1  # more than one: they share a leader lease, the others standbys
     num_gateways: int = 1  # API processes of their own, each with its bus client, on api_port, api_port + 1, ...
     service_args: list[str] = field(default_factory=list)
@@ -112,6 +115,13 @@ class Stack:
         self.services = [Service("kvcache", py + ["services.kvcache", "--nats-url", self.nats_url])]
         for i in range(self.num_workers):
             self.services.append(Service(f"worker-{i}", py + ["services.worker", *common, "--worker-id", f"worker-{i}"]))
+        for role, count in (("prefill", self.num_prefill_workers), ("decode", self.num_decode_workers)):
+            config = json.dumps({"kv_connector": "SharedMemoryConnector",
+                                 "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"})
+            for i in range(count):
+                name = f"worker-{role}-{i}"
+                self.services.append(Service(name, py + ["services.worker", *common, "--worker-id", name,
+                                                         "--kv-transfer-config", config]))
         agent_log_dir = ["--agent-log-dir", str(self.log_dir / "agent-workers")] if self.log_dir else []
         self.services.append(Service("agent", py + ["services.agent", *common, *agent_log_dir]))
         lease = ["--leader-lease", "scheduler"] if self.num_schedulers > 1 else []
@@ -316,6 +326,12 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False, description="Run the whole Switchyard stack")
     parser.add_argument("--port", type=int, default=int(os.environ.get("SY_PORT", "8000")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SY_WORKERS", "1")))
+    parser.add_argument("--prefill-workers", type=int, default=int(os.environ.get("SY_PREFILL_WORKERS", "0")),
+                        help="disaggregated prefill: workers that compute prompts and hand each request to a "
+                             "--decode-workers worker at its first token, through the host KV tier (needs "
+                             "--kv-offloading-size; docs/kv_offloading.md); instead of --workers")
+    parser.add_argument("--decode-workers", type=int, default=int(os.environ.get("SY_DECODE_WORKERS", "0")),
+                        help="disaggregated prefill: workers that decode what the prefill workers hand on")
     parser.add_argument("--schedulers", type=int, default=int(os.environ.get("SY_SCHEDULERS", "1")),
                         help="scheduler processes: past one, they lead by turns (--leader-lease), the others "
                              "standbys that take over the queue when the leader is gone (default 1)")
@@ -329,8 +345,16 @@ def main(argv: list[str] | None = None, after_ready=None) -> None:
     if args.nats_cluster < 1 or args.schedulers < 1 or args.gateways < 1:
         parser.error("--nats-cluster, --schedulers and --gateways must be at least 1")
     check_service_args(service_args)
+    if args.prefill_workers or args.decode_workers:
+        if args.prefill_workers < 1 or args.decode_workers < 1:
+            parser.error("--prefill-workers and --decode-workers go together, each at least 1")
+        if "--kv-offloading-size" not in service_args and not os.environ.get("SY_KV_OFFLOADING_SIZE"):
+            parser.error("--prefill-workers / --decode-workers hand requests on through the host KV tier: "
+                         "give it --kv-offloading-size GIB")
+        args.workers = 0
     users = os.environ.get("SY_NATS_AUTH_FILE")  # an outside bus locked with shared/bus/nats_auth.py's users
     stack = Stack(nats_url=os.environ.get("NATS_URL"), api_port=args.port, num_workers=args.workers,
+                  num_prefill_workers=args.prefill_workers, num_decode_workers=args.decode_workers,
                   service_args=service_args, auth_dir=os.path.dirname(users) if users else None,
                   nats_cluster=args.nats_cluster, num_schedulers=args.schedulers, num_gateways=args.gateways,
                   nats_replicas=int(os.environ.get("SY_NATS_REPLICAS", "1")))

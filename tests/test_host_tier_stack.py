@@ -1,6 +1,8 @@
 """The host KV tier in a stack of two workers (--kv-offloading-size): a conversation whose worker
 was killed goes on on the other from the blocks the dead one wrote to the tier, with a lone run's
-tokens; the KV index and /metrics say where the blocks are."""
+tokens; the KV index and /metrics say where the blocks are. Disaggregated prefill (a prefill and a
+decode worker, --kv-transfer-config): each request handed on at its first token, its answer the
+colocated stack's, and a decode worker killed mid-stream loses no token."""
 
 from __future__ import annotations
 
@@ -24,6 +26,26 @@ def tier_stack(tmp_path_factory, model_name):
     # 24 blocks of 16 tokens a worker: a few conversations evict each other
     s = _start_stack(tmp_path_factory, "host-tier", num_workers=2,
                      extra_args=["--kv-offloading-size", "0.1", "--num-kv-blocks", "24", "--max-model-len", "384"])
+    asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def disagg_stack(tmp_path_factory, model_name):
+    from switchyard.launcher import Stack
+    from switchyard.nats_server import NatsServer, free_port
+    from tests.conftest import ready_or_stopped
+
+    nats_server = NatsServer(auth=True).start()
+    log_dir = tmp_path_factory.mktemp("disaggregated")
+    stack = Stack(nats_url=nats_server.url, auth_dir=nats_server.auth_dir, api_port=free_port(), num_workers=0,
+                  num_prefill_workers=1, num_decode_workers=1, log_dir=log_dir,
+                  service_args=["--kv-cache-memory-gib", "0.4", "--threads", "1", "--kv-offloading-size", "0.1",
+                                "--max-model-len", "384"])
+    stack.nats = nats_server
+    stack.start()
+    s = ready_or_stopped(stack, log_dir)
     asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))
     yield s
     s.stop()
@@ -109,3 +131,56 @@ async def _tier_blocks_at_least(nc, n: int) -> bool:
         return await _tier_blocks(nc) >= n
     except Exception:  # the index not answering yet
         return False
+
+
+PROMPTS = [[4000 + 7 * i for i in range(n)] for n in (20, 57, 130)]
+
+
+async def _answers(stack, model: str, max_tokens: int = 24) -> list[tuple[str, list[int]]]:
+    nc = await nats.connect(stack.admin_url)
+    bus = BusClient(nc)
+    await bus.start()
+    try:
+        return [(w, t) for w, _, t in [await _run(bus, model, p, max_tokens) for p in PROMPTS]]
+    finally:
+        await bus.stop()
+        await nc.close()
+
+
+async def test_disaggregated_prefill_hands_each_request_to_the_decode_worker(disagg_stack, tier_stack, model_name):
+    colocated = [tokens for _, tokens in await _answers(tier_stack, model_name)]
+    answers = await _answers(disagg_stack, model_name)
+    assert [tokens for _, tokens in answers] == colocated
+    assert {worker for worker, _ in answers} == {"worker-decode-0"}  # the latest tokens came from the decode worker
+    log = (disagg_stack.log_dir / "scheduler.log").read_text()
+    assert '"worker_id": "worker-prefill-0"' in log and '"event": "request_routed"' in log
+    assert _tier_hits(disagg_stack) >= 16  # the 130-token prompt's blocks at least, loaded by the decode worker
+
+
+async def test_a_decode_worker_killed_mid_stream_loses_no_token(disagg_stack, model_name):
+    """The decode worker SIGKILLed while it streams: the request goes back to the prefill worker,
+    which decodes it on (no decode worker is left), and the stream ends with the lone run's tokens."""
+    nc = await nats.connect(disagg_stack.admin_url)
+    bus = BusClient(nc)
+    await bus.start()
+    victim = disagg_stack.service("worker-decode-0")
+    prompt = [6000 + i for i in range(40)]
+    try:
+        _, _, alone = await _run(bus, model_name, prompt, 200, salt="alone")
+        stream = await bus.submit(model_name, prompt, SamplingParams(max_tokens=200, temperature=0.0,
+                                                                     ignore_eos=True))
+        reader = stream.entries(timeout=120)
+        got = []
+        async for entry in reader:
+            got += entry.token_ids
+            if stream.worker_id == "worker-decode-0" and len(got) > 8:
+                break
+        victim.proc.kill()
+        victim.proc.wait(timeout=10)
+        got += [t for e in [e async for e in reader] for t in e.token_ids]
+        assert got == alone
+    finally:
+        victim.start(disagg_stack._env(victim.name))
+        await _wait_for_workers(disagg_stack.admin_url, model_name, 2)
+        await bus.stop()
+        await nc.close()

@@ -69,12 +69,14 @@ class KVCacheManager:
                 hits.append(TierHit(block_hash, slot))
         return hits
 
-    def record_admission(self, num_tokens: int, hits: list[KVBlock | TierHit]) -> None:
-        """Prefix-cache statistics count a request once, when it is admitted (not per retry)."""
-        self.num_queried_tokens += num_tokens
+    def record_admission(self, num_tokens: int, hits: list[KVBlock | TierHit], first: bool) -> None:
+        """Prefix-cache statistics count a request once, at its first admission (not per retry); the
+        host tier's, as vLLM counts its KV connector's, at every admission (a handoff's included)."""
         num_tier_hits = sum(isinstance(hit, TierHit) for hit in hits)
-        self.num_hit_tokens += (len(hits) - num_tier_hits) * self.block_size
-        if self.tier is not None:  # vLLM's external prefix cache: what its KV connector found
+        if first:
+            self.num_queried_tokens += num_tokens
+            self.num_hit_tokens += (len(hits) - num_tier_hits) * self.block_size
+        if self.tier is not None:
             self.num_tier_queried_tokens += num_tokens
             self.num_tier_hit_tokens += num_tier_hits * self.block_size
 

@@ -18,8 +18,8 @@ class KVManager(Protocol):
     def get_computed_blocks(self, request: Request) -> list:
         """The cached blocks a waiting request starts from (its prefix hits)."""
 
-    def record_admission(self, num_tokens: int, hits: list) -> None:
-        """Prefix-cache statistics, once per request (hits: its get_computed_blocks)."""
+    def record_admission(self, num_tokens: int, hits: list, first: bool) -> None:
+        """Prefix-cache statistics at an admission (hits: its get_computed_blocks; first: the request's first)."""
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether a sequence of this many tokens fits an empty pool."""

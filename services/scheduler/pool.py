@@ -69,10 +69,14 @@ def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more, tier:
 class PoolLoop:
     def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
                  on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]],
-                 can_run_more: Callable[[], bool], workers: Heartbeats, fence: int = 0, tier: TierIndex | None = None):
+                 can_run_more: Callable[[], bool], workers: Heartbeats, fence: int = 0, tier: TierIndex | None = None,
+                 on_handoff: Callable[[PoolLoop, list[Request]], Awaitable[None]] | None = None,
+                 has_decoder: Callable[[], bool] = lambda: False):
         """workers: where this pool's worker is heard from (its heartbeats and its step replies).
         fence: our lease's token (lease.py), on every Step; 0 without a lease.
-        tier: the index of the host KV tier the worker maps (host_tier.py), shared with its peers there."""
+        tier: the index of the host KV tier the worker maps (host_tier.py), shared with its peers there.
+        on_handoff: where a prefill worker's (kv_producer) requests go on at their first token, while
+        has_decoder() says a decode worker is alive; None: they stay."""
         self.nc = nc
         self.hello = hello
         self.worker_id = hello.worker_id
@@ -83,6 +87,9 @@ class PoolLoop:
         self.tier = tier
         self.scheduler = _scheduler_for(hello, config, can_run_more, tier)
         self.on_gone = on_gone
+        self.on_handoff = on_handoff if hello.kv_role == "kv_producer" else None
+        self.has_decoder = has_decoder
+        self._handoffs: list[Request] = []  # left this pool at their first token; the next Step saves their blocks
         self.workers = workers
         workers.heard(self.worker_id)
         self.is_alive = True
@@ -106,6 +113,10 @@ class PoolLoop:
         self._wake.set()
 
     def abort(self, request_id: str) -> Request | None:
+        handing_off = next((r for r in self._handoffs if r.request_id == request_id), None)
+        if handing_off is not None:
+            self._handoffs.remove(handing_off)
+            return handing_off
         request = self.scheduler.abort(request_id)
         if request is not None:
             self._wake.set()
@@ -166,7 +177,9 @@ class PoolLoop:
                 await self._wake.wait()
                 continue
             plan = self.scheduler.schedule()
+            handing_off = list(self._handoffs)  # this Step writes the last of their blocks to the tier
             if plan.is_empty:
+                await self._hand_off(handing_off)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -183,6 +196,7 @@ class PoolLoop:
                 return
             finally:
                 self.between_steps.set()
+            await self._hand_off(handing_off)
             await self._publish_kv_events()
 
     async def _take(self, plan, result: StepResult) -> None:
@@ -194,6 +208,24 @@ class PoolLoop:
             if done.error is not None:
                 log.error("request_failed", request_id=done.request.request_id, error=done.error)
                 await publish_error(self.nc, done.request, f"engine error: {done.error}")
+        if self.on_handoff is not None and self.has_decoder():
+            self._begin_handoffs({s.request_id for s in result.sampled if s.token_id >= 0})
+
+    # ---- disaggregated prefill ---------------------------------------------------------------------
+
+    def _begin_handoffs(self, sampled: set[str]) -> None:
+        """A prefill worker's requests that sampled a token leave it (the worker drops them at the
+        next Step, which also writes the blocks they computed last to the host tier); they go on
+        where on_handoff sends them once that Step is back, loading their prompt from the tier."""
+        for request in [r for r in self.scheduler.running if r.request_id in sampled]:
+            self.scheduler.abort(request.request_id)
+            request.migrate(counted=False)
+            self._handoffs.append(request)
+
+    async def _hand_off(self, requests: list[Request]) -> None:
+        if requests:
+            self._handoffs = [r for r in self._handoffs if r not in requests]
+            await self.on_handoff(self, requests)
 
     # ---- sleep mode ----------------------------------------------------------------------------
 
@@ -298,7 +330,7 @@ class PoolLoop:
         log.error("worker_gone", worker_id=self.worker_id, reason=reason)
         self.is_alive = False
         self.scheduler.kv.end_transfers(ok=False)  # a Step it may not have run: its tier copies are not trusted
-        requeue = []
+        requeue, self._handoffs = self._handoffs, []  # off the worker already: they move freely
         for request in self.scheduler.take_all():
             # only a request the worker was computing may have brought it down: one that waited moves freely
             if request.is_on_worker and request.num_migrations >= self.max_migrations:

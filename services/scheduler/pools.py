@@ -115,6 +115,23 @@ class WorkerPools:
         total = request.num_prompt_tokens + request.sampling.max_tokens
         return [p for p in self.loras.pools_for(request.lora, self.alive) if p.can_take(total)]
 
+    # ---- disaggregated prefill (kv_role) ----------------------------------------------------------
+
+    @staticmethod
+    def for_new_requests(pools: list[PoolLoop]) -> list[PoolLoop]:
+        """New requests go to the prefill workers (and those of both roles) while one is alive; a
+        decode worker takes them only when none is."""
+        if not any(p.hello.kv_role == "kv_producer" for p in pools):
+            return pools
+        return [p for p in pools if p.hello.kv_role != "kv_consumer"]
+
+    def has_decoder(self) -> bool:
+        return any(p.hello.kv_role != "kv_producer" for p in self.alive)
+
+    def decoders(self, request: Request) -> list[PoolLoop]:
+        """Where a prefill worker's request may go on: the decode workers (or those of both roles) that can take it."""
+        return [p for p in self.fitting(request) if p.hello.kv_role != "kv_producer"]
+
     def place(self, requests: list[Request]) -> list[tuple[Request, PoolLoop | None]]:
         """Each request on the least loaded pool that can take it, or held for grace_s (None)."""
         placed = []

@@ -168,11 +168,12 @@ class Scheduler:
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed
-            if request.num_preemptions == 0:
+            first = not request.first_scheduled_at  # not after a preemption, a migration or a handoff
+            if first:
                 request.num_cached_tokens = num_computed
                 request.first_scheduled_at = time.time()
-                if not request.is_probe:
-                    self.kv.record_admission(request.num_tokens, hits)
+            if not request.is_probe:
+                self.kv.record_admission(request.num_tokens, hits, first)
             self._emit(out, request, num_new, [])
             budget -= num_new
         return budget

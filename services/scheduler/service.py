@@ -198,7 +198,8 @@ class SchedulerService:
         if self.config.enable_prefix_caching and kv0 is not None:
             kv0.update_block_hashes(request)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, kv0.block_size)]
-        pool = await self.router.choose([p for p in pools if p.is_alive] or pools, lookup, request.lora)
+        pools = self.pools.for_new_requests([p for p in pools if p.is_alive] or pools)
+        pool = await self.router.choose(pools, lookup, request.lora)
         self._routing.pop(request.request_id, None)
         if request.request_id in self._aborted_while_routing:
             self._aborted_while_routing.discard(request.request_id)
@@ -293,7 +294,8 @@ class SchedulerService:
 
     def _add_pool(self, hello: WorkerHello) -> None:
         pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more,
-                        workers=self.workers, fence=self.fence, tier=self.pools.tiers.get(hello.kv_tier))
+                        workers=self.workers, fence=self.fence, tier=self.pools.tiers.get(hello.kv_tier),
+                        on_handoff=self._on_handoff, has_decoder=self.pools.has_decoder)
         self.pools.add(pool)
         pool.start()
         if self.is_sleeping:  # it joins a sleeping model: it sleeps too, and wakes with the others
@@ -311,6 +313,16 @@ class SchedulerService:
                              architectures=self.pools.architectures, embedding=self.pools.embedding, images=self.pools.images,
                              loras=self.served_loras)
         await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
+
+    async def _on_handoff(self, pool: PoolLoop, requests: list[Request]) -> None:
+        """A prefill worker's requests at their first token go on on a decode worker (by the prefix
+        it reaches, then load), their prompts' blocks loaded from the host tier."""
+        for request in requests:
+            decoders = self.pools.decoders(request)
+            if not decoders:  # the decode workers went meanwhile: any worker that can take it
+                self.pools.place([request])
+                continue
+            (await self.router.choose(decoders, request.block_hashes, request.lora)).add(request)
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
         """Its requests go to the least loaded worker that can take them, or wait for one (the

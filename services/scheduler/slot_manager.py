@@ -34,8 +34,8 @@ class SlotManager:
     def get_computed_blocks(self, request: Request) -> list:
         return []
 
-    def record_admission(self, num_tokens: int, hits: list) -> None:
-        self.num_queried_tokens += num_tokens
+    def record_admission(self, num_tokens: int, hits: list, first: bool) -> None:
+        self.num_queried_tokens += num_tokens * first
 
     has_transfers = False
 

@@ -53,5 +53,5 @@ class SlotScheduler(Scheduler):
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         request.first_scheduled_at = time.time()
-        self.kv.record_admission(request.num_tokens, [])
+        self.kv.record_admission(request.num_tokens, [], True)
         return request

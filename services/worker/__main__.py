@@ -109,7 +109,8 @@ def main() -> None:
                         kv_cache_dtype=info.kv_cache_dtype or config.kv_cache_dtype,
                         num_speculative_tokens=proposer.num_speculative_tokens if proposer else 0,
                         spec_max_batch=config.speculative_config.max_batch if proposer else 0,
-                        kv_tier=tier.info() if tier else None)
+                        kv_tier=tier.info() if tier else None,
+                        kv_role=config.kv_transfer_config.kv_role if config.kv_transfer_config else "kv_both")
     del backend  # the runner holds it alone, so that sleep mode frees it
     executor = MainThreadExecutor()
 

@@ -331,6 +331,7 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     num_speculative_tokens: int = 0  # drafts a decode row may verify per step (0: it does not speculate)
     spec_max_batch: int = 0  # ...in steps of at most this many running requests
     kv_tier: HostTierInfo | None = None  # --kv-offloading-size: its host tier (None: evicted blocks are gone)
+    kv_role: str = "kv_both"  # --kv-transfer-config's: kv_producer (prefill), kv_consumer (decode) or both
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
