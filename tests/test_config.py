@@ -144,3 +144,35 @@ def test_the_background_compiles_niceness_is_a_niceness(monkeypatch, default_mod
     monkeypatch.setattr(sys, "argv", ["worker", "--model-path", default_model_path])
     monkeypatch.setenv("SY_COMPILE_NICE", "7")
     assert resolve(parse_args()).compile_nice == 7
+
+
+@pytest.mark.parametrize("value,message", [
+    ('{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}', "'NixlConnector' is vLLM's and not built here"),
+    ('{"kv_role": "kv_both", "kv_ip": "10.0.0.1", "kv_port": 14579}', "kv_ip, kv_port configure a network transport"),
+    ('{"kv_role": "prefill"}', "kv_role 'prefill' is not one of"),
+    ('{"kv_rolle": "kv_producer"}', "keys taken here: kv_connector, kv_role"),
+    ("[1]", "must be a JSON object"),
+])
+def test_kv_transfer_config_takes_vllms_keys_and_refuses_what_is_not_built(value, message):
+    from shared.kv_transfer import parse_kv_transfer_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_kv_transfer_config(value)
+
+
+def test_kv_transfer_config_needs_the_host_tier_and_the_launcher_says_so(capsys):
+    from shared.kv_transfer import parse_kv_transfer_config
+    from switchyard.launcher import main
+
+    config = parse_kv_transfer_config('{"kv_role": "kv_consumer"}')
+    assert (config.kv_connector, config.kv_role) == ("SharedMemoryConnector", "kv_consumer")
+    with pytest.raises(ConfigError, match="give it --kv-offloading-size"):
+        EngineConfig(kv_transfer_config=config).validate()
+    EngineConfig(kv_transfer_config=config, kv_offloading_size=1.0).validate()
+    with pytest.raises(ConfigError, match="kv_offloading_size = -1 is out of range"):
+        EngineConfig(kv_offloading_size=-1).validate()
+    for argv, said in ((["--prefill-workers", "1"], "go together"),
+                       (["--prefill-workers", "1", "--decode-workers", "2"], "give it --kv-offloading-size")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert said in capsys.readouterr().err

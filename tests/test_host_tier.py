@@ -10,7 +10,7 @@ from services.scheduler.host_tier import MEDIUM, TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
-from services.worker.kv_tier import HostTier, tier_name
+from services.worker.kv_tier import HostTier, sweep, tier_name
 from shared.wire.hashing import root_hash
 from shared.wire.kv_events import BlockRemoved, BlockStored
 from shared.wire.messages import HostTierInfo
@@ -155,6 +155,18 @@ def test_workers_of_a_model_share_one_file_and_the_last_removes_it(tmp_path):
     again = HostTier.open("m", tensors, 0.001, directory=tmp_path)
     assert again.tier_id != first.tier_id  # a new file is a new tier: the scheduler trusts none of it
     again.close()
+
+
+def test_a_tier_whose_workers_were_killed_is_removed_by_the_next_worker_to_start(tmp_path):
+    tensors = _pool(torch.float32)
+    held = HostTier.open("live", tensors, 0.001, directory=tmp_path)
+    orphan = tmp_path / "switchyard-kv-0123456789abcdef"  # its workers SIGKILLed: no lock on it
+    orphan.write_bytes(b"\0" * 8192)
+    try:
+        assert sweep(tmp_path) == [orphan]
+        assert held.path.exists() and not orphan.exists()
+    finally:
+        held.close()
 
 
 # ---- the real model: loaded prefixes give a lone run's tokens ----------------------------------------

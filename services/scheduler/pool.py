@@ -224,7 +224,8 @@ class PoolLoop:
 
     async def _hand_off(self, requests: list[Request]) -> None:
         if requests:
-            self._handoffs = [r for r in self._handoffs if r not in requests]
+            gone = {r.request_id for r in requests}
+            self._handoffs = [r for r in self._handoffs if r.request_id not in gone]
             await self.on_handoff(self, requests)
 
     # ---- sleep mode ----------------------------------------------------------------------------

@@ -57,6 +57,7 @@ class HostTier:
                               f"({slot_bytes / 2**20:.2f} MiB each)")
         directory = directory or (SHM_DIR if SHM_DIR.is_dir() else Path(os.environ.get("TMPDIR", "/tmp")))
         path = directory / tier_name(scope, tensors)
+        sweep(directory)
         with _setup_lock(path):  # one worker at a time creates, grows, or removes the file
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
@@ -119,9 +120,31 @@ class HostTier:
                 os.close(self._fd)
 
 
+def sweep(directory: Path) -> list[Path]:
+    """Removes the tiers no worker maps (their workers were killed): shared memory is the host's
+    RAM, and a tier of a stack that is gone would hold it until a reboot. Returns what it removed."""
+    removed = []
+    for path in directory.glob("switchyard-kv-*"):
+        with _setup_lock(path):
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                path.unlink(missing_ok=True)
+                removed.append(path)
+            except BlockingIOError:
+                pass  # mapped by a live worker
+            finally:
+                os.close(fd)
+    return removed
+
+
 @contextmanager
 def _setup_lock(path: Path) -> Iterator[None]:
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    """One for the directory's tiers (never removed, so every process locks the same file)."""
+    fd = os.open(path.parent / "switchyard-kv.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -111,3 +111,29 @@ def test_llama31_rope_scaling_matches_transformers_on_the_cuda_path(tmp_path):
     with torch.inference_mode():
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
+
+
+def test_the_host_kv_tier_on_the_cuda_path_gives_the_torch_backends_tokens(small_llama, tmp_path):
+    """Conversations over a 6-block pool on the CUDA backend, their histories loaded back from the
+    host tier (the copies through the host, as on a GPU): the torch backend's tokens on a pool that
+    never evicts."""
+    from services.worker.kv_tier import HostTier
+
+    reference, triton = load_model(small_llama, "dummy", ops=TORCH_OPS), load_model(small_llama, "dummy", ops=TritonOps())
+    runner = cuda_runner(triton, 6)
+    tier = HostTier.open("cuda-test", runner.backend.kv_tensors(), 0.01, directory=tmp_path)
+    try:
+        tiered = InProcessEngine(triton, num_blocks=6, runner=runner, tier=tier)
+        alone = InProcessEngine(reference, num_blocks=64)
+        gen = torch.Generator().manual_seed(3)
+        histories = [torch.randint(0, 299, (40,), generator=gen).tolist() for _ in range(3)]
+        for turn in range(3):
+            for i, history in enumerate(histories):
+                for engine in (tiered, alone):
+                    engine.add(f"c{i}-t{turn}", history, 6, ignore_eos=True)
+                    engine.run()
+                assert tiered.outputs[f"c{i}-t{turn}"] == alone.outputs[f"c{i}-t{turn}"]
+                history += tiered.outputs[f"c{i}-t{turn}"] + torch.randint(0, 299, (10,), generator=gen).tolist()
+        assert tiered.scheduler.kv.tier.num_loaded > 0
+    finally:
+        tier.close()

@@ -1,0 +1,110 @@
+"""`python -m bench.disagg`: decode streams' inter-token latency while long prompts arrive, with
+prefill and decode on workers of their own (--prefill-workers 1 --decode-workers 1) and colocated
+(--workers 2), each worker pinned to a core of its own.
+
+    python -m bench.disagg [--streams 4 --stream-tokens 384 --prompt 4096]
+
+Each layout runs two phases: the decode streams alone, then the same streams while a client sends
+long prompts one after another until they end. Reported per phase: the streams' gaps between
+chunks (p50, p99) and their TPOT (mean over the streams); the ratio of the second phase's to the
+first's is what a decode stream feels of prompts arriving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+
+import aiohttp
+import httpx
+
+from bench.client import LoadSpec, send
+from bench.cpu_flags import cpu_name
+from bench.dataset import Prompt
+from switchyard.launcher import Stack
+from switchyard.nats_server import NatsServer, free_port
+
+
+def _pin(stack: Stack, names: list[str]) -> None:
+    """Each named worker on a core of its own (every thread of it), core 0 first; the rest of the
+    stack (gateway, scheduler, KV index, agent, nats-server) on core 0, so the second worker's core
+    is its own as a host's would be."""
+    others = [s.proc.pid for s in stack.services if s.name not in names] + [stack.nats.proc.pid]
+    for core, pids in [(0, others)] + [(core, [stack.service(name).proc.pid]) for core, name in enumerate(names)]:
+        for pid in pids:
+            subprocess.run(["taskset", "-a", "-cp", str(core), str(pid)], check=True, capture_output=True)
+
+
+async def phase(spec: LoadSpec, args: argparse.Namespace, with_prompts: bool, rng: random.Random) -> dict:
+    streams = [Prompt([rng.randrange(100, 40000) for _ in range(32)], 32, args.stream_tokens)
+               for _ in range(args.streams)]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        decoding = [asyncio.create_task(send(session, spec, p)) for p in streams]
+        long_ttfts = []
+        if with_prompts:
+            await asyncio.sleep(args.lead_s)  # the streams are decoding when the first prompt arrives
+            while not all(t.done() for t in decoding):
+                long = Prompt([rng.randrange(100, 40000) for _ in range(args.prompt)], args.prompt, 8)
+                long_ttfts.append((await send(session, spec, long)).ttft)
+        results = await asyncio.gather(*decoding)
+    assert all(r.ok for r in results), [r.error for r in results]
+    gaps = sorted(g for r in results for g in r.itl)
+    tpots = sorted(r.tpot for r in results)
+    return {"p50": statistics.median(gaps), "p99": gaps[int(0.99 * (len(gaps) - 1))], "max": gaps[-1],
+            "tpot": statistics.mean(tpots), "tpot_p99": tpots[int(0.99 * (len(tpots) - 1) + 0.5)],
+            "prompts": len(long_ttfts), "prompt_ttft": statistics.median(long_ttfts) if long_ttfts else 0.0}
+
+
+def run(layout: str, args: argparse.Namespace) -> dict:
+    bus = NatsServer(auth=True).start()
+    flags = ["--threads", "1", "--max-model-len", str(args.prompt + 64), "--kv-cache-memory-gib", "1",
+             "--kv-offloading-size", "2"]
+    disaggregated = layout == "disaggregated"
+    stack = Stack(nats_url=bus.url, auth_dir=bus.auth_dir, api_port=free_port(), service_args=flags,
+                  num_workers=0 if disaggregated else 2, num_prefill_workers=int(disaggregated),
+                  num_decode_workers=int(disaggregated))
+    stack.nats = bus
+    stack.start()
+    try:
+        stack.wait_ready()
+        _pin(stack, ["worker-prefill-0", "worker-decode-0"] if disaggregated else ["worker-0", "worker-1"])
+        model = httpx.get(f"{stack.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+        spec = LoadSpec(base_url=stack.base_url, model=model)
+        rng = random.Random(0)
+        return {"alone": asyncio.run(phase(spec, args, False, rng)),
+                "prompts arriving": asyncio.run(phase(spec, args, True, rng))}
+    finally:
+        stack.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=4, help="decode streams (32-token prompts)")
+    parser.add_argument("--stream-tokens", type=int, default=384, help="tokens each stream decodes")
+    parser.add_argument("--prompt", type=int, default=4096, help="the arriving prompts' length, in tokens")
+    parser.add_argument("--lead-s", type=float, default=2.0, help="the streams' head start before the first prompt")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {0})  # the load generator too: the second core is the second worker's alone
+    print(f"{cpu_name()}; {args.streams} decode streams of {args.stream_tokens} tokens; prompts of {args.prompt} "
+          "tokens (8 tokens each) sent one after another in the second phase; every worker --threads 1, on a "
+          "core of its own, the rest of the stack on the first worker's")
+    print("| layout | phase | streams' TPOT p99 / mean (ms) | gaps between chunks p50 / p99 / max (ms) "
+          "| prompts served | their TTFT p50 (s) |")
+    print("|---|---|---|---|---|---|")
+    for layout in ("colocated", "disaggregated"):
+        phases = run(layout, args)
+        for name, m in phases.items():
+            print(f"| {layout} | {name} | {m['tpot_p99'] * 1e3:.1f} / {m['tpot'] * 1e3:.1f} | {m['p50'] * 1e3:.1f} / "
+                  f"{m['p99'] * 1e3:.1f} / {m['max'] * 1e3:.0f} | {m['prompts']} | {m['prompt_ttft']:.2f} |")
+        alone, busy = phases["alone"], phases["prompts arriving"]
+        print(f"| {layout} | ratio | {busy['tpot_p99'] / alone['tpot_p99']:.2f}x / {busy['tpot'] / alone['tpot']:.2f}x | "
+              f"{busy['p50'] / alone['p50']:.2f}x / {busy['p99'] / alone['p99']:.2f}x / {busy['max'] / alone['max']:.1f}x"
+              " | | |")
+
+
+if __name__ == "__main__":
+    main()
