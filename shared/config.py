@@ -50,6 +50,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     num_kv_blocks: int | None = None  # overrides the budget (tests use it to force preemption)
     enable_prefix_caching: bool = True
     kv_offloading_size: float = 0.0  # GiB of host memory for blocks evicted from a worker's pool (0: none)
+    kv_offloading_dir: str | None = None  # where the host tier's file lives (None: /dev/shm); one per host
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
@@ -168,6 +169,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="GiB of host shared memory that keeps KV blocks evicted from a worker's pool, for "
                              "prefix hits on any worker of the model on this host (0, the default: off; "
                              "docs/kv_offloading.md)")
+    parser.add_argument("--kv-offloading-dir", default=_env("kv_offloading_dir", d.kv_offloading_dir),
+                        help="the folder the host KV tier's file lives in (default /dev/shm): workers sharing one "
+                             "share the tier, as the workers of one host do")
     parser.add_argument("--kv-transfer-config", default=_env("kv_transfer_config", None),
                         help="disaggregated prefill, as vLLM's JSON: {\"kv_connector\": \"SharedMemoryConnector\", "
                              "\"kv_role\": \"kv_producer\"} (or kv_consumer, kv_both); the launcher's "

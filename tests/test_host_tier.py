@@ -3,6 +3,8 @@ prefixes loaded back from it giving a lone run's tokens with the real model."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -160,11 +162,19 @@ def test_workers_of_a_model_share_one_file_and_the_last_removes_it(tmp_path):
 def test_a_tier_whose_workers_were_killed_is_removed_by_the_next_worker_to_start(tmp_path):
     tensors = _pool(torch.float32)
     held = HostTier.open("live", tensors, 0.001, directory=tmp_path)
-    orphan = tmp_path / "switchyard-kv-0123456789abcdef"  # its workers SIGKILLed: no lock on it
+    mine = HostTier.open("restarted", tensors, 0.001, directory=tmp_path)
+    mine_id, mine_path = mine.tier_id, mine.path
+    del mine.slots
+    mine._mmap.close()  # as a SIGKILL leaves it: mapped by no one, not removed
+    os.close(mine._fd)
+    orphan = tmp_path / "switchyard-kv-0123456789abcdef"  # another stack's, its workers SIGKILLed
     orphan.write_bytes(b"\0" * 8192)
     try:
-        assert sweep(tmp_path) == [orphan]
-        assert held.path.exists() and not orphan.exists()
+        assert sweep(tmp_path, keep=mine_path) == [orphan]
+        assert held.path.exists() and mine_path.exists() and not orphan.exists()
+        again = HostTier.open("restarted", tensors, 0.001, directory=tmp_path)
+        assert again.tier_id == mine_id  # the worker back on its host: the scheduler's index still holds
+        again.close()
     finally:
         held.close()
 

@@ -51,6 +51,37 @@ def disagg_stack(tmp_path_factory, model_name):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def two_host_stack(tmp_path_factory, model_name):
+    """A prefill worker and a decode worker whose tiers are two files (two hosts' shared memory, as
+    --kv-offloading-dir makes them): each handoff copies the prompt's blocks over the bus."""
+    import json
+    import sys
+
+    from switchyard.launcher import Service, Stack
+    from switchyard.nats_server import NatsServer, free_port
+    from tests.conftest import ready_or_stopped
+
+    nats_server = NatsServer(auth=True).start()
+    log_dir = tmp_path_factory.mktemp("two-hosts")
+    common = ["--kv-cache-memory-gib", "0.4", "--threads", "1", "--kv-offloading-size", "0.1", "--max-model-len", "384"]
+    host_a, host_b = (tmp_path_factory.mktemp(h) for h in ("host-a", "host-b"))
+    stack = Stack(nats_url=nats_server.url, auth_dir=nats_server.auth_dir, api_port=free_port(), num_workers=0,
+                  num_prefill_workers=1, log_dir=log_dir, service_args=[*common, "--kv-offloading-dir", str(host_a)])
+    stack.nats = nats_server
+    stack.start()
+    s = ready_or_stopped(stack, log_dir)
+    decode = Service("worker-decode-0", [sys.executable, "-m", "services.worker", "--nats-url", s.nats_url, *common,
+                                         "--kv-offloading-dir", str(host_b), "--worker-id", "worker-decode-0",
+                                         "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"})],
+                     log_file=log_dir / "worker-decode-0.log")
+    s.services.append(decode)
+    decode.start(s._env(decode.name))
+    asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))
+    yield s
+    s.stop()
+
+
 async def _run(bus: BusClient, model: str, prompt: list[int], max_tokens: int, salt: str | None = None):
     stream = await bus.submit(model, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
                               cache_salt=salt)
@@ -184,3 +215,16 @@ async def test_a_decode_worker_killed_mid_stream_loses_no_token(disagg_stack, mo
         await _wait_for_workers(disagg_stack.admin_url, model_name, 2)
         await bus.stop()
         await nc.close()
+
+
+async def test_a_prefill_worker_on_another_host_hands_on_its_blocks_over_the_bus(two_host_stack, tier_stack,
+                                                                                   model_name):
+    """The decode worker's tier is not the prefill worker's: the scheduler has its worker copy the
+    prompt's blocks from the other tier (KvFetch, chunks over NATS) before the request joins it."""
+    colocated = [tokens for _, tokens in await _answers(tier_stack, model_name)]
+    answers = await _answers(two_host_stack, model_name)
+    assert [tokens for _, tokens in answers] == colocated
+    assert {worker for worker, _ in answers} == {"worker-decode-0"}
+    log = (two_host_stack.log_dir / "scheduler.log").read_text()
+    assert '"event": "kv_fetched"' in log and '"event": "kv_fetch_failed"' not in log
+    assert _tier_hits(two_host_stack) >= 16  # loaded from its own tier once fetched

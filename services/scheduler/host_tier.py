@@ -16,8 +16,11 @@ MEDIUM = "host"  # the KV events' medium for this tier's blocks
 
 
 class TierIndex:
-    def __init__(self, info: HostTierInfo):
+    def __init__(self, info: HostTierInfo, peers: HostTiers | None = None):
+        """peers: every tier of the model's workers, on any host (those of this one's layout lend it slots)."""
         self.tier_id = info.tier_id
+        self.layout = info.layout
+        self.registry = peers
         self.num_slots = info.num_slots
         self.free_slots = list(range(info.num_slots - 1, -1, -1))
         self.entries: OrderedDict[bytes, int] = OrderedDict()  # ready, least recently used first
@@ -26,6 +29,7 @@ class TierIndex:
         self.events: list[KvEvent] = []
         self.num_saved = 0  # blocks written to the tier
         self.num_loaded = 0  # blocks read back instead of recomputed
+        self.num_fetched = 0  # blocks copied in from another host's tier
 
     @property
     def pool_id(self) -> str:
@@ -49,6 +53,15 @@ class TierIndex:
                 break
             n += 1
         return n
+
+    def peers(self) -> list[TierIndex]:
+        """The model's tiers on other hosts whose slots hold what ours do (the same layout)."""
+        return [t for t in self.registry or () if t is not self and t.layout == self.layout and self.layout]
+
+    def remote_run(self, block_hashes: list[bytes]) -> tuple[TierIndex | None, int]:
+        """The tier on another host holding the longest run of these hashes from the first, and its length."""
+        return max(((peer, peer.num_leading(block_hashes)) for peer in self.peers()), key=lambda p: p[1],
+                   default=(None, 0))
 
     def reserve(self, block_hash: bytes) -> int | None:
         """A slot to save a block being evicted from a pool into; None: the tier has it already (now
@@ -114,7 +127,7 @@ class HostTiers:
             return None
         tier = self._tiers.get(info.tier_id)
         if tier is None:
-            tier = self._tiers[info.tier_id] = TierIndex(info)
+            tier = self._tiers[info.tier_id] = TierIndex(info, self)
         tier.grow(info.num_slots)
         return tier
 

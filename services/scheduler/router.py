@@ -36,11 +36,15 @@ class Router:
         pools = [p for p in pools if p.hello.kind == WorkerKind.PAGED] or pools
         matches = await self._cached_blocks(pools, block_hashes) if len(pools) > 1 and block_hashes else {}
 
-        def reach(pool: PoolLoop) -> int:
-            in_pool = matches.get(pool.worker_id, 0)
-            return in_pool + (pool.tier.num_leading(block_hashes[in_pool:]) if pool.tier is not None else 0)
+        def reach(pool: PoolLoop) -> tuple[int, int]:
+            """Blocks it reaches with its host's tier, then with another host's too (copied over the bus)."""
+            if pool.tier is None:
+                return 0, 0
+            local = matches.get(pool.worker_id, 0)
+            local += pool.tier.num_leading(block_hashes[local:])
+            return local, local + pool.tier.remote_run(block_hashes[local:])[1]
 
-        return max(pools, key=lambda p: (matches.get(p.worker_id, 0), reach(p) if matches else 0,
+        return max(pools, key=lambda p: (matches.get(p.worker_id, 0), *(reach(p) if matches else (0, 0)),
                                          lora in p.loras_in_use, -p.load))
 
     async def _cached_blocks(self, pools: list[PoolLoop], block_hashes: list[bytes]) -> dict[str, int]:

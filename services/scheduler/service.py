@@ -17,6 +17,7 @@ from services.scheduler.request import Request
 from services.scheduler.router import Router
 from services.scheduler.sleep_mode import put_to_sleep, wake_up
 from services.scheduler.stats import scheduler_stats
+from services.scheduler.tier_fetch import fetch_remote_prefix
 from services.scheduler.validate import images_error, submit_error
 from shared.bus.endpoints import Endpoints
 from shared.bus.liveness import CLIENT_SILENCE_S, WORKER_SILENCE_S, BusProbe, Heartbeats
@@ -200,6 +201,7 @@ class SchedulerService:
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, kv0.block_size)]
         pools = self.pools.for_new_requests([p for p in pools if p.is_alive] or pools)
         pool = await self.router.choose(pools, lookup, request.lora)
+        await fetch_remote_prefix(self.nc, pool, request)  # what only another host's tier holds
         self._routing.pop(request.request_id, None)
         if request.request_id in self._aborted_while_routing:
             self._aborted_while_routing.discard(request.request_id)
@@ -322,7 +324,9 @@ class SchedulerService:
             if not decoders:  # the decode workers went meanwhile: any worker that can take it
                 self.pools.place([request])
                 continue
-            (await self.router.choose(decoders, request.block_hashes, request.lora)).add(request)
+            decoder = await self.router.choose(decoders, request.block_hashes, request.lora)
+            await fetch_remote_prefix(self.nc, decoder, request)  # a prefill worker on another host
+            decoder.add(request)
 
     async def _on_pool_gone(self, pool: PoolLoop, requeue: list[Request]) -> None:
         """Its requests go to the least loaded worker that can take them, or wait for one (the

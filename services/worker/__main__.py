@@ -7,6 +7,7 @@ import asyncio
 import os
 import socket
 import uuid
+from pathlib import Path
 
 import torch
 
@@ -93,7 +94,8 @@ def main() -> None:
     rebuild = None if spec.compile else lambda: create_backend(device, spec)
     proposer = spec_proposer(backend, settings)
     # shared by the model's workers on this host that one scheduler (on this bus) indexes
-    tier = HostTier.open(f"{args.nats_url} {config.model}", backend.kv_tensors(), config.kv_offloading_size) \
+    tier = HostTier.open(f"{args.nats_url} {config.model}", backend.kv_tensors(), config.kv_offloading_size,
+                         Path(config.kv_offloading_dir) if config.kv_offloading_dir else None) \
         if config.kv_offloading_size else None
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild,
                          lora=lora, proposer=proposer, tier=tier)

@@ -28,16 +28,22 @@ def block_bytes(tensors: list[torch.Tensor]) -> list[int]:
     return [t[0].numel() * t.element_size() for t in tensors]
 
 
+def slot_layout(tensors: list[torch.Tensor]) -> str:
+    """What a slot holds, as a digest: tiers of one layout (on other hosts) copy slots between them."""
+    return hashlib.sha256(repr([(tuple(t.shape[1:]), str(t.dtype)) for t in tensors]).encode()).hexdigest()[:16]
+
+
 def tier_name(scope: str, tensors: list[torch.Tensor]) -> str:
     """Workers of one scope (a model on one bus: one scheduler indexes it) with one KV layout share a
     tier; another stack on the host, another model or layout gets a file of its own."""
-    layout = repr([scope] + [(tuple(t.shape[1:]), str(t.dtype)) for t in tensors])
-    return "switchyard-kv-" + hashlib.sha256(layout.encode()).hexdigest()[:16]
+    return "switchyard-kv-" + hashlib.sha256(f"{scope} {slot_layout(tensors)}".encode()).hexdigest()[:16]
 
 
 class HostTier:
-    def __init__(self, path: Path, num_slots: int, slot_bytes: int, tier_id: str, fd: int, mapped: mmap.mmap):
+    def __init__(self, path: Path, num_slots: int, slot_bytes: int, tier_id: str, fd: int, mapped: mmap.mmap,
+                 layout: str = ""):
         self.path = path
+        self.layout = layout
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.tier_id = tier_id  # a new file is a new tier: the scheduler never reads one it did not fill
@@ -57,7 +63,7 @@ class HostTier:
                               f"({slot_bytes / 2**20:.2f} MiB each)")
         directory = directory or (SHM_DIR if SHM_DIR.is_dir() else Path(os.environ.get("TMPDIR", "/tmp")))
         path = directory / tier_name(scope, tensors)
-        sweep(directory)
+        sweep(directory, keep=path)  # its own, a worker killed and restarted maps again: the same tier
         with _setup_lock(path):  # one worker at a time creates, grows, or removes the file
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
@@ -80,13 +86,28 @@ class HostTier:
             except BaseException:
                 os.close(fd)
                 raise
-        tier = cls(path, (size - HEADER_BYTES) // slot_bytes, slot_bytes, tier_id, fd, mapped)
+        tier = cls(path, (size - HEADER_BYTES) // slot_bytes, slot_bytes, tier_id, fd, mapped, slot_layout(tensors))
         log.info("kv_tier_mapped", path=str(path), tier_id=tier_id, num_slots=tier.num_slots,
                  gib=round(tier.num_slots * slot_bytes / 2**30, 3))
         return tier
 
     def info(self) -> HostTierInfo:
-        return HostTierInfo(tier_id=self.tier_id, num_slots=self.num_slots, path=str(self.path))
+        return HostTierInfo(tier_id=self.tier_id, num_slots=self.num_slots, path=str(self.path), layout=self.layout,
+                            slot_bytes=self.slot_bytes)
+
+    def read(self, slot: int, offset: int, length: int) -> bytes:
+        """Bytes of one slot, for another host's worker (the scheduler pins the slot meanwhile)."""
+        if not (0 <= slot < self.num_slots and 0 <= offset and 0 < length and offset + length <= self.slot_bytes):
+            raise ValueError(f"slot {slot} [{offset}, {offset + length}) is outside the tier")
+        start = HEADER_BYTES + slot * self.slot_bytes + offset
+        return self._mmap[start:start + length]
+
+    def write(self, slot: int, offset: int, data: bytes) -> None:
+        """Bytes into one of our slots, from another host's tier (the scheduler holds it pending meanwhile)."""
+        if not (0 <= slot < self.num_slots and 0 <= offset and offset + len(data) <= self.slot_bytes):
+            raise ValueError(f"slot {slot} [{offset}, {offset + len(data)}) is outside the tier")
+        start = HEADER_BYTES + slot * self.slot_bytes + offset
+        self._mmap[start:start + len(data)] = data
 
     def transfer(self, tensors: list[torch.Tensor], saves: list[tuple[int, int]],
                  loads: list[tuple[int, int]]) -> None:
@@ -120,11 +141,14 @@ class HostTier:
                 os.close(self._fd)
 
 
-def sweep(directory: Path) -> list[Path]:
-    """Removes the tiers no worker maps (their workers were killed): shared memory is the host's
-    RAM, and a tier of a stack that is gone would hold it until a reboot. Returns what it removed."""
+def sweep(directory: Path, keep: Path | None = None) -> list[Path]:
+    """Removes the tiers no worker maps (their workers were killed), but `keep`: shared memory is
+    the host's RAM, and a tier of a stack that is gone would hold it until a reboot. Returns what
+    it removed."""
     removed = []
     for path in directory.glob("switchyard-kv-*"):
+        if path == keep:
+            continue
         with _setup_lock(path):
             try:
                 fd = os.open(path, os.O_RDWR)

@@ -19,6 +19,7 @@ from services.worker import memory
 from services.worker.lora.adapter import LoraError
 from services.worker.model_runner import ModelRunner, StepOutput
 from services.worker.resend import SentTokens
+from services.worker.tier_peer import TierPeer
 from shared.bus.endpoints import Endpoints
 from shared.bus.media import MediaStore
 from shared.log import get_logger
@@ -66,6 +67,8 @@ class WorkerService:
         await self.endpoints.add("resend", subjects.WORKERS_RESEND, self._on_resend)
         await self.endpoints.add("sleep", subjects.worker_sleep(self.hello.worker_id), self._on_sleep)
         await self.endpoints.add("lora", subjects.worker_lora(self.hello.worker_id), self._on_lora)
+        if self.runner.tier is not None:  # its tier's slots read by other hosts, theirs fetched into it
+            await TierPeer(self.nc, self.runner.tier, self.hello.worker_id).start(self.endpoints)
         await self.endpoints.start()
         await self.say_hello()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop()))

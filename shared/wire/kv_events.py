@@ -1,5 +1,6 @@
 """KV events and the cluster index's messages: what a scheduler tells the KV-cache service about its
-pools' blocks (sy.v1.kv.events.<pool>), and the lookups, stats and resync the service answers."""
+pools' blocks (sy.v1.kv.events.<pool>), the lookups, stats and resync the service answers, and the
+host KV tiers' copies between hosts (a worker reads another host's tier over the bus)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,29 @@ class Resync(msgspec.Struct, tag="resync"):
     pass
 
 
+class TierRead(msgspec.Struct, tag="tier_read", array_like=True):
+    """Bytes [offset, offset + length) of one slot of a host KV tier (a block of at most max_payload)."""
+
+    slot: int
+    offset: int
+    length: int
+
+
+class KvFetch(msgspec.Struct, tag="kv_fetch"):
+    """Copy slots of another host's tier (tier_id) into this worker's own: (their slot, our slot)."""
+
+    tier_id: str
+    slots: list[tuple[int, int]]
+
+
+class KvFetched(msgspec.Struct, tag="kv_fetched"):
+    error: str | None = None  # None: every slot copied
+
+
 KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)
+TIER_READ_DECODER = msgspec.msgpack.Decoder(TierRead)
+KV_FETCH_DECODER = msgspec.msgpack.Decoder(KvFetch)
+KV_FETCHED_DECODER = msgspec.msgpack.Decoder(KvFetched)
 KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
 KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)
 KV_STATS_REPLY_DECODER = msgspec.msgpack.Decoder(KvStatsReply)

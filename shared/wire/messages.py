@@ -301,6 +301,8 @@ class HostTierInfo(msgspec.Struct):
     tier_id: str  # the file's identity: workers announcing the same id share its slots
     num_slots: int  # KV blocks it holds
     path: str = ""  # for the logs
+    layout: str = ""  # a digest of a slot's layout: tiers of one layout (on other hosts) copy slots between them
+    slot_bytes: int = 0
 
 
 class WorkerHello(msgspec.Struct, tag="hello"):

@@ -109,6 +109,16 @@ def lora(model: str) -> str:
     return f"{PREFIX}.{token(model)}.lora"
 
 
+def worker_kv_fetch(worker_id: str) -> str:
+    """Request/reply: KvFetch -> KvFetched (a worker copies another host's tier slots into its own)."""
+    return f"{PREFIX}.worker.{token(worker_id)}.kv_fetch"
+
+
+def kv_tier_read(tier_id: str) -> str:
+    """Request/reply: TierRead -> the slot's bytes, raw (any worker that maps the tier answers: a queue group)."""
+    return f"{PREFIX}.kv.tier.{token(tier_id)}.read"
+
+
 def worker_lora(worker_id: str) -> str:
     """Request/reply: LoadLora | UnloadLora -> LoraState (one worker, from its pool's scheduler)."""
     return f"{PREFIX}.worker.{token(worker_id)}.lora"
