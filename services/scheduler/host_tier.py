@@ -36,12 +36,6 @@ class TierIndex:
         """Its name among the pools of the KV index."""
         return f"host:{self.tier_id}"
 
-    def grow(self, num_slots: int) -> None:
-        """A worker mapped the file after it grew (asked for more): the new slots are free."""
-        if num_slots > self.num_slots:
-            self.free_slots[:0] = range(num_slots - 1, self.num_slots - 1, -1)
-            self.num_slots = num_slots
-
     def lookup(self, block_hash: bytes) -> int | None:
         return self.entries.get(block_hash)
 
@@ -128,7 +122,6 @@ class HostTiers:
         tier = self._tiers.get(info.tier_id)
         if tier is None:
             tier = self._tiers[info.tier_id] = TierIndex(info, self)
-        tier.grow(info.num_slots)
         return tier
 
     def __iter__(self):

@@ -54,8 +54,9 @@ class HostTier:
 
     @classmethod
     def open(cls, scope: str, tensors: list[torch.Tensor], size_gib: float, directory: Path | None = None) -> HostTier:
-        """Maps the scope's tier on this host, created (and its memory reserved) if no worker has it:
-        at least size_gib of slots. Each worker holds a shared lock; the last to leave removes the file."""
+        """Maps the scope's tier on this host, created with size_gib of slots (its memory reserved) if
+        no worker has it; one that exists keeps its size, so that every worker mapping it has every
+        slot the scheduler hands out. Each worker holds a shared lock; the last to leave removes it."""
         slot_bytes = sum(block_bytes(tensors))
         wanted = int(size_gib * 2**30) // slot_bytes
         if wanted < 1:
@@ -64,11 +65,13 @@ class HostTier:
         directory = directory or (SHM_DIR if SHM_DIR.is_dir() else Path(os.environ.get("TMPDIR", "/tmp")))
         path = directory / tier_name(scope, tensors)
         sweep(directory, keep=path)  # its own, a worker killed and restarted maps again: the same tier
-        with _setup_lock(path):  # one worker at a time creates, grows, or removes the file
+        with _setup_lock(path):  # one worker at a time creates or removes the file
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 size = HEADER_BYTES + wanted * slot_bytes
-                if os.fstat(fd).st_size < size:
+                if os.fstat(fd).st_size >= HEADER_BYTES + slot_bytes:  # a peer made it: its size is the tier's
+                    size = os.fstat(fd).st_size
+                else:
                     try:  # reserved now, so that a full /dev/shm fails here and not as a SIGBUS mid-step
                         os.posix_fallocate(fd, 0, size)
                     except OSError as exc:
