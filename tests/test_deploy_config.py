@@ -39,11 +39,16 @@ def deployed(framework: FrameworkConfig | None = None, accel: str = "cpu", batch
 
 def test_every_framework_field_becomes_an_engine_setting():
     fc = FrameworkConfig(max_num_seqs=16, max_model_len=2048, block_size=32, kv_cache_dtype="bfloat16",
-                         quantization="int8", gpu_memory_utilization=0.5, max_seq_len_to_capture=1024).validate("cpu")
+                         quantization="int8", gpu_memory_utilization=0.5, max_seq_len_to_capture=1024,
+                         kv_offloading_size=2.0).validate("cpu")
     engine = deployed(fc, cb=ContinuousBatchingConfig(max_concurrent_batch_size=100)).engine_config()
     assert (engine.model, engine.max_num_seqs, engine.max_model_len, engine.block_size) == ("p-7", 16, 2048, 32)
     assert (engine.kv_cache_dtype, engine.quantization, engine.max_concurrent_batch_size) == ("bfloat16", "int8", 100)
-    assert (engine.gpu_memory_utilization, engine.max_seq_len_to_capture) == (0.5, 1024)
+    assert (engine.gpu_memory_utilization, engine.max_seq_len_to_capture, engine.kv_offloading_size) == (0.5, 1024, 2.0)
+    with pytest.raises(ConfigError, match="framework_config.kv_offloading_size = -1 is out of range"):
+        FrameworkConfig(kv_offloading_size=-1).validate("cpu")
+    with pytest.raises(ConfigError, match="accel 'qaic' keeps whole sequences"):
+        FrameworkConfig(kv_offloading_size=1).validate("qaic")
 
 
 def test_the_continuous_batching_configs_speculative_config_reaches_the_engine_checked():

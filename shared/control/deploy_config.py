@@ -63,12 +63,18 @@ class FrameworkConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpu_memory_utilization: float = DEFAULTS.gpu_memory_utilization
     block_size: int | None = None  # None: the engine's (16)
     device_group: str | None = None
+    # GiB of the host's shared memory for the host KV tier its replicas there share (docs/kv_offloading.md);
+    # outside the deployment's `memory`, which counts each replica's own
+    kv_offloading_size: float = 0.0
 
     def validate(self, accel: str) -> FrameworkConfig:
         p = "framework_config."
         for name in ("max_num_seqs", "max_model_len", "max_seq_len_to_capture", "gpu_memory_utilization",
-                     "kv_cache_dtype"):
+                     "kv_cache_dtype", "kv_offloading_size"):
             check_engine_field(name, getattr(self, name), p)
+        if self.kv_offloading_size and accel == "qaic":
+            raise ConfigError(f"{p}kv_offloading_size: the host KV tier keeps paged blocks; accel 'qaic' keeps whole "
+                              "sequences in static-shape slots")
         if self.block_size is not None:
             check_engine_field("block_size", self.block_size, p)
         if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES and accel != "cuda":

@@ -43,6 +43,7 @@ class DeployedModel:
             model=self.name, max_model_len=fc.max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max(DEFAULTS.max_num_batched_tokens, block_size), block_size=block_size,
             kv_cache_dtype=fc.kv_cache_dtype, quantization=fc.quantization or "auto",
+            kv_offloading_size=fc.kv_offloading_size,
             gpu_memory_utilization=fc.gpu_memory_utilization, max_seq_len_to_capture=fc.max_seq_len_to_capture,
             max_concurrent_batch_size=1 if self.is_single_batch else (
                 cb.max_concurrent_batch_size if cb else DEFAULTS.max_concurrent_batch_size),
