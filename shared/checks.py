@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import msgspec
+
 MAX_CONTEXT = 1 << 20
 
 
@@ -35,3 +39,23 @@ def one_of(field: str, value, allowed: tuple, refused: tuple = (), why: str = ""
 def is_bool(field: str, value) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{field} = {value!r} must be true or false")
+
+
+def json_object(name: str, value: str | dict, example: str) -> dict:
+    """A flag's JSON text or a deployment's dict, as a dict; anything else a ConfigError naming `name`."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a JSON object, e.g. {example}")
+    return value
+
+
+def struct_of(name: str, value: dict, kind: type):
+    """`value` as the msgspec struct `kind`; a wrong or unknown key is a ConfigError listing the keys taken."""
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{name}: {exc} (keys taken here: {', '.join(kind.__struct_fields__)})") from None

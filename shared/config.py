@@ -49,7 +49,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     kv_cache_memory_gib: float = 1.0  # CPU memory budget for the paged KV pool
     num_kv_blocks: int | None = None  # overrides the budget (tests use it to force preemption)
     enable_prefix_caching: bool = True
-    kv_offloading_size: float = 0.0  # GiB of host memory for blocks evicted from a worker's pool (0: none)
+    kv_offloading_size: float = 0.0  # GiB of the host KV tier's shared memory (0: none; docs/kv_offloading.md)
     kv_offloading_dir: str | None = None  # where the host tier's file lives (None: /dev/shm); one per host
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
@@ -166,16 +166,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", True))
     parser.add_argument("--kv-offloading-size", type=float, default=_env("kv_offloading_size", d.kv_offloading_size),
-                        help="GiB of host shared memory that keeps KV blocks evicted from a worker's pool, for "
-                             "prefix hits on any worker of the model on this host (0, the default: off; "
-                             "docs/kv_offloading.md)")
+                        help="GiB of host shared memory keeping the KV blocks the host's workers compute (0: off)")
     parser.add_argument("--kv-offloading-dir", default=_env("kv_offloading_dir", d.kv_offloading_dir),
-                        help="the folder the host KV tier's file lives in (default /dev/shm): workers sharing one "
-                             "share the tier, as the workers of one host do")
+                        help="the host KV tier's folder (default /dev/shm); workers sharing one share the tier")
     parser.add_argument("--kv-transfer-config", default=_env("kv_transfer_config", None),
-                        help="disaggregated prefill, as vLLM's JSON: {\"kv_connector\": \"SharedMemoryConnector\", "
-                             "\"kv_role\": \"kv_producer\"} (or kv_consumer, kv_both); the launcher's "
-                             "--prefill-workers / --decode-workers set it (docs/kv_offloading.md)")
+                        help="disaggregated prefill, vLLM's JSON: kv_connector SharedMemoryConnector, kv_role "
+                             "kv_producer, kv_consumer or kv_both (docs/kv_offloading.md)")
     parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
     parser.add_argument("--max-concurrent-batch-size", type=int,
                         default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))

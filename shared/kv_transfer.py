@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import msgspec
 
-from shared.checks import ConfigError
+from shared.checks import ConfigError, json_object, struct_of
 
 # ours: a prefill worker's blocks reach a decode worker through the host KV tier's shared memory
 CONNECTORS = ("SharedMemoryConnector",)
@@ -40,21 +38,11 @@ def parse_kv_transfer_config(value: str | dict | KvTransferConfig | None) -> KvT
     """A flag's JSON text, a dict or None -> a validated config (None: no disaggregation)."""
     if value is None or value == "" or isinstance(value, KvTransferConfig):
         return value.validate() if isinstance(value, KvTransferConfig) else None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"kv_transfer_config is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ConfigError("kv_transfer_config must be a JSON object, e.g. "
-                          "{\"kv_connector\": \"SharedMemoryConnector\", \"kv_role\": \"kv_producer\"}")
+    value = json_object("kv_transfer_config", value,
+                        "{\"kv_connector\": \"SharedMemoryConnector\", \"kv_role\": \"kv_producer\"}")
     transport = sorted(set(value) & set(TRANSPORT_KEYS))
     if transport:
         raise ConfigError(f"kv_transfer_config: {', '.join(transport)} configure a network transport; "
                           f"{CONNECTORS[0]} moves blocks through host shared memory and takes kv_connector "
                           "and kv_role only")
-    try:
-        config = msgspec.convert(value, KvTransferConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"kv_transfer_config: {exc} (keys taken here: kv_connector, kv_role)") from None
-    return config.validate()
+    return struct_of("kv_transfer_config", value, KvTransferConfig).validate()

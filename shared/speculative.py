@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import msgspec
 
-from shared.checks import ConfigError
+from shared.checks import ConfigError, json_object, struct_of
 
 METHODS = ("ngram", "draft_model", "eagle3", "suffix")
 # vLLM's other methods: known by name, refused with a message rather than an unknown-key error
@@ -137,17 +135,5 @@ def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> Sp
     """A flag's JSON text, a deployment's dict or None -> a validated config (None: no speculation)."""
     if value is None or value == "" or isinstance(value, SpeculativeConfig):
         return value.validate() if isinstance(value, SpeculativeConfig) else None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"speculative_config is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ConfigError("speculative_config must be a JSON object, e.g. "
-                          "{\"method\": \"ngram\", \"num_speculative_tokens\": 4}")
-    try:
-        config = msgspec.convert(value, SpeculativeConfig)
-    except msgspec.ValidationError as exc:
-        known = ", ".join(SpeculativeConfig.__struct_fields__)
-        raise ConfigError(f"speculative_config: {exc} (keys taken here: {known})") from None
-    return config.validate()
+    value = json_object("speculative_config", value, "{\"method\": \"ngram\", \"num_speculative_tokens\": 4}")
+    return struct_of("speculative_config", value, SpeculativeConfig).validate()

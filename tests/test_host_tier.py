@@ -14,8 +14,7 @@ from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
 from services.worker.kv_tier import HostTier, sweep, tier_name
 from shared.wire.hashing import root_hash
-from shared.wire.kv_events import BlockRemoved, BlockStored
-from shared.wire.messages import HostTierInfo
+from shared.wire.kv_events import BlockRemoved, BlockStored, HostTierInfo
 from tests.inproc_engine import InProcessEngine
 from tests.test_scheduler import req, run_step
 

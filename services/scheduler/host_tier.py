@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
-from shared.wire.kv_events import BlockRemoved, BlockStored, KvEvent
-from shared.wire.messages import HostTierInfo
+from shared.wire.kv_events import BlockRemoved, BlockStored, HostTierInfo, KvEvent
 
 MEDIUM = "host"  # the KV events' medium for this tier's blocks
 

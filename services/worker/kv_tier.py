@@ -16,7 +16,7 @@ import torch
 
 from shared.checks import ConfigError
 from shared.log import get_logger
-from shared.wire.messages import HostTierInfo
+from shared.wire.kv_events import HostTierInfo
 
 log = get_logger("worker.kv_tier")
 HEADER_BYTES = 4096  # the tier's identity (a uuid) and room to grow; slots start after it

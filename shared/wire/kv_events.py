@@ -60,6 +60,16 @@ class Resync(msgspec.Struct, tag="resync"):
     pass
 
 
+class HostTierInfo(msgspec.Struct):
+    """A worker's host KV tier: shared memory every worker of its model on the host maps."""
+
+    tier_id: str  # the file's identity: workers announcing the same id share its slots
+    num_slots: int  # KV blocks it holds
+    path: str = ""  # for the logs
+    layout: str = ""  # a digest of a slot's layout: tiers of one layout (on other hosts) copy slots between them
+    slot_bytes: int = 0
+
+
 class TierRead(msgspec.Struct, tag="tier_read", array_like=True):
     """Bytes [offset, offset + length) of one slot of a host KV tier (a block of at most max_payload)."""
 

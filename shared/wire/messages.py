@@ -15,6 +15,7 @@ import msgspec
 
 from shared.wire.histogram import HistogramCounts
 from shared.wire.images import ImageRef, ImageSpec
+from shared.wire.kv_events import HostTierInfo
 from shared.wire.lora import LoraInfo
 from shared.wire.spec_decode import Drafts, SpecDecodeCounts
 
@@ -293,16 +294,6 @@ class StepResult(msgspec.Struct, tag="step_result", array_like=True):
 
 
 # ---- worker discovery ----------------------------------------------------------------------
-
-
-class HostTierInfo(msgspec.Struct):
-    """A worker's host KV tier: shared memory every worker of its model on the host maps."""
-
-    tier_id: str  # the file's identity: workers announcing the same id share its slots
-    num_slots: int  # KV blocks it holds
-    path: str = ""  # for the logs
-    layout: str = ""  # a digest of a slot's layout: tiers of one layout (on other hosts) copy slots between them
-    slot_bytes: int = 0
 
 
 class WorkerHello(msgspec.Struct, tag="hello"):
