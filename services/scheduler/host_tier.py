@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
+from shared.log import get_logger
 from shared.wire.kv_events import BlockRemoved, BlockStored, HostTierInfo, KvEvent
 
+log = get_logger("scheduler.host_tier")
 MEDIUM = "host"  # the KV events' medium for this tier's blocks
 
 
@@ -121,6 +123,8 @@ class HostTiers:
         tier = self._tiers.get(info.tier_id)
         if tier is None:
             tier = self._tiers[info.tier_id] = TierIndex(info, self)
+            log.info("kv_tier_joined", tier_id=info.tier_id, path=info.path, num_slots=info.num_slots,
+                     slot_mib=round(info.slot_bytes / 2**20, 3), layout=info.layout)
         return tier
 
     def __iter__(self):
