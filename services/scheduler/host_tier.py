@@ -28,9 +28,7 @@ class TierIndex:
         self.pending: dict[bytes, int] = {}  # saved by a Step in flight
         self.pins: Counter[int] = Counter()  # slots loads in flight read
         self.events: list[KvEvent] = []
-        self.num_saved = 0  # blocks written to the tier
         self.num_loaded = 0  # blocks read back instead of recomputed
-        self.num_fetched = 0  # blocks copied in from another host's tier
 
     @property
     def pool_id(self) -> str:
@@ -59,8 +57,9 @@ class TierIndex:
                    default=(None, 0))
 
     def reserve(self, block_hash: bytes) -> int | None:
-        """A slot to save a block being evicted from a pool into; None: the tier has it already (now
-        most recently used), or every slot is pinned or pending."""
+        """A slot for a block to be written into (a pool's computed or evicted block, or another host's
+        slot fetched), pending until committed; None: the tier has it already (now most recently
+        used), or is being given it, or every slot is pinned or pending."""
         if block_hash in self.entries:
             self.entries.move_to_end(block_hash)
             return None
@@ -95,7 +94,6 @@ class TierIndex:
                 self.entries[block_hash] = slot
                 stored.append(block_hash)
         if stored:
-            self.num_saved += len(stored)
             self.events.append(BlockStored(block_hashes=stored, medium=MEDIUM))
 
     def abort(self, block_hashes: list[bytes]) -> None:

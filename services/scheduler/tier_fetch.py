@@ -58,7 +58,6 @@ async def fetch_remote_prefix(nc: Client, pool: PoolLoop, request: Request) -> i
                     from_tier=peer.tier_id, error=error)
         return 0
     tier.commit(wanted)
-    tier.num_fetched += len(pairs)
     log.info("kv_fetched", request_id=request.request_id, worker_id=pool.worker_id, from_tier=peer.tier_id,
              num_blocks=len(pairs))
     return len(pairs)
