@@ -39,6 +39,38 @@ def test_index_is_lru_over_committed_slots_and_never_reuses_a_pinned_or_pending_
                       BlockRemoved(block_hashes=[b"a"], medium=MEDIUM)]
 
 
+async def test_held_blocks_outlive_the_lru_until_released_or_expired():
+    """kv_transfer_params: a prefill's blocks wait for the decode request, out of the LRU's reach;
+    the gateway's question, asked before the hold exists, is answered once its Step is back."""
+    import asyncio
+
+    from services.scheduler.kv_holds import HOLD_S, KvHolds
+
+    tier = TierIndex(HostTierInfo(tier_id="t", num_slots=2))
+    for block_hash in (b"a", b"b"):
+        tier.reserve(block_hash)
+    tier.commit([b"a", b"b"])
+    holds = KvHolds()
+    answer = asyncio.ensure_future(holds.answer("prefill-1", timeout_s=5))
+    await asyncio.sleep(0)
+    hold = holds.hold("prefill-1", tier, [b"a", b"b"], now=0.0)
+    await asyncio.sleep(0)
+    assert not answer.done()  # the Step saving its last blocks is not back
+    hold.settled.set()
+    assert (await answer).slots == [tier.lookup(b"a"), tier.lookup(b"b")] and (await answer).tier_id == "t"
+    assert tier.reserve(b"c") is None  # both slots held: nothing may be evicted
+    holds.release("prefill-1")
+    assert tier.reserve(b"c") is not None and tier.lookup(b"a") is None  # the LRU takes a again
+    tier.abort([b"c"])
+    holds.hold("prefill-2", tier, [b"b"], now=0.0)
+    holds.expire(HOLD_S - 1)
+    assert len(holds) == 1
+    holds.expire(HOLD_S)
+    assert len(holds) == 0 and not tier.held
+    missing = await holds.answer("never", timeout_s=0.05)
+    assert missing.error is not None and not missing.slots
+
+
 def _tiered(num_blocks=6, num_slots=8, budget=64) -> Scheduler:
     tier = TierIndex(HostTierInfo(tier_id="t", num_slots=num_slots))
     return Scheduler(KVCacheManager(num_blocks, 4, root_hash("m", "auto"), tier=tier), 4, budget)
@@ -225,3 +257,14 @@ def test_computed_blocks_are_written_through_for_another_worker_of_the_host():
     second.add_request(req("b", 9, max_tokens=1))
     plan, _ = _step(second)
     assert plan.step.new_seqs[0].num_computed_tokens == 8 and len(plan.step.kv_loads) == 2
+
+
+def test_kv_transfer_params_need_the_tier_and_one_role():
+    from services.scheduler.kv_holds import kv_transfer_error
+    from shared.wire.kv_events import KvTransferParams
+
+    tier = TierIndex(HostTierInfo(tier_id="t", num_slots=2))
+    assert kv_transfer_error(None, [None]) is None
+    assert "--kv-offloading-size" in kv_transfer_error(KvTransferParams(do_remote_decode=True), [None, None])
+    assert kv_transfer_error(KvTransferParams(do_remote_decode=True), [None, tier]) is None
+    assert "not both" in kv_transfer_error(KvTransferParams(do_remote_decode=True, do_remote_prefill=True), [tier])

@@ -228,3 +228,66 @@ async def test_a_prefill_worker_on_another_host_hands_on_its_blocks_over_the_bus
     log = (two_host_stack.log_dir / "scheduler.log").read_text()
     assert '"event": "kv_fetched"' in log and '"event": "kv_fetch_failed"' not in log
     assert _tier_hits(two_host_stack) >= 16  # loaded from its own tier once fetched
+
+
+def _client(stack):
+    import openai
+
+    return openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.mark.parametrize("hosts", ["disagg_stack", "two_host_stack"])
+def test_an_outside_router_drives_prefill_and_decode_with_kv_transfer_params(hosts, request, tier_stack, model_name):
+    """vLLM's disaggregated-prefill proxy, step for step with the openai client: the prefill request
+    (max_tokens 1, do_remote_decode) answers where its prompt's blocks wait in the host tier; the
+    decode request carrying those params loads them on the decode worker (over the bus from the
+    other host's tier in two_host_stack); its answer is the colocated stack's. Params naming a
+    prefill nobody holds recompute, with the same answer."""
+    asyncio.run(_as_a_router(request.getfixturevalue(hosts), hosts, tier_stack, model_name))
+
+
+async def _as_a_router(disagg_stack, hosts: str, tier_stack, model_name: str) -> None:
+    salt = {"disagg_stack": 11, "two_host_stack": 12}[hosts]  # each stack's prompt its own
+    prompt = [4000 + 7 * i for i in range(100)] + [salt]  # 6 full blocks of 16 tokens
+    sampling = {"model": model_name, "prompt": prompt, "temperature": 0.0}
+    colocated = await _client(tier_stack).completions.create(**sampling, max_tokens=16)
+    client = _client(disagg_stack)
+    hits_before = _tier_hits(disagg_stack)
+    prefill = await client.completions.create(**sampling, max_tokens=1, extra_body={"kv_transfer_params": {
+        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
+        "remote_host": None, "remote_port": None}})
+    params = prefill.model_extra["kv_transfer_params"]
+    assert prefill.choices[0].finish_reason == "length"
+    assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+    assert len(params["remote_block_ids"]) == 6 and params["remote_engine_id"]
+    assert params["remote_request_id"] == prefill.id.removeprefix("cmpl-")
+    decode = await client.completions.create(**sampling, max_tokens=16, extra_body={"kv_transfer_params": params})
+    assert decode.choices[0].text == colocated.choices[0].text
+    assert _tier_hits(disagg_stack) - hits_before >= 6 * 16  # the decode worker loaded the six blocks
+    log = (disagg_stack.log_dir / "scheduler.log").read_text()
+    routed = [line for line in log.splitlines() if '"request_routed"' in line]
+    assert '"worker-decode-0"' in routed[-1] and '"worker-prefill-0"' in routed[-2]
+    assert decode.model_extra["kv_transfer_params"] is None  # a decode request's answer carries none
+    if hosts == "two_host_stack":
+        assert '"event": "kv_fetched"' in log
+    unknown = dict(params, remote_request_id="nobody", remote_engine_id="nowhere")
+    recomputed = await client.completions.create(**{**sampling, "prompt": [*prompt, 9]}, max_tokens=16,
+                                                 extra_body={"kv_transfer_params": unknown})
+    alone = await _client(tier_stack).completions.create(**{**sampling, "prompt": [*prompt, 9]}, max_tokens=16)
+    assert recomputed.choices[0].text == alone.choices[0].text
+
+
+async def test_kv_transfer_params_that_cannot_be_served_are_refused_by_name(tier_stack, model_name):
+    import openai
+
+    client = _client(tier_stack)
+    cases = [({"do_remote_decode": True, "hostname": "x"}, {}, "unknown key 'hostname'"),
+             ({"do_remote_decode": True}, {"stream": True}, "set stream to false"),
+             ({"do_remote_prefill": True, "remote_block_ids": ["a"]}, {}, "list of integers"),
+             ({"do_remote_prefill": True}, {}, "remote_request_id"),
+             ({"do_remote_decode": True}, {"n": 2}, "one choice")]
+    for params, extra, words in cases:
+        with pytest.raises(openai.BadRequestError) as error:
+            await client.completions.create(model=model_name, prompt="Hello", max_tokens=2,
+                                            extra_body={"kv_transfer_params": params, **extra})
+        assert words in str(error.value) and "kv_transfer_params" in str(error.value)

@@ -27,6 +27,7 @@ class TierIndex:
         self.entries: OrderedDict[bytes, int] = OrderedDict()  # ready, least recently used first
         self.pending: dict[bytes, int] = {}  # saved by a Step in flight
         self.pins: Counter[int] = Counter()  # slots loads in flight read
+        self.held: Counter[bytes] = Counter()  # blocks a decode request will load (kv_holds.py): never evicted
         self.events: list[KvEvent] = []
         self.num_loaded = 0  # blocks read back instead of recomputed
 
@@ -71,7 +72,7 @@ class TierIndex:
         return slot
 
     def _evict(self) -> int | None:
-        victim = next((h for h, slot in self.entries.items() if not self.pins[slot]), None)
+        victim = next((h for h, slot in self.entries.items() if not self.pins[slot] and not self.held[h]), None)
         if victim is None:
             return None
         self.events.append(BlockRemoved(block_hashes=[victim], medium=MEDIUM))
@@ -84,6 +85,13 @@ class TierIndex:
         self.pins[slot] -= 1
         if not self.pins[slot]:
             del self.pins[slot]
+
+    def protect(self, block_hashes: list[bytes]) -> None:
+        self.held.update(block_hashes)
+
+    def unprotect(self, block_hashes: list[bytes]) -> None:
+        self.held.subtract(block_hashes)
+        self.held = +self.held
 
     def commit(self, block_hashes: list[bytes]) -> None:
         """Their Step is back: the slots hold the blocks."""

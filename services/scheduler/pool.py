@@ -16,6 +16,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.host_tier import MEDIUM, TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.kv_holds import Hold, KvHolds
 from services.scheduler.lease import deposed
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
@@ -33,6 +34,7 @@ from shared.wire.lora import LORA_STATE_DECODER, LoraOrder, LoraState
 from shared.wire.messages import (
     SLEEP_STATE_DECODER,
     STEP_RESULT_DECODER,
+    FinishReason,
     Sleep,
     SleepState,
     Step,
@@ -49,6 +51,12 @@ OUTAGE_POLL_S = 0.1  # how often a Step in flight looks whether the bus came bac
 
 class WorkerGone(Exception):
     pass
+
+
+def _settle(holds: list[Hold]) -> None:
+    """The Step that saved their last blocks is back (or failed: they hold what the tier has)."""
+    for hold in holds:
+        hold.settled.set()
 
 
 def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more, tier: TierIndex | None) -> Scheduler:
@@ -71,12 +79,13 @@ class PoolLoop:
                  on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]],
                  can_run_more: Callable[[], bool], workers: Heartbeats, fence: int = 0, tier: TierIndex | None = None,
                  on_handoff: Callable[[PoolLoop, list[Request]], Awaitable[None]] | None = None,
-                 has_decoder: Callable[[], bool] = lambda: False):
+                 has_decoder: Callable[[], bool] = lambda: False, holds: KvHolds | None = None):
         """workers: where this pool's worker is heard from (its heartbeats and its step replies).
         fence: our lease's token (lease.py), on every Step; 0 without a lease.
         tier: the index of the host KV tier the worker maps (host_tier.py), shared with its peers there.
         on_handoff: where a prefill worker's (kv_producer) requests go on at their first token, while
-        has_decoder() says a decode worker is alive; None: they stay."""
+        has_decoder() says a decode worker is alive; None: they stay.
+        holds: the prompt blocks prefill requests left in the tier for an outside router's decode requests."""
         self.nc = nc
         self.hello = hello
         self.worker_id = hello.worker_id
@@ -90,6 +99,8 @@ class PoolLoop:
         self.on_handoff = on_handoff if hello.kv_role == "kv_producer" else None
         self.has_decoder = has_decoder
         self._handoffs: list[Request] = []  # left this pool at their first token; the next Step saves their blocks
+        self.holds = holds
+        self._holding: list[Hold] = []  # held by requests that ended in the last Step: the next one saves their blocks
         self.workers = workers
         workers.heard(self.worker_id)
         self.is_alive = True
@@ -178,7 +189,9 @@ class PoolLoop:
                 continue
             plan = self.scheduler.schedule()
             handing_off = list(self._handoffs)  # this Step writes the last of their blocks to the tier
+            settling, self._holding = self._holding, []  # ... and of theirs
             if plan.is_empty:
+                _settle(settling)
                 await self._hand_off(handing_off)
                 self._wake.clear()
                 await self._wake.wait()
@@ -196,6 +209,7 @@ class PoolLoop:
                 return
             finally:
                 self.between_steps.set()
+                _settle(settling)
             await self._hand_off(handing_off)
             await self._publish_kv_events()
 
@@ -203,8 +217,13 @@ class PoolLoop:
         """A Step's result into the metrics and the scheduler's state; finished requests end."""
         rows = [r for rid in plan.num_new_tokens if (r := self.scheduler.requests.get(rid)) is not None]
         self.metrics.observe_step(rows, result)
+        if self.holds is not None:
+            for request in rows:  # its first Step loaded the prompt's blocks from the tier
+                if request.held_for:
+                    self.holds.release(request.held_for)
         for done in self.scheduler.update(plan, result):
             self.metrics.observe_finished(done.request)
+            self._hold_for_decode(done.request, done.reason)
             if done.error is not None:
                 log.error("request_failed", request_id=done.request.request_id, error=done.error)
                 await publish_error(self.nc, done.request, f"engine error: {done.error}")
@@ -213,11 +232,22 @@ class PoolLoop:
 
     # ---- disaggregated prefill ---------------------------------------------------------------------
 
+    def _hold_for_decode(self, request: Request, reason: FinishReason) -> None:
+        """An outside router's prefill request (do_remote_decode) that ended at its length: its
+        prompt's full blocks stay in the tier for the decode request, as vLLM's connectors hold them."""
+        params = request.kv_transfer
+        if params is None or not params.do_remote_decode or reason != FinishReason.LENGTH or self.holds is None \
+                or self.tier is None:
+            return
+        num_blocks = request.num_prompt_tokens // self.scheduler.kv.block_size
+        self._holding.append(self.holds.hold(request.request_id, self.tier, request.block_hashes[:num_blocks],
+                                             time.monotonic()))
+
     def _begin_handoffs(self, sampled: set[str]) -> None:
         """A prefill worker's requests that sampled a token leave it (the worker drops them at the
         next Step, which also writes the blocks they computed last to the host tier); they go on
         where on_handoff sends them once that Step is back, loading their prompt from the tier."""
-        for request in [r for r in self.scheduler.running if r.request_id in sampled]:
+        for request in [r for r in self.scheduler.running if r.request_id in sampled and r.kv_transfer is None]:
             self.scheduler.abort(request.request_id)
             request.migrate(counted=False)
             self._handoffs.append(request)

@@ -118,9 +118,12 @@ class WorkerPools:
     # ---- disaggregated prefill (kv_role) ----------------------------------------------------------
 
     @staticmethod
-    def for_new_requests(pools: list[PoolLoop]) -> list[PoolLoop]:
+    def for_new_requests(pools: list[PoolLoop], request: Request) -> list[PoolLoop]:
         """New requests go to the prefill workers (and those of both roles) while one is alive; a
-        decode worker takes them only when none is."""
+        decode worker takes them only when none is. An outside router's decode request (its
+        kv_transfer_params' do_remote_prefill) goes to the decode workers while one is alive."""
+        if request.held_for:
+            return [p for p in pools if p.hello.kv_role != "kv_producer"] or pools
         if not any(p.hello.kv_role == "kv_producer" for p in pools):
             return pools
         return [p for p in pools if p.hello.kv_role != "kv_consumer"]

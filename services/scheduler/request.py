@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from shared.wire.images import ImageRef
+from shared.wire.kv_events import KvTransferParams
 from shared.wire.messages import SamplingParams, Submit
 
 
@@ -46,6 +47,7 @@ class Request:
     lora_digest: str = ""  # what that adapter computes (its files' digest, as its workers announced it)
     is_probe: bool = False  # a readiness probe: left out of the engine's metrics
     images: list[ImageRef] = field(default_factory=list)  # its prompt's images: no chunk ends inside one
+    kv_transfer: KvTransferParams | None = None  # an outside router's disaggregated prefill (kv_holds.py)
 
     @classmethod
     def from_submit(cls, submit: Submit) -> Request:
@@ -59,7 +61,7 @@ class Request:
                    cache_salt=submit.cache_salt, deadline=submit.deadline,
                    client_id=submit.client_id, abort_key=submit.abort_key, priority=submit.priority,
                    lora=submit.lora, output_token_ids=list(submit.resume_token_ids), is_probe=submit.probe,
-                   images=list(submit.images))
+                   images=list(submit.images), kv_transfer=submit.kv_transfer)
 
     def migrate(self, counted: bool = True) -> None:
         """Its worker died: start over elsewhere from prompt + the outputs so far (recomputed, as
@@ -90,6 +92,12 @@ class Request:
         """The adapter as the prefix cache knows it: name and digest, so that blocks computed with an
         adapter's old weights are never reused after it is loaded again in place with new ones."""
         return f"{self.lora}@{self.lora_digest}" if self.lora and self.lora_digest else self.lora
+
+    @property
+    def held_for(self) -> str:
+        """A decode request's prefill, whose blocks the tier holds for it ("" for any other request)."""
+        params = self.kv_transfer
+        return params.remote_request_id if params is not None and params.do_remote_prefill else ""
 
     def is_past_deadline(self, now: float) -> bool:
         return 0.0 < self.deadline < now

@@ -9,6 +9,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.scheduler.kv_holds import KvHolds, kv_transfer_error
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.pools import WorkerPools
@@ -25,6 +26,7 @@ from shared.config import EngineConfig, context_length_error
 from shared.log import get_logger
 from shared.wire import subjects
 from shared.wire.hashing import max_cacheable_blocks
+from shared.wire.kv_events import KV_HELD_QUERY_DECODER
 from shared.wire.lora import LORA_ORDER_DECODER, LoraInfo
 from shared.wire.messages import (
     ABORT_DECODER,
@@ -65,6 +67,7 @@ class SchedulerService:
         self.loras = ModelLoras()
         self.pools = WorkerPools(self.loras, config.worker_grace_s)
         self.router = Router(nc, config.model)
+        self.holds = KvHolds()  # prefill requests' blocks an outside router's decode requests will load
         self._routing: dict[str, Request] = {}  # accepted, not yet in a pool (the KV lookup is in flight)
         self._aborted_while_routing: set[str] = set()
         self._refused_workers: set[str] = set()
@@ -91,6 +94,7 @@ class SchedulerService:
         await add("stats", subjects.scheduler_stats(self.model), self._on_stats)
         await add("sleep", subjects.sleep(self.model), self._on_sleep)
         await add("lora", subjects.lora(self.model), self._on_lora)
+        await add("kv_held", subjects.kv_held(self.model), self._on_kv_held)
         await self.endpoints.start()
         await self.nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=self.model)))
         self.workers.probe.start()
@@ -148,7 +152,8 @@ class SchedulerService:
         if not pools:
             return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
         if (invalid := submit_error(submit, self.vocab_size)
-                or images_error(submit, self.pools.images, self.config.max_num_batched_tokens)) is not None:
+                or images_error(submit, self.pools.images, self.config.max_num_batched_tokens)
+                or kv_transfer_error(submit.kv_transfer, [p.tier for p in pools])) is not None:
             return reject(RejectCode.INVALID, invalid)
         if submit.request_id in self._routing or self.pools.find(submit.request_id) is not None:
             return reject(RejectCode.IN_FLIGHT, f"request_id {submit.request_id!r} is already in flight")
@@ -199,7 +204,7 @@ class SchedulerService:
         if self.config.enable_prefix_caching and kv0 is not None:
             kv0.update_block_hashes(request)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, kv0.block_size)]
-        pools = self.pools.for_new_requests([p for p in pools if p.is_alive] or pools)
+        pools = self.pools.for_new_requests([p for p in pools if p.is_alive] or pools, request)
         pool = await self.router.choose(pools, lookup, request.lora)
         await fetch_remote_prefix(self.nc, pool, request)  # what only another host's tier holds
         self._routing.pop(request.request_id, None)
@@ -251,6 +256,7 @@ class SchedulerService:
         request, worker_id = self.pools.abort(request_id)
         if request is not None:
             log.info("request_aborted", request_id=request_id, worker_id=worker_id)
+            self.holds.release(request.held_for)  # a decode request that will not load its prefill's blocks
         return request
 
     async def _on_client_heartbeat(self, msg: Msg) -> None:
@@ -297,7 +303,7 @@ class SchedulerService:
     def _add_pool(self, hello: WorkerHello) -> None:
         pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more,
                         workers=self.workers, fence=self.fence, tier=self.pools.tiers.get(hello.kv_tier),
-                        on_handoff=self._on_handoff, has_decoder=self.pools.has_decoder)
+                        on_handoff=self._on_handoff, has_decoder=self.pools.has_decoder, holds=self.holds)
         self.pools.add(pool)
         pool.start()
         if self.is_sleeping:  # it joins a sleeping model: it sleeps too, and wakes with the others
@@ -363,6 +369,7 @@ class SchedulerService:
                 log.warning("request_failed", request_id=request.request_id, error="no worker came back")
                 await publish_error(self.nc, request, f"no worker of {self.model!r} could take the request for "
                                                       f"{self.config.worker_grace_s:g}s (--worker-grace-s); retry it")
+            self.holds.expire(time.monotonic())
             if self.loras.unloading and await self.loras.release_idle(self.pools.alive, self.in_flight):
                 await self.publish_limits()
 
@@ -404,6 +411,11 @@ class SchedulerService:
         state = await self.loras.order(LORA_ORDER_DECODER.decode(msg.data), self.pools.alive)
         await self.publish_limits()
         await msg.respond(encode(state))
+
+    async def _on_kv_held(self, msg: Msg) -> None:
+        """Where a do_remote_decode request's prompt blocks wait (the gateway's kv_transfer_params)."""
+        query = KV_HELD_QUERY_DECODER.decode(msg.data)
+        await msg.respond(encode(await self.holds.answer(query.request_id, self.config.step_timeout_s)))
 
     async def _on_sleep(self, msg: Msg) -> None:
         """Sleep or WakeUp for every pool of the model (sleep_mode.py); one order at a time."""

@@ -24,6 +24,7 @@ from shared.bus.stream import RequestStream
 from shared.log import get_logger
 from shared.wire import subjects
 from shared.wire.images import ImageRef
+from shared.wire.kv_events import KV_HELD_DECODER, KvHeld, KvHeldQuery, KvTransferParams
 from shared.wire.messages import (
     SCHEDULER_HEARTBEAT_DECODER,
     SUBMIT_REPLY_DECODER,
@@ -190,20 +191,22 @@ class BusClient:
     async def submit(self, model: str, prompt_token_ids: list[int], sampling: SamplingParams, *,
                      request_id: str | None = None, cache_salt: str | None = None,
                      deadline: float = 0.0, priority: int = 0, timeout: float = 5.0,
-                     lora: str | None = None, probe: bool = False, images: list[ImageRef] | None = None
-                     ) -> RequestStream:
+                     lora: str | None = None, probe: bool = False, images: list[ImageRef] | None = None,
+                     kv_transfer: KvTransferParams | None = None) -> RequestStream:
         """deadline: wall-clock time after which the scheduler ends the request (0: none).
         priority: lower is served first (vLLM's meaning); see Scheduler.schedule.
         lora: a LoRA adapter the model's workers serve, by name (None: the base model).
         probe: a readiness check's request, left out of the engine's metrics.
-        images: an image-text model's images in the prompt, their pixels in the media store (shared/bus/media.py)."""
+        images: an image-text model's images in the prompt, their pixels in the media store (shared/bus/media.py).
+        kv_transfer: vLLM's kv_transfer_params (an outside router's disaggregated prefill; kv_held)."""
         request_id = request_id or uuid.uuid4().hex
         stream = RequestStream(self, model, request_id)
         self.streams[request_id] = stream  # registered before Submit: the first token may beat the reply
         stream.submit = submit = Submit(request_id=request_id, model=model, prompt_token_ids=list(prompt_token_ids),
                         sampling=sampling, reply_to=self.reply_subject, arrival_time=time.time(),
                         cache_salt=cache_salt, deadline=deadline, client_id=self.client_id,
-                        abort_key=self.abort_key, priority=priority, lora=lora, probe=probe, images=images or [])
+                        abort_key=self.abort_key, priority=priority, lora=lora, probe=probe, images=images or [],
+                        kv_transfer=kv_transfer)
         retried = False
         while True:
             answer = asyncio.ensure_future(self.nc.request(subjects.submit(model), encode(submit), timeout=timeout))
@@ -231,6 +234,15 @@ class BusClient:
         stream.received_at = reply.received_at
         self._held_by(stream, reply)
         return stream
+
+    async def kv_held(self, model: str, request_id: str, timeout: float = 10.0) -> KvHeld:
+        """Where the scheduler holds the prompt blocks of a do_remote_decode request that ended at its
+        length (for the decode request's kv_transfer_params); KvHeld.error when it holds none."""
+        try:
+            msg = await self.nc.request(subjects.kv_held(model), encode(KvHeldQuery(request_id)), timeout=timeout)
+        except (NoRespondersError, TimeoutError, NatsTimeoutError) as exc:
+            return KvHeld(error=f"the scheduler of {model!r} did not say: {type(exc).__name__}")
+        return KV_HELD_DECODER.decode(msg.data)
 
     def _held_by(self, stream: RequestStream, reply: Accepted) -> None:
         """The scheduler that accepted it holds it now; its Accepted may beat its first heartbeat

@@ -31,7 +31,8 @@ def stats_of(service: str) -> list[str]:
 # who may publish (pub) and subscribe (sub) to what; a model name and a worker id are one token
 PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
     "api": {
-        "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", f"{P}.*.lora", f"{P}.kv.stats",
+        "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", f"{P}.*.lora", f"{P}.*.kv_held",
+                f"{P}.kv.stats",
                 subjects.WORKERS_RESEND,
                 subjects.CLIENTS_HEARTBEAT, f"{P}.responses.>", f"{P}.batches.>", f"{P}.background.>",
                 f"{P}.custom.*.predict", subjects.INFERENCE_LOGS, *JETSTREAM],
@@ -39,7 +40,7 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
         REPLIES: True,  # a gateway answers the cancel of a background response it runs
     },
     "client": {  # an internal team's process on the bus (shared/bus/client.py): submit, read its tokens
-        "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", subjects.WORKERS_RESEND,
+        "pub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.kv_held", subjects.WORKERS_RESEND,
                 subjects.CLIENTS_HEARTBEAT],
         "sub": [f"{P}.out.>", subjects.SCHEDULERS_HEARTBEAT, subjects.MODEL_LIMITS, INBOX],
     },
@@ -52,7 +53,8 @@ PERMISSIONS: dict[str, dict[str, list[str] | bool]] = {
         "pub": [f"{P}.worker.*.step", f"{P}.worker.*.sleep", f"{P}.worker.*.lora", f"{P}.worker.*.kv_fetch", f"{P}.out.>",
                 f"{P}.kv.events.*", subjects.KV_LOOKUP, subjects.MODEL_LIMITS,
                 subjects.WORKERS_DISCOVER, subjects.SCHEDULERS_HEARTBEAT, *JETSTREAM],
-        "sub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", f"{P}.*.lora", subjects.WORKERS_HELLO, subjects.WORKERS_HEARTBEAT,
+        "sub": [f"{P}.*.submit", f"{P}.*.abort", f"{P}.*.stats", f"{P}.*.sleep", f"{P}.*.lora", f"{P}.*.kv_held",
+                subjects.WORKERS_HELLO, subjects.WORKERS_HEARTBEAT,
                 subjects.KV_RESYNC, subjects.CLIENTS_HEARTBEAT, INBOX, *JETSTREAM, *stats_of("scheduler")],
         REPLIES: True,
     },

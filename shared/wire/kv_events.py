@@ -89,10 +89,36 @@ class KvFetched(msgspec.Struct, tag="kv_fetched"):
     error: str | None = None  # None: every slot copied
 
 
+class KvTransferParams(msgspec.Struct, frozen=True):
+    """vLLM's kv_transfer_params, as an outside router drives disaggregated prefill with them:
+    do_remote_decode on the prefill request (its prompt's blocks are held in the host tier for the
+    decode request); do_remote_prefill with the prefill's answer on the decode request (it loads them)."""
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str = ""  # the host tier holding the blocks
+    remote_request_id: str = ""  # the prefill request, whose hold the decode request releases
+    remote_block_ids: list[int] = []  # the tier's slots
+
+
+class KvHeldQuery(msgspec.Struct, tag="kv_held_query"):
+    """Gateway -> scheduler, after a do_remote_decode request ended at its length: where are its blocks?"""
+
+    request_id: str
+
+
+class KvHeld(msgspec.Struct, tag="kv_held"):
+    tier_id: str = ""
+    slots: list[int] = []  # the prompt's full blocks, in order, held until the decode request loads them
+    error: str | None = None  # nothing held (never asked for, expired, or another scheduler's)
+
+
 KV_EVENT_BATCH_DECODER = msgspec.msgpack.Decoder(KvEventBatch)
 TIER_READ_DECODER = msgspec.msgpack.Decoder(TierRead)
 KV_FETCH_DECODER = msgspec.msgpack.Decoder(KvFetch)
 KV_FETCHED_DECODER = msgspec.msgpack.Decoder(KvFetched)
+KV_HELD_QUERY_DECODER = msgspec.msgpack.Decoder(KvHeldQuery)
+KV_HELD_DECODER = msgspec.msgpack.Decoder(KvHeld)
 KV_LOOKUP_DECODER = msgspec.msgpack.Decoder(KvLookup)
 KV_LOOKUP_REPLY_DECODER = msgspec.msgpack.Decoder(KvLookupReply)
 KV_STATS_REPLY_DECODER = msgspec.msgpack.Decoder(KvStatsReply)

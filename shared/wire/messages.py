@@ -15,7 +15,7 @@ import msgspec
 
 from shared.wire.histogram import HistogramCounts
 from shared.wire.images import ImageRef, ImageSpec
-from shared.wire.kv_events import HostTierInfo
+from shared.wire.kv_events import HostTierInfo, KvTransferParams
 from shared.wire.lora import LoraInfo
 from shared.wire.spec_decode import Drafts, SpecDecodeCounts
 
@@ -156,6 +156,7 @@ class Submit(msgspec.Struct, tag="submit"):
     resumed: bool = False
     probe: bool = False  # a readiness probe's: served as any request, left out of the engine's metrics
     images: list[ImageRef] = []  # an image-text model's images, in prompt order
+    kv_transfer: KvTransferParams | None = None  # an outside router's disaggregated prefill (vLLM's)
 
 
 class Accepted(msgspec.Struct, tag="accepted"):

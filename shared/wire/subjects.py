@@ -114,6 +114,11 @@ def worker_kv_fetch(worker_id: str) -> str:
     return f"{PREFIX}.worker.{token(worker_id)}.kv_fetch"
 
 
+def kv_held(model: str) -> str:
+    """Request/reply: KvHeldQuery -> KvHeld (the model's scheduler: a prefill request's blocks held for its decode)."""
+    return f"{PREFIX}.{token(model)}.kv_held"
+
+
 def kv_tier_read(tier_id: str) -> str:
     """Request/reply: TierRead -> the slot's bytes, raw (any worker that maps the tier answers: a queue group)."""
     return f"{PREFIX}.kv.tier.{token(tier_id)}.read"

@@ -12,10 +12,12 @@ import msgspec
 from services.api.errors import APIError
 from services.api.metrics import ApiMetrics
 from services.api.openai.format import Usage
+from services.api.openai.kv_transfer import transfer_params
 from shared.bus.client import BusClient, EngineUnavailable, RequestStream, SubmitRejected
 from shared.log import get_logger
 from shared.models.detokenizer import IncrementalDetokenizer
 from shared.wire.images import ImageRef
+from shared.wire.kv_events import KvTransferParams
 from shared.wire.messages import FinishReason, Logprobs, RejectCode, SamplingParams, TokenEntry
 
 if TYPE_CHECKING:
@@ -59,15 +61,17 @@ class Generation:
                  idle_timeout_s: float, request_timeout_s: float, arrival: tuple[float, float],
                  user: str | None = None, priority: int = 0, lora: str | None = None,
                  on_finished: FinishHook | None = None, keeps_output: bool = False,
-                 images: list[ImageRef] | None = None):
+                 images: list[ImageRef] | None = None, kv_transfer: KvTransferParams | None = None):
         """arrival: (monotonic, wall clock) when the HTTP request reached the gateway (guards.arrival).
         user: OpenAI's end-user identifier, logged with the request for monitoring.
         priority: the scheduler serves lower first (vLLM's meaning).
         lora: the LoRA adapter of `model` to run on (None: the base model).
         on_finished: called at its end; keeps_output (implied by on_finished): output_ids and
         output_text hold what the client was sent.
-        images: the prompt's images (an image-text model's), their pixels already in the media store."""
+        images: the prompt's images (an image-text model's), their pixels already in the media store.
+        kv_transfer: vLLM's kv_transfer_params (kv_transfer.py)."""
         self.bus = bus
+        self.kv_transfer = kv_transfer
         self.images = images or []
         self.priority = priority
         self.lora = lora
@@ -103,7 +107,8 @@ class Generation:
         try:
             self.stream = await self.bus.submit(self.model, self.prompt_ids, self.sampling,
                                                 cache_salt=self.cache_salt, deadline=deadline,
-                                                priority=self.priority, lora=self.lora, images=self.images)
+                                                priority=self.priority, lora=self.lora, images=self.images,
+                                                kv_transfer=self.kv_transfer)
         except (EngineUnavailable, SubmitRejected) as exc:
             raise submit_error(exc) from None
         self.submitted_at = time.monotonic()
@@ -273,4 +278,5 @@ def engine_request(ctx: ApiContext, model: ServedModel, body, prompt_ids: list[i
     return Generation(ctx.bus, model.engine, prompt_ids, sampling, detokenizer, ctx.metrics,
                       cache_salt=body.cache_salt, idle_timeout_s=ctx.server.idle_timeout_s,
                       request_timeout_s=ctx.server.request_timeout_s, arrival=arrival, user=body.user,
-                      priority=body.priority, lora=model.lora, on_finished=on_finished, images=images)
+                      priority=body.priority, lora=model.lora, on_finished=on_finished, images=images,
+                      kv_transfer=transfer_params(body))

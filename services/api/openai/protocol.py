@@ -74,6 +74,7 @@ class _Sampling(_Request):
     # vLLM's: the logprobs of exactly these tokens (and the sampled one's), in place of the top ones
     logprob_token_ids: list[int] | None = Field(default=None, max_length=MAX_LOGPROB_TOKEN_IDS)
     return_tokens_as_token_ids: bool = False
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's: an outside router's disaggregated prefill (kv_transfer.py)
     return_token_ids: bool | None = None  # vLLM: the prompt's and each choice's token ids beside the text
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # vLLM: keep k prompt tokens (-1: the context)
     truncation_side: Literal["left", "right"] | None = None  # which ones: the last k (left) or the first (right)

@@ -19,6 +19,7 @@ from services.api.openai.beam_search import BeamChoices, check_beam_request
 from services.api.openai.body import parse
 from services.api.openai.choices import Choices
 from services.api.openai.generation import Generation, engine_request
+from services.api.openai.kv_transfer import answer_params, check_one_choice
 from services.api.openai.params import (
     chat_logprobs,
     choice_seed,
@@ -157,6 +158,7 @@ async def _respond(choices: Choices, responder: Responder, body: _Sampling, requ
                    usage_every_chunk: bool = False):
     # vLLM's continuous_usage_stats: the usage so far on every chunk (as the pipeline routes always do)
     usage_every_chunk = usage_every_chunk or bool(body.stream_options and body.stream_options.continuous_usage_stats)
+    check_one_choice(body, choices)
     await choices.submit()
     request_id = f"{'chatcmpl' if responder.is_chat else 'cmpl'}-{choices.request_id}"
     created = int(time.time())
@@ -168,6 +170,8 @@ async def _respond(choices: Choices, responder: Responder, body: _Sampling, requ
     answer = responder.response(request_id, created, choices.usage())
     if with_metrics and (metrics := choices.request_metrics()) is not None:
         answer["metrics"] = metrics
+    if body.kv_transfer_params is not None:
+        answer["kv_transfer_params"] = await answer_params(choices)
     return JSONResponse(answer)
 
 
