@@ -248,7 +248,7 @@ def test_an_outside_router_drives_prefill_and_decode_with_kv_transfer_params(hos
 
 async def _as_a_router(disagg_stack, hosts: str, tier_stack, model_name: str) -> None:
     salt = {"disagg_stack": 11, "two_host_stack": 12}[hosts]  # each stack's prompt its own
-    prompt = [4000 + 7 * i for i in range(100)] + [salt]  # 6 full blocks of 16 tokens
+    prompt = [salt * 1000 + 7 * i for i in range(101)]  # 6 full blocks of 16 tokens no test computed before
     sampling = {"model": model_name, "prompt": prompt, "temperature": 0.0}
     colocated = await _client(tier_stack).completions.create(**sampling, max_tokens=16)
     client = _client(disagg_stack)
@@ -270,6 +270,9 @@ async def _as_a_router(disagg_stack, hosts: str, tier_stack, model_name: str) ->
     assert decode.model_extra["kv_transfer_params"] is None  # a decode request's answer carries none
     if hosts == "two_host_stack":
         assert '"event": "kv_fetched"' in log
+    again = await client.completions.create(**sampling, max_tokens=1, extra_body={"kv_transfer_params": {
+        "do_remote_decode": True}})  # every block cached and in the tier already: no Step saves them
+    assert again.model_extra["kv_transfer_params"]["remote_block_ids"] == params["remote_block_ids"]
     unknown = dict(params, remote_request_id="nobody", remote_engine_id="nowhere")
     recomputed = await client.completions.create(**{**sampling, "prompt": [*prompt, 9]}, max_tokens=16,
                                                  extra_body={"kv_transfer_params": unknown})
@@ -282,7 +285,7 @@ async def test_kv_transfer_params_that_cannot_be_served_are_refused_by_name(tier
 
     client = _client(tier_stack)
     cases = [({"do_remote_decode": True, "hostname": "x"}, {}, "unknown key 'hostname'"),
-             ({"do_remote_decode": True}, {"stream": True}, "set stream to false"),
+             ({"prompt_token_ids": [1, 2]}, {}, "a chat request's"),
              ({"do_remote_prefill": True, "remote_block_ids": ["a"]}, {}, "list of integers"),
              ({"do_remote_prefill": True}, {}, "remote_request_id"),
              ({"do_remote_decode": True}, {"n": 2}, "one choice")]
@@ -291,3 +294,37 @@ async def test_kv_transfer_params_that_cannot_be_served_are_refused_by_name(tier
             await client.completions.create(model=model_name, prompt="Hello", max_tokens=2,
                                             extra_body={"kv_transfer_params": params, **extra})
         assert words in str(error.value) and "kv_transfer_params" in str(error.value)
+
+
+async def test_a_streamed_prefill_answers_its_params_on_its_last_chunk(tier_stack, model_name):
+    """vLLM 0.33 streams a prefill request too: the chunk that finishes the choice carries them."""
+    stream = await _client(tier_stack).completions.create(
+        model=model_name, prompt=[5000 + i for i in range(40)], max_tokens=1, temperature=0.0, stream=True,
+        extra_body={"kv_transfer_params": {"do_remote_decode": True}})
+    chunks = [chunk async for chunk in stream]
+    last = next(c for c in reversed(chunks) if c.choices and c.choices[0].finish_reason)
+    params = last.model_extra["kv_transfer_params"]
+    assert last.choices[0].finish_reason == "length" and params["do_remote_prefill"]
+    assert len(params["remote_block_ids"]) == 2  # 40 tokens: two full blocks of 16
+
+
+async def test_a_decode_chat_request_runs_the_prompt_ids_its_router_forwards(tier_stack, model_name):
+    """vLLM's decode-side token reuse (its test_kv_transfer_prompt_token_ids_round_trip): the ids in
+    kv_transfer_params are the prompt, not the request's own messages, streamed or not."""
+    client = _client(tier_stack)
+    hello = [{"role": "user", "content": "Hello, how are you today?"}]
+    baseline = await client.chat.completions.create(model=model_name, messages=hello, max_tokens=8, temperature=0,
+                                                    extra_body={"return_token_ids": True})
+    reused = baseline.model_extra["prompt_token_ids"]
+    other = [{"role": "user", "content": "unrelated decode-side text"}]
+    decode = await client.chat.completions.create(
+        model=model_name, messages=other, max_tokens=8, temperature=0,
+        extra_body={"kv_transfer_params": {"prompt_token_ids": reused}, "return_token_ids": True})
+    assert decode.model_extra["prompt_token_ids"] == reused
+    assert decode.choices[0].message.content == baseline.choices[0].message.content
+    stream = await client.chat.completions.create(
+        model=model_name, messages=other, max_tokens=8, temperature=0, stream=True,
+        extra_body={"kv_transfer_params": {"prompt_token_ids": reused}, "return_token_ids": True})
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].model_extra["prompt_token_ids"] == reused
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == baseline.choices[0].message.content

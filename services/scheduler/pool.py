@@ -183,7 +183,9 @@ class PoolLoop:
             if self._park_asked:
                 await self._park()
                 continue
-            if not self.scheduler.has_work:
+            if not self.scheduler.has_work:  # no Step out, no block waiting to be saved
+                _settle(self._holding)
+                self._holding = []
                 self._wake.clear()
                 await self._wake.wait()
                 continue

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 log = get_logger("api.kv_transfer")
 _OURS = {"do_remote_decode": bool, "do_remote_prefill": bool, "remote_engine_id": str, "remote_request_id": str,
-         "remote_block_ids": list}
+         "remote_block_ids": list, "prompt_token_ids": list}
 _INFORMATIONAL = {"remote_host", "remote_port", "tp_size"}  # vLLM's NIXL side channel: our bus needs none
 _PARAM = "kv_transfer_params"
 
@@ -27,8 +27,8 @@ def transfer_params(body: _Sampling) -> KvTransferParams | None:
         return None
     fields: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in _INFORMATIONAL or value is None:
-            continue
+        if key in _INFORMATIONAL or key == "prompt_token_ids" or value is None:
+            continue  # prompt_token_ids: the chat route's (reused_prompt_ids)
         kind = _OURS.get(key)
         if kind is None:
             raise APIError(400, f"kv_transfer_params: unknown key {key!r} (served: "
@@ -38,9 +38,8 @@ def transfer_params(body: _Sampling) -> KvTransferParams | None:
                            param=_PARAM)
         fields[key] = value
     params = KvTransferParams(**fields)
-    if params.do_remote_decode and body.stream:
-        raise APIError(400, "kv_transfer_params: a prefill request (do_remote_decode) is answered whole, with the "
-                            "params its decode request needs: set stream to false", param=_PARAM)
+    if not (params.do_remote_decode or params.do_remote_prefill):
+        return None  # a decode's prompt_token_ids alone (reused_prompt_ids), or vLLM's keys all unset
     if (params.do_remote_decode or params.do_remote_prefill) and (body.n != 1 or body.use_beam_search):
         raise APIError(400, "kv_transfer_params are served for one choice a request (n 1, no beam search)",
                        param=_PARAM)
@@ -50,15 +49,32 @@ def transfer_params(body: _Sampling) -> KvTransferParams | None:
     return params
 
 
+def reused_prompt_ids(body: _Sampling, has_images: bool) -> list[int] | None:
+    """vLLM's decode-side token reuse: a router forwards the prefill's prompt ids in
+    kv_transfer_params["prompt_token_ids"], and a chat request runs them as they are instead of
+    rendering its messages; except with echo or images, which need the messages (vLLM's rule)."""
+    ids = (body.kv_transfer_params or {}).get("prompt_token_ids")
+    if ids is None or getattr(body, "echo", False) or has_images:
+        return None
+    if not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids):
+        raise APIError(400, "kv_transfer_params: prompt_token_ids must be a non-empty list of non-negative integers",
+                       param=_PARAM)
+    return ids
+
+
 def check_one_choice(body: _Sampling, choices: Choices) -> None:
     transfer_params(body)  # beam search makes its engine requests later: its params are checked here too
+    if (body.kv_transfer_params or {}).get("prompt_token_ids") is not None and not hasattr(body, "messages"):
+        raise APIError(400, "kv_transfer_params: prompt_token_ids are a chat request's (a completion's prompt "
+                            "takes token ids itself)", param=_PARAM)
     if body.kv_transfer_params and choices.num_choices != 1:
         raise APIError(400, "kv_transfer_params are served for one prompt a request", param=_PARAM)
 
 
 async def answer_params(choices: Choices) -> dict[str, Any] | None:
-    """A prefill request's answer (vLLM's shape): where its prompt's blocks wait for the decode
-    request, when it ended at its length (as vLLM's connectors answer); None otherwise."""
+    """A prefill request's answer (vLLM's shape; a stream's on its last choice chunk): where its
+    prompt's blocks wait for the decode request, when it ended at its length (as vLLM's connectors
+    answer); None otherwise."""
     gen = choices.generations[0]
     params = getattr(gen, "kv_transfer", None)
     if params is None or not params.do_remote_decode or gen.finish_reason != "length":

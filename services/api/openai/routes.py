@@ -19,7 +19,7 @@ from services.api.openai.beam_search import BeamChoices, check_beam_request
 from services.api.openai.body import parse
 from services.api.openai.choices import Choices
 from services.api.openai.generation import Generation, engine_request
-from services.api.openai.kv_transfer import answer_params, check_one_choice
+from services.api.openai.kv_transfer import answer_params, check_one_choice, reused_prompt_ids
 from services.api.openai.params import (
     chat_logprobs,
     choice_seed,
@@ -81,9 +81,12 @@ def chat_generation(ctx: ApiContext, model: ServedModel, body: ChatCompletionReq
     """A validated chat request as engine requests, and the responder that reads them back.
     images: its image parts, stored, in order (store_images)."""
     tools = plan_tools(body, resolve_parser(ctx.tool_call_parser, model.chat_template))
-    text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
-                           body.continue_final_message, body.chat_template_kwargs, images)
-    prompt_ids = truncated(encode_text(model, text, "messages"), body, model)
+    if (reused := reused_prompt_ids(body, bool(images))) is not None:  # a disaggregated decode's (vLLM's)
+        prompt_ids, text = reused, model.tokenizer.decode(reused, skip_special_tokens=False)
+    else:
+        text = render_messages(model, body.messages, body.add_generation_prompt, body.tools if tools else None,
+                               body.continue_final_message, body.chat_template_kwargs, images)
+        prompt_ids = truncated(encode_text(model, text, "messages"), body, model)
     refs = image_refs(prompt_ids, model.images, images)
     sampling = sampling_params(body, model, len(prompt_ids), max_tokens=body.max_completion_tokens or body.max_tokens,
                                logprobs=whole_vocabulary(chat_logprobs(body), model),
@@ -164,7 +167,8 @@ async def _respond(choices: Choices, responder: Responder, body: _Sampling, requ
     created = int(time.time())
     with_metrics = request.app.state.ctx.server.per_request_metrics
     if body.stream:
-        stream = _sse(choices, responder, request_id, created, body.include_usage, usage_every_chunk, with_metrics)
+        stream = _sse(choices, responder, request_id, created, body.include_usage, usage_every_chunk, with_metrics,
+                      with_kv_transfer=body.kv_transfer_params is not None)
         return EventStream(stream, sep="\n")
     await collect(choices, responder, request)
     answer = responder.response(request_id, created, choices.usage())
@@ -194,10 +198,11 @@ async def collect(choices: Choices, responder: Responder, request: Request) -> N
 
 
 async def _sse(choices: Choices, responder: Responder, request_id: str, created: int, include_usage: bool,
-               usage_every_chunk: bool, with_metrics: bool = False):
+               usage_every_chunk: bool, with_metrics: bool = False, with_kv_transfer: bool = False):
     """usage_every_chunk (the pipeline routes, as the seed product does): with include_usage, every
     chunk carries the usage so far, ttft and tps included; the final usage chunk still comes last.
-    with_metrics: the final usage chunk carries vLLM's per-request metrics."""
+    with_metrics: the final usage chunk carries vLLM's per-request metrics.
+    with_kv_transfer: the chunk that finishes the choice carries its kv_transfer_params (vLLM's)."""
     def data(obj: dict) -> bytes:
         if include_usage and usage_every_chunk and "choices" in obj and "usage" not in obj:
             obj["usage"] = choices.usage().as_dict()
@@ -207,7 +212,10 @@ async def _sse(choices: Choices, responder: Responder, request_id: str, created:
         for first in responder.first_chunks(request_id, created):
             yield data(first)
         async for index, delta in choices.deltas():
-            for c in responder.chunks(request_id, created, index, delta):
+            out = responder.chunks(request_id, created, index, delta)
+            if with_kv_transfer and delta.finish_reason is not None and out:
+                out[-1]["kv_transfer_params"] = await answer_params(choices)
+            for c in out:
                 yield data(c)
         if include_usage:
             last = responder.usage_chunk(request_id, created, choices.usage())
