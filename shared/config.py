@@ -51,6 +51,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     enable_prefix_caching: bool = True
     kv_offloading_size: float = 0.0  # GiB of the host KV tier's shared memory (0: none; docs/kv_offloading.md)
     kv_offloading_dir: str | None = None  # where the host tier's file lives (None: /dev/shm); one per host
+    kv_offloading_disk_size: float = 0.0  # GiB of a local disk the tier's LRU spills to (0: none)
+    kv_offloading_disk_dir: str | None = None  # that disk's folder (None: /var/tmp)
     max_waiting: int = 1024  # queue bound per model; beyond it Submit is rejected (429)
     max_concurrent_batch_size: int = 256  # requests running at once per model, across its workers
     batching: str = "continuous"  # or "static": a batch runs to completion first (for comparison)
@@ -80,6 +82,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             if not self.kv_offloading_size:
                 raise ConfigError("--kv-transfer-config: the SharedMemoryConnector hands a prefill worker's blocks to a "
                                   "decode worker through the host KV tier; give it --kv-offloading-size GIB")
+        if self.kv_offloading_disk_size and not self.kv_offloading_size:
+            raise ConfigError("--kv-offloading-disk-size: the disk takes what the host KV tier drops; give the tier "
+                              "--kv-offloading-size GIB too")
         return self
 
 
@@ -99,6 +104,7 @@ ENGINE_CHECKS = {
     "num_scheduler_steps": lambda f, v: in_range(f, v, 0, 64),  # 0: the worker's pick
     "num_kv_blocks": lambda f, v: in_range(f, v, 2, allow_none=True),
     "kv_offloading_size": lambda f, v: in_range(f, v, 0),
+    "kv_offloading_disk_size": lambda f, v: in_range(f, v, 0),
     "kv_cache_dtype": lambda f, v: one_of(f, v, KV_CACHE_DTYPES, KV_CACHE_DTYPES_REFUSED, "by any backend here"),
     "quantization": lambda f, v: one_of(f, v, QUANTIZATIONS, QUANTIZATIONS_REFUSED, "by the torch backend"),
     "load_format": lambda f, v: one_of(f, v, LOAD_FORMATS),
@@ -169,6 +175,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="GiB of host shared memory keeping the KV blocks the host's workers compute (0: off)")
     parser.add_argument("--kv-offloading-dir", default=_env("kv_offloading_dir", d.kv_offloading_dir),
                         help="the host KV tier's folder (default /dev/shm); workers sharing one share the tier")
+    parser.add_argument("--kv-offloading-disk-size", type=float,
+                        default=_env("kv_offloading_disk_size", d.kv_offloading_disk_size),
+                        help="GiB of a local disk the host KV tier's least recently used blocks spill to (0: off)")
+    parser.add_argument("--kv-offloading-disk-dir", default=_env("kv_offloading_disk_dir", d.kv_offloading_disk_dir),
+                        help="the disk spill's folder (default /var/tmp)")
     parser.add_argument("--kv-transfer-config", default=_env("kv_transfer_config", None),
                         help="disaggregated prefill, vLLM's JSON: kv_connector SharedMemoryConnector, kv_role "
                              "kv_producer, kv_consumer or kv_both (docs/kv_offloading.md)")

@@ -3,6 +3,8 @@
 The workers only copy (Step.kv_saves / kv_loads); the index is the scheduler's, shared by every
 pool whose worker maps the same tier. A slot saved in a Step is readable once that Step's result
 is back (pending until then); a slot loaded by a Step in flight is pinned, never reused under it.
+With a disk spill (--kv-offloading-disk-size), what the LRU drops goes to the disk's slots
+(Step.kv_spills), from which a prefix hit loads straight into the pool (Step.kv_disk_loads).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from shared.wire.kv_events import BlockRemoved, BlockStored, HostTierInfo, KvEve
 
 log = get_logger("scheduler.host_tier")
 MEDIUM = "host"  # the KV events' medium for this tier's blocks
+DISK = "disk"  # ... and for its disk spill's
 
 
 class TierIndex:
@@ -30,11 +33,17 @@ class TierIndex:
         self.held: Counter[bytes] = Counter()  # blocks a decode request will load (kv_holds.py): never evicted
         self.events: list[KvEvent] = []
         self.num_loaded = 0  # blocks read back instead of recomputed
+        self.disk = DiskIndex(info.disk_slots) if info.disk_slots else None
+        self.spills: list[tuple[int, int, bytes]] = []  # (slot, disk slot, hash): the reserving pool's Step copies them
 
     @property
     def pool_id(self) -> str:
-        """Its name among the pools of the KV index."""
+        """Its name among the pools of the KV index (its disk spill's: disk:<tier id>)."""
         return f"host:{self.tier_id}"
+
+    @property
+    def disk_pool_id(self) -> str:
+        return f"disk:{self.tier_id}"
 
     def lookup(self, block_hash: bytes) -> int | None:
         return self.entries.get(block_hash)
@@ -57,26 +66,34 @@ class TierIndex:
         return max(((peer, peer.num_leading(block_hashes)) for peer in self.peers()), key=lambda p: p[1],
                    default=(None, 0))
 
-    def reserve(self, block_hash: bytes) -> int | None:
+    def reserve(self, block_hash: bytes, spill: bool = False) -> int | None:
         """A slot for a block to be written into (a pool's computed or evicted block, or another host's
         slot fetched), pending until committed; None: the tier has it already (now most recently
-        used), or is being given it, or every slot is pinned or pending."""
+        used), or is being given it, or every slot is pinned or pending. spill: the block the LRU
+        drops for it goes to the disk (self.spills, which the caller's Step must copy first)."""
         if block_hash in self.entries:
             self.entries.move_to_end(block_hash)
             return None
         if block_hash in self.pending:
             return None
-        slot = self.free_slots.pop() if self.free_slots else self._evict()
+        slot = self.free_slots.pop() if self.free_slots else self._evict(spill)
         if slot is not None:
             self.pending[block_hash] = slot
         return slot
 
-    def _evict(self) -> int | None:
+    def _evict(self, spill: bool) -> int | None:
         victim = next((h for h, slot in self.entries.items() if not self.pins[slot] and not self.held[h]), None)
         if victim is None:
             return None
         self.events.append(BlockRemoved(block_hashes=[victim], medium=MEDIUM))
-        return self.entries.pop(victim)
+        slot = self.entries.pop(victim)
+        if spill and self.disk is not None and (disk_slot := self.disk.reserve(victim)) is not None:
+            self.spills.append((slot, disk_slot, victim))
+        return slot
+
+    def take_spills(self) -> list[tuple[int, int, bytes]]:
+        spills, self.spills = self.spills, []
+        return spills
 
     def pin(self, slot: int) -> None:
         self.pins[slot] += 1
@@ -110,6 +127,67 @@ class TierIndex:
             slot = self.pending.pop(block_hash, None)
             if slot is not None:
                 self.free_slots.append(slot)
+
+    def take_events(self) -> list[KvEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+class DiskIndex:
+    """The disk spill's slots: LRU, pending while the Step writing them is out, pinned while one reads."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.entries: OrderedDict[bytes, int] = OrderedDict()
+        self.pending: dict[bytes, int] = {}
+        self.pins: Counter[int] = Counter()
+        self.events: list[KvEvent] = []
+        self.num_loaded = 0  # blocks read back into a pool
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        return self.entries.get(block_hash)
+
+    def reserve(self, block_hash: bytes) -> int | None:
+        """A slot for a block the host tier drops; None: the disk has it (now most recently used), is
+        being given it, or every slot is pinned or pending."""
+        if block_hash in self.entries:
+            self.entries.move_to_end(block_hash)
+            return None
+        if block_hash in self.pending:
+            return None
+        slot = self.free_slots.pop() if self.free_slots else None
+        if slot is None:
+            victim = next((h for h, s in self.entries.items() if not self.pins[s]), None)
+            if victim is None:
+                return None
+            self.events.append(BlockRemoved(block_hashes=[victim], medium=DISK))
+            slot = self.entries.pop(victim)
+        self.pending[block_hash] = slot
+        return slot
+
+    def end(self, block_hashes: list[bytes], ok: bool) -> None:
+        """The Step that spilled them is back (ok: the slots hold them) or failed (the slots are free)."""
+        stored = []
+        for block_hash in block_hashes:
+            slot = self.pending.pop(block_hash, None)
+            if slot is None:
+                continue
+            if ok:
+                self.entries[block_hash] = slot
+                stored.append(block_hash)
+            else:
+                self.free_slots.append(slot)
+        if stored:
+            self.events.append(BlockStored(block_hashes=stored, medium=DISK))
+
+    def pin(self, slot: int) -> None:
+        self.pins[slot] += 1
+
+    def unpin(self, slot: int) -> None:
+        self.pins[slot] -= 1
+        if not self.pins[slot]:
+            del self.pins[slot]
 
     def take_events(self) -> list[KvEvent]:
         events, self.events = self.events, []

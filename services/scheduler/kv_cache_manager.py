@@ -6,6 +6,7 @@ from services.scheduler.block_pool import BlockPool, KVBlock
 from services.scheduler.host_tier import TierIndex
 from services.scheduler.request import Request
 from shared.wire.hashing import hash_block_chain, max_cacheable_blocks
+from shared.wire.messages import Step
 
 
 def cdiv(a: int, b: int) -> int:
@@ -13,13 +14,15 @@ def cdiv(a: int, b: int) -> int:
 
 
 class TierHit:
-    """A prefix block the host tier holds: loaded into a new block of the pool, not recomputed."""
+    """A prefix block the host tier (or its disk spill) holds: loaded into a new block of the pool,
+    not recomputed."""
 
-    __slots__ = ("block_hash", "slot")
+    __slots__ = ("block_hash", "slot", "on_disk")
 
-    def __init__(self, block_hash: bytes, slot: int):
+    def __init__(self, block_hash: bytes, slot: int, on_disk: bool = False):
         self.block_hash = block_hash
-        self.slot = slot
+        self.slot = slot  # the tier's, or the disk's
+        self.on_disk = on_disk
 
 
 class KVCacheManager:
@@ -41,7 +44,9 @@ class KVCacheManager:
         self._loads: list[tuple[int, KVBlock]] = []  # ... (slot, block) out of it
         self._computed: list[tuple[KVBlock, bytes]] = []  # cached this Step: saved once its forward is done
         self._to_save: list[tuple[KVBlock, bytes]] = []  # ... by a Step that is back: the next Step saves them
-        self._in_flight: tuple[list, list, list] = ([], [], [])  # the Step out: its saves, loads and computed
+        self._spills: list[tuple[int, int, bytes]] = []  # (slot, disk slot, hash): what the saves' slots held
+        self._disk_loads: list[tuple[int, KVBlock]] = []  # (disk slot, block)
+        self._in_flight: tuple[list, ...] = ([], [], [], [], [])  # the Step out's saves, loads, computed, spills, disk loads
 
     def update_block_hashes(self, request: Request) -> None:
         """Extend the request's hash chain over its full blocks (outputs included)."""
@@ -62,11 +67,14 @@ class KVCacheManager:
         hashes = request.block_hashes[:max_cacheable_blocks(request.num_tokens, self.block_size)]
         hits: list[KVBlock | TierHit] = self.pool.cached_prefix(hashes)
         if self.tier is not None:
+            disk = self.tier.disk
             for block_hash in hashes[len(hits):]:
-                slot = self.tier.lookup(block_hash)
-                if slot is None:
+                if (slot := self.tier.lookup(block_hash)) is not None:
+                    hits.append(TierHit(block_hash, slot))
+                elif disk is not None and (slot := disk.lookup(block_hash)) is not None:
+                    hits.append(TierHit(block_hash, slot, on_disk=True))
+                else:
                     break
-                hits.append(TierHit(block_hash, slot))
         return hits
 
     def record_admission(self, num_tokens: int, hits: list[KVBlock | TierHit], first: bool) -> None:
@@ -98,9 +106,10 @@ class KVCacheManager:
         self.pool.touch(pool_hits)
         blocks.extend(pool_hits)
         for hit in tier_hits:  # before the new blocks evict others into the tier: no save takes these slots
-            self.tier.pin(hit.slot)
+            (self.tier.disk if hit.on_disk else self.tier).pin(hit.slot)
         new_blocks = self.pool.get_new_blocks(max(num_needed, 0))
-        self._loads += [(hit.slot, block) for hit, block in zip(tier_hits, new_blocks, strict=False)]
+        for hit, block in zip(tier_hits, new_blocks, strict=False):
+            (self._disk_loads if hit.on_disk else self._loads).append((hit.slot, block))
         blocks.extend(new_blocks)
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         return new_blocks
@@ -110,47 +119,63 @@ class KVCacheManager:
     def _offload(self, block: KVBlock) -> None:
         """A cached block is handed out again: the Step saves it into the tier first (unless the tier
         has it, or the block is one this Step loads: its content then is not its hash's yet)."""
-        if any(loaded is block for _, loaded in self._loads):
+        if self._is_loaded(block):
             return
-        slot = self.tier.reserve(block.block_hash)
+        self._save(block, block.block_hash)
+
+    def _is_loaded(self, block: KVBlock) -> bool:
+        return any(loaded is block for _, loaded in self._loads) or any(b is block for _, b in self._disk_loads)
+
+    def _save(self, block: KVBlock, block_hash: bytes) -> None:
+        """Into a slot of the tier; the block its LRU drops for it, to the disk first (if any)."""
+        slot = self.tier.reserve(block_hash, spill=True)
+        self._spills += self.tier.take_spills()
         if slot is not None:
-            self._saves.append((block.block_id, slot, block.block_hash))
+            self._saves.append((block.block_id, slot, block_hash))
 
     @property
     def has_transfers(self) -> bool:
         """Blocks computed by the last Step wait to be written to the tier (a Step of copies alone)."""
         return bool(self._to_save)
 
-    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """This Step's (block, slot) saves and (slot, block) loads; they are in flight until end_transfers.
-        Write-through: every block a Step computed is saved by the next one (a later turn, another
-        worker on the host, or this one after a restart finds it), unless the tier has it already."""
+    def take_transfers(self, step: Step) -> None:
+        """This Step's (block, slot) saves and (slot, block) loads, with the disk's (slot, disk slot)
+        spills and (disk slot, block) loads; in flight until end_transfers. Write-through: every
+        block a Step computed is saved by the next one (a later turn, another worker on the host, or
+        this one after a restart finds it), unless the tier has it already."""
         for block, block_hash in self._to_save:
-            if block.block_hash == block_hash and not any(loaded is block for _, loaded in self._loads):
-                slot = self.tier.reserve(block_hash)
-                if slot is not None:
-                    self._saves.append((block.block_id, slot, block_hash))
-        self._in_flight = (self._saves, self._loads, self._computed)
-        self._saves, self._loads, self._computed, self._to_save = [], [], [], []
-        saves, loads, _ = self._in_flight
-        return [(block, slot) for block, slot, _ in saves], [(slot, block.block_id) for slot, block in loads]
+            if block.block_hash == block_hash and not self._is_loaded(block):
+                self._save(block, block_hash)
+        self._in_flight = (self._saves, self._loads, self._computed, self._spills, self._disk_loads)
+        self._saves, self._loads, self._computed, self._to_save, self._spills, self._disk_loads = [], [], [], [], [], []
+        saves, loads, _, spills, disk_loads = self._in_flight
+        step.kv_saves = [(block, slot) for block, slot, _ in saves]
+        step.kv_loads = [(slot, block.block_id) for slot, block in loads]
+        step.kv_spills = [(slot, disk_slot) for slot, disk_slot, _ in spills]
+        step.kv_disk_loads = [(disk_slot, block.block_id) for disk_slot, block in disk_loads]
 
     def end_transfers(self, ok: bool) -> None:
         """The Step is back (ok), or failed / lost with its worker: then what it saved is dropped and
         what it loaded is no longer trusted as its hash's."""
-        saves, loads, computed = self._in_flight
-        self._in_flight = ([], [], [])
+        saves, loads, computed, spills, disk_loads = self._in_flight
+        self._in_flight = ([], [], [], [], [])
         if self.tier is None:
             return
         for slot, _ in loads:
             self.tier.unpin(slot)
+        for disk_slot, _ in disk_loads:
+            self.tier.disk.unpin(disk_slot)
+        if spills:
+            self.tier.disk.end([block_hash for _, _, block_hash in spills], ok)
         if ok:
             self.tier.commit([block_hash for _, _, block_hash in saves])
-            self.tier.num_loaded += len(loads)
+            self.tier.num_loaded += len(loads) + len(disk_loads)
+            if disk_loads:
+                self.tier.disk.num_loaded += len(disk_loads)
             self._to_save += computed
         else:
             self.tier.abort([block_hash for _, _, block_hash in saves])
-            for _, block in loads:
+            for _, block in loads + disk_loads:
                 self.pool.forget(block)
 
     def _cache_full_blocks(self, request: Request, num_tokens_after_step: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from services.scheduler.request import Request
+from shared.wire.messages import Step
 
 
 class KVManager(Protocol):
@@ -46,8 +47,8 @@ class KVManager(Protocol):
     def has_transfers(self) -> bool:
         """Copies to the host tier wait for the next Step, even with no request to run."""
 
-    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """The next Step's host-tier copies: (block, slot) saves and (slot, block) loads."""
+    def take_transfers(self, step: Step) -> None:
+        """The next Step's host-tier copies, into it: saves, loads, and the disk spill's."""
 
     def end_transfers(self, ok: bool) -> None:
         """The Step that carried them is back (ok) or lost."""

@@ -14,7 +14,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from services.scheduler.engine_metrics import EngineMetrics
-from services.scheduler.host_tier import MEDIUM, TierIndex
+from services.scheduler.host_tier import DISK, MEDIUM, TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_holds import Hold, KvHolds
 from services.scheduler.lease import deposed
@@ -391,10 +391,14 @@ class PoolLoop:
         if events:
             await self.nc.publish(subjects.kv_events(self.worker_id), encode(
                 KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))
-        tier_events = self.tier.take_events() if self.tier is not None else []
-        if tier_events:  # the tier is a pool of the index of its own, shared by the workers that map it
-            await self.nc.publish(subjects.kv_events(self.tier.pool_id), encode(
-                KvEventBatch(pool=self.tier.pool_id, model=self.hello.model, events=tier_events)))
+        if self.tier is None:
+            return
+        # the tier is a pool of the index of its own, shared by the workers that map it; its disk another
+        for pool_id, tier_events in ((self.tier.pool_id, self.tier.take_events()),
+                                     (self.tier.disk_pool_id, self.tier.disk.take_events() if self.tier.disk else [])):
+            if tier_events:
+                await self.nc.publish(subjects.kv_events(pool_id), encode(
+                    KvEventBatch(pool=pool_id, model=self.hello.model, events=tier_events)))
 
     async def publish_snapshot(self) -> None:
         """PoolCleared then everything cached: how the KV index (re)learns this pool."""
@@ -407,3 +411,8 @@ class PoolLoop:
             events = [PoolCleared()] + ([BlockStored(block_hashes=held, medium=MEDIUM)] if held else [])
             await self.nc.publish(subjects.kv_events(self.tier.pool_id), encode(
                 KvEventBatch(pool=self.tier.pool_id, model=self.hello.model, events=events)))
+        if self.tier is not None and self.tier.disk is not None:
+            held = list(self.tier.disk.entries)
+            events = [PoolCleared()] + ([BlockStored(block_hashes=held, medium=DISK)] if held else [])
+            await self.nc.publish(subjects.kv_events(self.tier.disk_pool_id), encode(
+                KvEventBatch(pool=self.tier.disk_pool_id, model=self.hello.model, events=events)))

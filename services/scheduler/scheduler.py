@@ -24,7 +24,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.num_new_tokens or self.step.dropped_ids or self.step.kv_saves or self.step.kv_loads)
+        return not (self.num_new_tokens or self.step.dropped_ids or self.step.kv_saves or self.step.kv_loads
+                    or self.step.kv_spills)
 
 
 @dataclass
@@ -136,7 +137,7 @@ class Scheduler:
         speculating = self._speculate(out, budget)
         self._look_ahead(out, 1 + self.num_speculative_tokens if speculating else 1)
         out.step.dropped_ids = self.take_dropped_ids()
-        out.step.kv_saves, out.step.kv_loads = self.kv.take_transfers()
+        self.kv.take_transfers(out.step)
         return out
 
     @staticmethod

@@ -39,8 +39,8 @@ class SlotManager:
 
     has_transfers = False
 
-    def take_transfers(self) -> tuple[list, list]:
-        return [], []  # no host tier: a slot is a whole sequence's context
+    def take_transfers(self, step) -> None:
+        pass  # no host tier: a slot is a whole sequence's context
 
     def end_transfers(self, ok: bool) -> None:
         pass

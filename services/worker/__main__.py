@@ -18,6 +18,7 @@ from services.worker.deployment import drain_when_orphaned
 from services.worker.draft_proposer import DraftModelProposer
 from services.worker.eagle_proposer import Eagle3Proposer
 from services.worker.guided import GrammarCompiler
+from services.worker.kv_disk import DiskTier
 from services.worker.kv_tier import HostTier
 from services.worker.lora.adapter import LoraError
 from services.worker.lora.manager import LoraManager
@@ -97,6 +98,9 @@ def main() -> None:
     tier = HostTier.open(f"{args.nats_url} {config.model}", backend.kv_tensors(), config.kv_offloading_size,
                          Path(config.kv_offloading_dir) if config.kv_offloading_dir else None) \
         if config.kv_offloading_size else None
+    if tier is not None and config.kv_offloading_disk_size:
+        tier.disk = DiskTier.open(tier, config.kv_offloading_disk_size,
+                                  Path(config.kv_offloading_disk_dir) if config.kv_offloading_disk_dir else None)
     runner = ModelRunner(backend, max_model_len, backend.config.eos_token_ids, grammar=grammar, rebuild=rebuild,
                          lora=lora, proposer=proposer, tier=tier)
     info = backend.describe()

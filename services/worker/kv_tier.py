@@ -11,12 +11,16 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from shared.checks import ConfigError
 from shared.log import get_logger
 from shared.wire.kv_events import HostTierInfo
+
+if TYPE_CHECKING:
+    from services.worker.kv_disk import DiskTier
 
 log = get_logger("worker.kv_tier")
 HEADER_BYTES = 4096  # the tier's identity (a uuid) and room to grow; slots start after it
@@ -51,6 +55,7 @@ class HostTier:
         self._mmap = mapped
         buffer = torch.frombuffer(mapped, dtype=torch.uint8, offset=HEADER_BYTES, count=num_slots * slot_bytes)
         self.slots = buffer.view(num_slots, slot_bytes)
+        self.disk: DiskTier | None = None  # its spill on a local disk (kv_disk.py), when asked for
 
     @classmethod
     def open(cls, scope: str, tensors: list[torch.Tensor], size_gib: float, directory: Path | None = None) -> HostTier:
@@ -65,7 +70,7 @@ class HostTier:
         directory = directory or (SHM_DIR if SHM_DIR.is_dir() else Path(os.environ.get("TMPDIR", "/tmp")))
         path = directory / tier_name(scope, tensors)
         sweep(directory, keep=path)  # its own, a worker killed and restarted maps again: the same tier
-        with _setup_lock(path):  # one worker at a time creates or removes the file
+        with setup_lock(path):  # one worker at a time creates or removes the file
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 size = HEADER_BYTES + wanted * slot_bytes
@@ -96,7 +101,11 @@ class HostTier:
 
     def info(self) -> HostTierInfo:
         return HostTierInfo(tier_id=self.tier_id, num_slots=self.num_slots, path=str(self.path), layout=self.layout,
-                            slot_bytes=self.slot_bytes)
+                            slot_bytes=self.slot_bytes, disk_slots=self.disk.num_slots if self.disk else 0)
+
+    def slot_view(self, slot: int) -> memoryview:
+        start = HEADER_BYTES + slot * self.slot_bytes
+        return memoryview(self._mmap)[start:start + self.slot_bytes]
 
     def read(self, slot: int, offset: int, length: int) -> bytes:
         """Bytes of one slot, for another host's worker (the scheduler pins the slot meanwhile)."""
@@ -112,29 +121,38 @@ class HostTier:
         start = HEADER_BYTES + slot * self.slot_bytes + offset
         self._mmap[start:start + len(data)] = data
 
-    def transfer(self, tensors: list[torch.Tensor], saves: list[tuple[int, int]],
-                 loads: list[tuple[int, int]]) -> None:
-        """Saves (pool block -> slot) first: a block they read may be the target of a load."""
+    def transfer(self, tensors: list[torch.Tensor], saves: list[tuple[int, int]], loads: list[tuple[int, int]],
+                 spills: list[tuple[int, int]] = (), disk_loads: list[tuple[int, int]] = ()) -> None:
+        """Spills (slot -> disk) first: the saves reuse their slots; saves (pool block -> slot) next: a
+        block they read may be the target of a load; loads from the tier, then from the disk."""
+        if (spills or disk_loads) and self.disk is None:
+            raise RuntimeError("the Step moves KV blocks to or from a disk spill this worker does not have")
+        if spills:
+            self.disk.spill(self, spills)
         if saves:
             blocks, slots = _columns(saves, len(tensors[0]), self.num_slots)
             offset = 0
             for t in tensors:
-                rows = _as_rows(t)
+                rows = as_rows(t)
                 self.slots[slots, offset:offset + rows.shape[1]] = rows[blocks].cpu()
                 offset += rows.shape[1]
         if loads:
             slots, blocks = _columns(loads, self.num_slots, len(tensors[0]))
             offset = 0
             for t in tensors:
-                rows = _as_rows(t)
+                rows = as_rows(t)
                 rows[blocks] = self.slots[slots, offset:offset + rows.shape[1]].to(t.device)
                 offset += rows.shape[1]
+        if disk_loads:
+            self.disk.load(tensors, disk_loads)
 
     def close(self) -> None:
-        """Unmaps; removes the file when no other worker holds it."""
+        """Unmaps; removes the file (and its disk spill's) when no other worker holds it."""
+        if self.disk is not None:
+            self.disk.close()
         del self.slots
         self._mmap.close()
-        with _setup_lock(self.path):
+        with setup_lock(self.path):
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self.path.unlink(missing_ok=True)
@@ -152,7 +170,7 @@ def sweep(directory: Path, keep: Path | None = None) -> list[Path]:
     for path in directory.glob("switchyard-kv-*"):
         if path == keep:
             continue
-        with _setup_lock(path):
+        with setup_lock(path):
             try:
                 fd = os.open(path, os.O_RDWR)
             except FileNotFoundError:
@@ -169,7 +187,7 @@ def sweep(directory: Path, keep: Path | None = None) -> list[Path]:
 
 
 @contextmanager
-def _setup_lock(path: Path) -> Iterator[None]:
+def setup_lock(path: Path) -> Iterator[None]:
     """One for the directory's tiers (never removed, so every process locks the same file)."""
     fd = os.open(path.parent / "switchyard-kv.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -179,7 +197,7 @@ def _setup_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _as_rows(t: torch.Tensor) -> torch.Tensor:
+def as_rows(t: torch.Tensor) -> torch.Tensor:
     """[blocks, ...] of any dtype as [blocks, bytes per block] of uint8, sharing its storage."""
     return t.view(torch.uint8).view(t.shape[0], -1)
 

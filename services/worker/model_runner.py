@@ -161,10 +161,11 @@ class ModelRunner:
         """A failure of the forward fails the step; a failure of one row's grammar or sampling
         fails that row's sequence only (a Sampled with finish_reason ERROR), and the others go on."""
         self._row_errors = {}
-        if step.kv_saves or step.kv_loads:
+        if step.kv_saves or step.kv_loads or step.kv_spills or step.kv_disk_loads:
             if self.tier is None:
                 raise RuntimeError("the Step moves KV blocks to or from a host tier this worker does not have")
-            self.tier.transfer(self.backend.kv_tensors(), step.kv_saves, step.kv_loads)
+            self.tier.transfer(self.backend.kv_tensors(), step.kv_saves, step.kv_loads, step.kv_spills,
+                               step.kv_disk_loads)
         batch = self.apply_deltas(step)
         if not batch:
             return self._record([], [], [])

@@ -68,6 +68,7 @@ class HostTierInfo(msgspec.Struct):
     path: str = ""  # for the logs
     layout: str = ""  # a digest of a slot's layout: tiers of one layout (on other hosts) copy slots between them
     slot_bytes: int = 0
+    disk_slots: int = 0  # its spill on a local disk (--kv-offloading-disk-size): blocks its LRU drops go there
 
 
 class TierRead(msgspec.Struct, tag="tier_read", array_like=True):

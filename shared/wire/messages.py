@@ -273,6 +273,10 @@ class Step(msgspec.Struct, tag="step", array_like=True):
     # copied out of blocks being handed out again, then (tier slot, pool block) copied in for prefix hits
     kv_saves: list[tuple[int, int]] = []
     kv_loads: list[tuple[int, int]] = []
+    # its disk spill (services/worker/kv_disk.py): (tier slot, disk slot) copied out of slots the saves
+    # then overwrite, first of all; (disk slot, pool block) read into blocks for prefix hits, last
+    kv_spills: list[tuple[int, int]] = []
+    kv_disk_loads: list[tuple[int, int]] = []
 
 
 class Sampled(msgspec.Struct, array_like=True):
