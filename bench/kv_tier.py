@@ -1,7 +1,9 @@
 """`python -m bench.kv_tier`: multi-turn chat whose KV is several times the pool, with the host KV
-tier (--kv-offloading-size) and without it (every evicted history recomputed).
+tier (--kv-offloading-size) and without it (every evicted history recomputed), and with a tier too
+small for it and a disk behind it (--kv-offloading-disk-size).
 
     python -m bench.kv_tier [--conversations 16 --turns 4 --history 768 --pool-blocks 240]
+    python -m bench.kv_tier --disk-gib 1 --disk-tier-gib 0.1 --disk-dir /var/tmp
 
 A stack of `make run`'s services (one worker, its defaults) serves conversations one request at a
 time, round robin, so each conversation's history is evicted from the pool by the others' before
@@ -65,11 +67,13 @@ async def conversations(base_url: str, model: str, args: argparse.Namespace) -> 
     return ttfts
 
 
-def run(args: argparse.Namespace, tier_gib: float) -> tuple[dict[int, list[float]], float]:
+def run(args: argparse.Namespace, tier_gib: float, disk_gib: float = 0.0) -> tuple[dict[int, list[float]], float]:
     bus = NatsServer(auth=True).start()
     max_len = args.history + args.turns * (args.answer + args.user) + 64
     flags = ["--num-kv-blocks", str(args.pool_blocks), "--max-model-len", str(max_len),
              "--kv-offloading-size", str(tier_gib), *shlex.split(args.service_args)]
+    if disk_gib:
+        flags += ["--kv-offloading-disk-size", str(disk_gib), "--kv-offloading-disk-dir", args.disk_dir]
     stack = Stack(nats_url=bus.url, auth_dir=bus.auth_dir, api_port=free_port(), num_workers=1, service_args=flags)
     stack.nats = bus
     stack.start()
@@ -99,6 +103,9 @@ def main() -> None:
     parser.add_argument("--pool-blocks", type=int, default=240, help="the worker's KV pool (--num-kv-blocks)")
     parser.add_argument("--tier-gib", type=float, default=1.0, help="--kv-offloading-size of the tier run")
     parser.add_argument("--service-args", default="", help="more flags for every service")
+    parser.add_argument("--disk-gib", type=float, default=0.0, help="a third run: a disk spill of this size...")
+    parser.add_argument("--disk-tier-gib", type=float, default=0.1, help="... behind a tier of this size")
+    parser.add_argument("--disk-dir", default="/var/tmp", help="... in this folder")
     args = parser.parse_args()
     final = args.history + (args.turns - 1) * (args.answer + args.user)
     kv_blocks = args.conversations * final // BLOCK_SIZE
@@ -108,6 +115,9 @@ def main() -> None:
     results = {}
     for label, gib in (("recompute (no tier)", 0.0), (f"host tier ({args.tier_gib} GiB)", args.tier_gib)):
         results[label] = run(args, gib)
+    if args.disk_gib:
+        label = f"tier ({args.disk_tier_gib} GiB) + disk ({args.disk_gib} GiB, {args.disk_dir})"
+        results[label] = run(args, args.disk_tier_gib, args.disk_gib)
     print("| KV of an evicted history | first turns TTFT p50 / p90 (s) | later turns TTFT p50 / p90 (s) "
           "| tokens loaded from the tier |")
     print("|---|---|---|---|")
@@ -115,10 +125,11 @@ def main() -> None:
         later = [x for t in range(1, args.turns) for x in ttfts[t]]
         print(f"| {label} | {_p(ttfts[0], 50):.3f} / {_p(ttfts[0], 90):.3f} | {_p(later, 50):.3f} / "
               f"{_p(later, 90):.3f} | {hits:.0f} |")
-    (base, _), (tiered, _) = results.values()
-    ratio = statistics.median([x for t in range(1, args.turns) for x in base[t]]) / \
-        statistics.median([x for t in range(1, args.turns) for x in tiered[t]])
-    print(f"later turns' TTFT p50: {ratio:.1f}x lower with the tier")
+    base = next(iter(results.values()))[0]
+    for label, (ttfts, _) in list(results.items())[1:]:
+        ratio = statistics.median([x for t in range(1, args.turns) for x in base[t]]) / \
+            statistics.median([x for t in range(1, args.turns) for x in ttfts[t]])
+        print(f"later turns' TTFT p50: {ratio:.1f}x lower with the {label}")
 
 
 if __name__ == "__main__":

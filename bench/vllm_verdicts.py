@@ -50,6 +50,8 @@ def categorize(message: str, source: str, errors: list[str]) -> tuple[str, str]:
     """(category, subject) of one failed or errored case."""
     if "did not finish within" in message:
         return UNFINISHED, ""
+    if "Batch process exited early" in message:  # vLLM's own run_batch CLI: vLLM's engine, not a server's
+        return INTERNALS, "vllm.entrypoints.openai.run_batch"
     lowered = (message + "\n" + "\n".join(errors)).lower()
     if "huggingface.co" in lowered or "hf_hub" in lowered:
         return HUB, exception_type(message)

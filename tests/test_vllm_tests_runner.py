@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from bench.vllm_tests import kill_left, report
-from bench.vllm_verdicts import HUB, METRIC, MODEL, REFUSED, categorize
+from bench.vllm_verdicts import HUB, INTERNALS, METRIC, MODEL, REFUSED, categorize
 
 
 def _shim():
@@ -49,8 +49,11 @@ def test_a_failure_is_sorted_by_what_failed_not_by_words_in_it():
                   outcome="error")
     counted = _failed("test_w", "AssertionError: assert 180 == 190",
                       ">       assert sum == expected  # vllm:iteration_tokens_total\nE       assert 180 == 190")
-    assert [c["category"] for c in (missing_metric, answer, refused, hub, counted)] == [
-        METRIC, MODEL, REFUSED, HUB, METRIC]
+    images = _failed("test_v", "RuntimeError: multimodal inputs: vLLM's test images and the file's image model "
+                               "come from the internet and huggingface.co, which this machine cannot reach")
+    batch = _failed("test_metrics_exist_run_batch", "Failed: Batch process exited early with returncode=1")
+    assert [c["category"] for c in (missing_metric, answer, refused, hub, counted, images, batch)] == [
+        METRIC, MODEL, REFUSED, HUB, METRIC, HUB, INTERNALS]
     assert answer["subject"] == 'assert "Paris" in chat.choices[0].message.content'
 
 

@@ -100,10 +100,12 @@ transformers.AutoTokenizer.from_pretrained = _from_pretrained(transformers.AutoT
 
 
 class LocalAssetServer:
-    """vLLM's server of test images and audio, for its multimodal cases; the stack serves text models."""
+    """vLLM's server of test images and audio, for its multimodal cases: their images come from the
+    internet and their model (SmolVLM, Idefics3) from the Hub, neither of which is here."""
 
     def __getattr__(self, name):
-        raise RuntimeError("multimodal inputs: Switchyard serves text models (vLLM's asset server is not here)")
+        raise RuntimeError("multimodal inputs: vLLM's test images and the file's image model come from the "
+                           "internet and huggingface.co, which this machine cannot reach")
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,9 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from services.scheduler import kv_publish
 from services.scheduler.engine_metrics import EngineMetrics
-from services.scheduler.host_tier import DISK, MEDIUM, TierIndex
+from services.scheduler.host_tier import TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_holds import Hold, KvHolds
 from services.scheduler.lease import deposed
@@ -29,7 +30,7 @@ from shared.config import EngineConfig
 from shared.log import get_logger
 from shared.wire import subjects
 from shared.wire.hashing import root_hash
-from shared.wire.kv_events import BlockStored, KvEventBatch, PoolCleared
+from shared.wire.kv_events import KvEventBatch, PoolCleared
 from shared.wire.lora import LORA_STATE_DECODER, LoraOrder, LoraState
 from shared.wire.messages import (
     SLEEP_STATE_DECODER,
@@ -387,32 +388,7 @@ class PoolLoop:
     # ---- KV events ---------------------------------------------------------------------------
 
     async def _publish_kv_events(self) -> None:
-        events = self.scheduler.kv.take_events()
-        if events:
-            await self.nc.publish(subjects.kv_events(self.worker_id), encode(
-                KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))
-        if self.tier is None:
-            return
-        # the tier is a pool of the index of its own, shared by the workers that map it; its disk another
-        for pool_id, tier_events in ((self.tier.pool_id, self.tier.take_events()),
-                                     (self.tier.disk_pool_id, self.tier.disk.take_events() if self.tier.disk else [])):
-            if tier_events:
-                await self.nc.publish(subjects.kv_events(pool_id), encode(
-                    KvEventBatch(pool=pool_id, model=self.hello.model, events=tier_events)))
+        await kv_publish.publish_events(self.nc, self.hello.model, self.worker_id, self.scheduler.kv, self.tier)
 
     async def publish_snapshot(self) -> None:
-        """PoolCleared then everything cached: how the KV index (re)learns this pool."""
-        hashes = self.scheduler.kv.cached_hashes()
-        events = [PoolCleared()] + ([BlockStored(block_hashes=hashes)] if hashes else [])
-        await self.nc.publish(subjects.kv_events(self.worker_id), encode(
-            KvEventBatch(pool=self.worker_id, model=self.hello.model, events=events)))
-        if self.tier is not None:
-            held = list(self.tier.entries)
-            events = [PoolCleared()] + ([BlockStored(block_hashes=held, medium=MEDIUM)] if held else [])
-            await self.nc.publish(subjects.kv_events(self.tier.pool_id), encode(
-                KvEventBatch(pool=self.tier.pool_id, model=self.hello.model, events=events)))
-        if self.tier is not None and self.tier.disk is not None:
-            held = list(self.tier.disk.entries)
-            events = [PoolCleared()] + ([BlockStored(block_hashes=held, medium=DISK)] if held else [])
-            await self.nc.publish(subjects.kv_events(self.tier.disk_pool_id), encode(
-                KvEventBatch(pool=self.tier.disk_pool_id, model=self.hello.model, events=events)))
+        await kv_publish.publish_snapshot(self.nc, self.hello.model, self.worker_id, self.scheduler.kv, self.tier)
