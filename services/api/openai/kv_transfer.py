@@ -40,7 +40,7 @@ def transfer_params(body: _Sampling) -> KvTransferParams | None:
     params = KvTransferParams(**fields)
     if not (params.do_remote_decode or params.do_remote_prefill):
         return None  # a decode's prompt_token_ids alone (reused_prompt_ids), or vLLM's keys all unset
-    if (params.do_remote_decode or params.do_remote_prefill) and (body.n != 1 or body.use_beam_search):
+    if body.n != 1 or body.use_beam_search:
         raise APIError(400, "kv_transfer_params are served for one choice a request (n 1, no beam search)",
                        param=_PARAM)
     if params.do_remote_prefill and not params.remote_request_id:
@@ -63,11 +63,12 @@ def reused_prompt_ids(body: _Sampling, has_images: bool) -> list[int] | None:
 
 
 def check_one_choice(body: _Sampling, choices: Choices) -> None:
-    transfer_params(body)  # beam search makes its engine requests later: its params are checked here too
+    """Beam search makes its engine requests later: its params are checked here too."""
+    params = transfer_params(body)
     if (body.kv_transfer_params or {}).get("prompt_token_ids") is not None and not hasattr(body, "messages"):
         raise APIError(400, "kv_transfer_params: prompt_token_ids are a chat request's (a completion's prompt "
                             "takes token ids itself)", param=_PARAM)
-    if body.kv_transfer_params and choices.num_choices != 1:
+    if params is not None and choices.num_choices != 1:
         raise APIError(400, "kv_transfer_params are served for one prompt a request", param=_PARAM)
 
 
