@@ -7,7 +7,6 @@ so the launcher passes one set of flags to all of them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import msgspec
@@ -16,7 +15,6 @@ from shared.checks import MAX_CONTEXT, ConfigError, in_range, one_of
 from shared.kv_transfer import KvTransferConfig, parse_kv_transfer_config
 from shared.models.hub import is_hub_id
 from shared.speculative import SpeculativeConfig, parse_speculative_config
-from shared.wire.images import PAN_AND_SCAN_KEYS, PIXEL_RANGE_KEYS
 from shared.wire.lora import add_lora_args
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -125,13 +123,13 @@ DEFAULTS = EngineConfig()  # the one owner of every engine default; other struct
 DEPLOYMENT_MAX_NUM_SEQS = 256
 
 
-def _env(name: str, default):
+def env_default(name: str, default):
     """A flag's default from the environment (SY_<NAME>), as a string argparse converts with the
     flag's type, or `default` when unset."""
     return os.environ.get(f"SY_{name.upper()}", default)
 
 
-def _env_flag(name: str, default: bool | None) -> bool | None:
+def env_flag(name: str, default: bool | None) -> bool | None:
     """A boolean flag's default from SY_<NAME>: 1/true/yes/on or 0/false/no/off, any case; unset or
     empty: `default`."""
     raw = os.environ.get(f"SY_{name.upper()}", "")
@@ -147,70 +145,70 @@ def _env_flag(name: str, default: bool | None) -> bool | None:
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = DEFAULTS
-    parser.add_argument("--model", default=_env("model", None),
+    parser.add_argument("--model", default=env_default("model", None),
                         help=f"served model name (default: a Hub id as given, else {d.model})")
-    parser.add_argument("--model-path", default=_env("model_path", d.model_path),
+    parser.add_argument("--model-path", default=env_default("model_path", d.model_path),
                         help="a GGUF file, a Hugging Face model directory, or a Hub id: org/name (a transformers "
                              "checkpoint) or org/name:TAG (one GGUF of the repo, e.g. :Q4_K_M), fetched through "
                              "huggingface_hub (HF_ENDPOINT, HF_TOKEN, HF_HOME, HF_HUB_OFFLINE); default: SmolLM2")
-    parser.add_argument("--revision", default=_env("revision", d.revision),
+    parser.add_argument("--revision", default=env_default("revision", d.revision),
                         help="a Hub id's branch, tag or commit (default: main)")
-    parser.add_argument("--download-dir", default=_env("download_dir", d.download_dir),
+    parser.add_argument("--download-dir", default=env_default("download_dir", d.download_dir),
                         help="the cache a Hub id is downloaded to (default: huggingface_hub's, under HF_HOME)")
-    parser.add_argument("--load-format", default=_env("load_format", d.load_format))
-    parser.add_argument("--max-model-len", type=int, default=_env("max_model_len", d.max_model_len))
-    parser.add_argument("--max-num-seqs", type=int, default=_env("max_num_seqs", d.max_num_seqs))
+    parser.add_argument("--load-format", default=env_default("load_format", d.load_format))
+    parser.add_argument("--max-model-len", type=int, default=env_default("max_model_len", d.max_model_len))
+    parser.add_argument("--max-num-seqs", type=int, default=env_default("max_num_seqs", d.max_num_seqs))
     parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=_env("max_num_batched_tokens", d.max_num_batched_tokens)
+        "--max-num-batched-tokens", type=int, default=env_default("max_num_batched_tokens", d.max_num_batched_tokens)
     )
-    parser.add_argument("--block-size", type=int, default=_env("block_size", d.block_size))
-    parser.add_argument("--kv-cache-dtype", default=_env("kv_cache_dtype", d.kv_cache_dtype))
+    parser.add_argument("--block-size", type=int, default=env_default("block_size", d.block_size))
+    parser.add_argument("--kv-cache-dtype", default=env_default("kv_cache_dtype", d.kv_cache_dtype))
     parser.add_argument(
-        "--kv-cache-memory-gib", type=float, default=_env("kv_cache_memory_gib", d.kv_cache_memory_gib)
+        "--kv-cache-memory-gib", type=float, default=env_default("kv_cache_memory_gib", d.kv_cache_memory_gib)
     )
-    parser.add_argument("--num-kv-blocks", type=int, default=_env("num_kv_blocks", d.num_kv_blocks))
+    parser.add_argument("--num-kv-blocks", type=int, default=env_default("num_kv_blocks", d.num_kv_blocks))
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=_env_flag("enable_prefix_caching", True))
-    parser.add_argument("--kv-offloading-size", type=float, default=_env("kv_offloading_size", d.kv_offloading_size),
+                        default=env_flag("enable_prefix_caching", True))
+    parser.add_argument("--kv-offloading-size", type=float, default=env_default("kv_offloading_size", d.kv_offloading_size),
                         help="GiB of host shared memory keeping the KV blocks the host's workers compute (0: off)")
-    parser.add_argument("--kv-offloading-dir", default=_env("kv_offloading_dir", d.kv_offloading_dir),
+    parser.add_argument("--kv-offloading-dir", default=env_default("kv_offloading_dir", d.kv_offloading_dir),
                         help="the host KV tier's folder (default /dev/shm); workers sharing one share the tier")
     parser.add_argument("--kv-offloading-disk-size", type=float,
-                        default=_env("kv_offloading_disk_size", d.kv_offloading_disk_size),
+                        default=env_default("kv_offloading_disk_size", d.kv_offloading_disk_size),
                         help="GiB of a local disk the host KV tier's least recently used blocks spill to (0: off)")
-    parser.add_argument("--kv-offloading-disk-dir", default=_env("kv_offloading_disk_dir", d.kv_offloading_disk_dir),
+    parser.add_argument("--kv-offloading-disk-dir", default=env_default("kv_offloading_disk_dir", d.kv_offloading_disk_dir),
                         help="the disk spill's folder (default /var/tmp)")
-    parser.add_argument("--kv-transfer-config", default=_env("kv_transfer_config", None),
+    parser.add_argument("--kv-transfer-config", default=env_default("kv_transfer_config", None),
                         help="disaggregated prefill, vLLM's JSON: kv_connector SharedMemoryConnector, kv_role "
                              "kv_producer, kv_consumer or kv_both (docs/kv_offloading.md)")
-    parser.add_argument("--max-waiting", type=int, default=_env("max_waiting", d.max_waiting))
+    parser.add_argument("--max-waiting", type=int, default=env_default("max_waiting", d.max_waiting))
     parser.add_argument("--max-concurrent-batch-size", type=int,
-                        default=_env("max_concurrent_batch_size", d.max_concurrent_batch_size))
-    parser.add_argument("--quantization", default=_env("quantization", d.quantization),
+                        default=env_default("max_concurrent_batch_size", d.max_concurrent_batch_size))
+    parser.add_argument("--quantization", default=env_default("quantization", d.quantization),
                         help="auto (default): the GGUF's own Q4_0/Q4_1/Q8_0 blocks kept; none: dense; int8 or int4: "
                              "weight-only; w8a8: int8 weights and activations (docs/configuration.md)")
-    parser.add_argument("--batching", default=_env("batching", d.batching),
+    parser.add_argument("--batching", default=env_default("batching", d.batching),
                         help="continuous (iteration-level) or static (a batch runs to completion; for comparison)")
-    parser.add_argument("--num-scheduler-steps", type=int, default=_env("num_scheduler_steps", d.num_scheduler_steps),
+    parser.add_argument("--num-scheduler-steps", type=int, default=env_default("num_scheduler_steps", d.num_scheduler_steps),
                         help="decode iterations a worker runs per Step while no request waits (1: one per Step; "
                              "0, the default: the worker's pick, 4 when its decode steps are compiled)")
     parser.add_argument("--long-prefill-token-threshold", type=int,
-                        default=_env("long_prefill_token_threshold", d.long_prefill_token_threshold),
+                        default=env_default("long_prefill_token_threshold", d.long_prefill_token_threshold),
                         help="while several prompts are being computed, each takes at most this many tokens a "
                              "step, so short ones get a first token beside a long one (0: a quarter of the budget)")
-    parser.add_argument("--engine-cpus", type=float, default=float(_env("engine_cpus", os.cpu_count() or 1)),
+    parser.add_argument("--engine-cpus", type=float, default=float(env_default("engine_cpus", os.cpu_count() or 1)),
                         help="CPUs the deployments' engines (deployment_config.cpus) may reserve in the scheduler")
-    parser.add_argument("--engine-memory", default=_env("engine_memory", f"{_physical_memory_mib() // 4}Mi"),
+    parser.add_argument("--engine-memory", default=env_default("engine_memory", f"{_physical_memory_mib() // 4}Mi"),
                         help="memory the deployments' engines (deployment_config.memory) may reserve in the scheduler")
-    parser.add_argument("--step-timeout-s", type=float, default=_env("step_timeout_s", d.step_timeout_s))
-    parser.add_argument("--max-migrations", type=int, default=_env("max_migrations", d.max_migrations),
+    parser.add_argument("--step-timeout-s", type=float, default=env_default("step_timeout_s", d.step_timeout_s))
+    parser.add_argument("--max-migrations", type=int, default=env_default("max_migrations", d.max_migrations),
                         help="times a request on a worker that dies is recomputed on another (0: it fails instead)")
-    parser.add_argument("--worker-grace-s", type=float, default=_env("worker_grace_s", d.worker_grace_s),
+    parser.add_argument("--worker-grace-s", type=float, default=env_default("worker_grace_s", d.worker_grace_s),
                         help="how long the requests of a worker that is gone wait for another of the model's workers "
                              "(or the same one back) when none can take them at once; then they end with a "
                              "retryable error (default 60)")
-    parser.add_argument("--drain-grace-s", type=float, default=_env("drain_grace_s", d.drain_grace_s))
-    parser.add_argument("--speculative-config", default=_env("speculative_config", None),
+    parser.add_argument("--drain-grace-s", type=float, default=env_default("drain_grace_s", d.drain_grace_s))
+    parser.add_argument("--speculative-config", default=env_default("speculative_config", None),
                         help="speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                              "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5} (docs/speculative_decoding.md)")
 
@@ -234,165 +232,48 @@ WORKER_DEVICES = ("cpu", "cuda", "qaic")
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
     d = DEFAULTS
-    parser.add_argument("--worker-id", default=_env("worker_id", None))
-    parser.add_argument("--device", default=_env("device", "cpu"), choices=WORKER_DEVICES,
+    parser.add_argument("--worker-id", default=env_default("worker_id", None))
+    parser.add_argument("--device", default=env_default("device", "cpu"), choices=WORKER_DEVICES,
                         help="the worker's backend: cpu (torch, the reference), cuda (Triton kernels, CUDA graphs) "
                              "or qaic (Cloud AI 100's static-shape program; emulated without the cards)")
-    parser.add_argument("--qaic-config", default=_env("qaic_config", "{}"),
+    parser.add_argument("--qaic-config", default=env_default("qaic_config", "{}"),
                         help="qaic: the QaicConfig as JSON, e.g. '{\"full_batch_size\": 8, \"ctx_len\": 256}'")
-    parser.add_argument("--dtype", default=_env("dtype", "auto"), choices=WORKER_DTYPES,
+    parser.add_argument("--dtype", default=env_default("dtype", "auto"), choices=WORKER_DTYPES,
                         help=f"the weights' dtype; auto: {CPU_AUTO_DTYPE} on the cpu backend, on every CPU (the "
                              "worker and the launcher print why), bfloat16 on cuda")
     parser.add_argument("--gpu-memory-utilization", type=float,
-                        default=float(_env("gpu_memory_utilization", d.gpu_memory_utilization)),
+                        default=float(env_default("gpu_memory_utilization", d.gpu_memory_utilization)),
                         help="cuda: the share of the GPU's memory the worker takes (weights, activations, KV pool)")
     parser.add_argument("--max-seq-len-to-capture", type=int,
-                        default=int(_env("max_seq_len_to_capture", d.max_seq_len_to_capture)),
+                        default=int(env_default("max_seq_len_to_capture", d.max_seq_len_to_capture)),
                         help="cuda: decode steps whose longest context exceeds this run without CUDA graphs")
-    parser.add_argument("--threads", type=int, default=_env("threads", "0"),
+    parser.add_argument("--threads", type=int, default=env_default("threads", "0"),
                         help="torch intra-op threads (0 = torch's default)")
     parser.add_argument("--pipeline", default=None,
                         help="serve this deployed pipeline (its configs come from the registry); set by the agent")
     parser.add_argument("--generation", type=int, default=0, help="the pipeline's deployment generation")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        default=_env_flag("compile", None),
+                        default=env_flag("compile", None),
                         help="compile the decode step's layers with torch.compile (Inductor), in the background "
                              "while the worker serves eagerly (cached on disk); default: on unless the model "
                              "computes in dense float32 or --deterministic")
-    parser.add_argument("--compile-nice", type=int, default=_env("compile_nice", COMPILE_NICE),
+    parser.add_argument("--compile-nice", type=int, default=env_default("compile_nice", COMPILE_NICE),
                         help=f"niceness of --compile's background compile (default {COMPILE_NICE}: serving preempts "
                              "it); 0 lets it finish on a host busy with other work")
     parser.add_argument("--quant-activations", choices=QUANT_ACTIVATIONS,
-                        default=_env("quant_activations", QUANT_ACTIVATIONS[0]),
+                        default=env_default("quant_activations", QUANT_ACTIVATIONS[0]),
                         help="cpu: what the 4-, 5- and 6-bit weights (a GGUF's k-quants, Q4_0/Q4_1, int4 "
                              "checkpoints) multiply: float32 rows (exact to the weights), or int8 per 32 inputs "
                              "as llama.cpp quantizes them (faster on a token or a few; docs/configuration.md)")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
-                        default=_env_flag("deterministic", False),
+                        default=env_flag("deterministic", False),
                         help="batch-invariant float32: a request's tokens do not depend on what else is in its "
                              "batch (dense weights, no compile); slower")
     add_lora_args(parser)
-    parser.add_argument("--nice", type=int, default=_env("nice", "0"),
+    parser.add_argument("--nice", type=int, default=env_default("nice", "0"),
                         help="scheduling niceness of the worker (default 0). 10 lets the gateway, scheduler and bus "
                              "preempt the model's threads on shared cores, but any busy neighbour then starves the "
                              "model (9-10x slower beside two busy processes on 2 cores; docs/benchmarks.md)")
-
-
-class GatewayConfig(msgspec.Struct, frozen=True):
-    """The gateway's defaults, each written once: its flags and its ServerState read them here."""
-
-    idle_timeout_s: float = 300.0  # a request with no token for this long is aborted
-    request_timeout_s: float = 600.0  # a request's deadline from its arrival (0: none)
-    ready_timeout_s: float = 10.0  # /ready's one-token probe
-    max_body_bytes: int = 16 * 2**20
-    max_logprobs: int = 20
-    limit_images_per_prompt: int = 999  # vLLM's --limit-mm-per-prompt default for each modality (V1)
-    media_fetch_timeout_s: float = 5.0  # vLLM's VLLM_IMAGE_FETCH_TIMEOUT
-    max_media_bytes: int = 20 * 2**20  # OpenAI's cap on an image input
-    batch_concurrency: int = 16  # the Batch API's lines in flight at once
-    inference_log_max_age_s: float = 7 * 24 * 3600.0  # pipelines' inference logs: older records dropped
-    inference_log_max_bytes: int = 2**30  # and past this size, all together, the oldest
-
-
-GATEWAY_DEFAULTS = GatewayConfig()
-
-
-def _mm_limits(text: str) -> dict[str, int]:
-    """--limit-mm-per-prompt: {"image": N}, the one modality served (0: none)."""
-    try:
-        limits = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(limits, dict) or set(limits) - {"image"} or not all(
-            isinstance(v, int) and v >= 0 for v in limits.values()):
-        raise argparse.ArgumentTypeError(f'{text!r}: {{"image": N}} with N >= 0 (images are the one modality served)')
-    return {"image": GATEWAY_DEFAULTS.limit_images_per_prompt} | limits
-
-
-def _mm_processor_kwargs(text: str) -> dict:
-    """--mm-processor-kwargs: a JSON object of the image processors' settings (a misspelt key is
-    refused here, not dropped for every model)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r}: a JSON object")
-    if unknown := sorted(set(value) - set(PIXEL_RANGE_KEYS) - set(PAN_AND_SCAN_KEYS)):
-        raise argparse.ArgumentTypeError(f"{unknown}: not an image processor setting served here (takes "
-                                         f"{', '.join(PIXEL_RANGE_KEYS + PAN_AND_SCAN_KEYS)})")
-    return value
-
-
-def add_api_args(parser: argparse.ArgumentParser) -> None:
-    g = GATEWAY_DEFAULTS
-    parser.add_argument("--host", default=_env("host", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=_env("port", "8000"))
-    parser.add_argument("--api-processes", type=int, default=_env("api_processes", "1"),
-                        help="gateway processes sharing the port (SO_REUSEPORT), each with its own bus "
-                             "client; they admit a burst of requests in parallel (default 1)")
-    parser.add_argument("--reuse-port", action="store_true",
-                        help="bind the port with SO_REUSEPORT, beside other gateway processes")
-    parser.add_argument("--idle-timeout-s", type=float, default=_env("idle_timeout_s", g.idle_timeout_s),
-                        help="a request with no token for this long is aborted")
-    parser.add_argument("--request-timeout-s", type=float,
-                        default=_env("request_timeout_s", g.request_timeout_s),
-                        help="server-side deadline of a request from its arrival (0: none)")
-    parser.add_argument("--ready-timeout-s", type=float, default=_env("ready_timeout_s", g.ready_timeout_s),
-                        help="/ready: a model whose one-token probe gives no token in this long is not ready")
-    parser.add_argument("--api-key", default=_env("api_key", None),
-                        help="comma-separated keys; when set, every route but /health, /ready and /live needs one")
-    parser.add_argument("--max-body-bytes", type=int, default=_env("max_body_bytes", g.max_body_bytes))
-    parser.add_argument("--max-logprobs", type=int, default=_env("max_logprobs", g.max_logprobs))
-    parser.add_argument("--limit-mm-per-prompt", type=_mm_limits, metavar="JSON",
-                        default=_mm_limits(_env("limit_mm_per_prompt", json.dumps({"image": g.limit_images_per_prompt}))),
-                        help=f'vLLM\'s: the most images one request may carry, as {{"image": N}} '
-                             f"(default {g.limit_images_per_prompt}); more is a 400")
-    parser.add_argument("--mm-processor-kwargs", type=_mm_processor_kwargs, metavar="JSON",
-                        default=_mm_processor_kwargs(_env("mm_processor_kwargs", "{}")),
-                        help="vLLM's: image processor settings for every request, under each request's own "
-                             "mm_processor_kwargs (Qwen2.5-VL's min_pixels, max_pixels; Gemma 3's do_pan_and_scan "
-                             "and pan_and_scan_*); each model takes those its processor has (docs/images.md)")
-    parser.add_argument("--media-fetch-timeout-s", type=float,
-                        default=_env("media_fetch_timeout_s", g.media_fetch_timeout_s),
-                        help="an image URL's fetch, all of it, within this (default 5 s)")
-    parser.add_argument("--max-media-bytes", type=int, default=_env("max_media_bytes", g.max_media_bytes),
-                        help="an image's file, fetched or in a data URL, at most this (default 20 MiB)")
-    parser.add_argument("--allowed-media-domains", nargs="*", default=(_env("allowed_media_domains", "") or "").split(),
-                        help="vLLM's: the hosts an image URL may name (default: any public one)")
-    parser.add_argument("--allow-private-media-urls", action="store_true",
-                        default=_env_flag("allow_private_media_urls", False),
-                        help="let image URLs reach private, loopback and link-local addresses (default: refused, "
-                             "as a URL fetcher inside a network is an SSRF door)")
-    parser.add_argument("--enable-per-request-metrics", action="store_true",
-                        default=_env_flag("enable_per_request_metrics", False),
-                        help="vLLM's: a `metrics` object (time to first token, queue time, generation time, "
-                             "mean inter-token latency, tokens per second) in each completion and chat answer of "
-                             "one choice, and on a stream's final usage chunk")
-    parser.add_argument("--tool-call-parser", default=_env("tool_call_parser", "auto"),
-                        choices=("auto", "hermes", "json", "mistral"),
-                        help="how a model's text becomes tool calls: hermes (<tool_call>{json}</tool_call>, "
-                             "SmolLM2/Qwen/Hermes), json (Llama 3.x: the whole answer is a call or a list of "
-                             "calls), mistral ([TOOL_CALLS][...]); auto (default): the chat template's own syntax")
-    parser.add_argument("--reasoning-parser", default=_env("reasoning_parser", None) or None,
-                        choices=("deepseek_r1", "qwen3"),
-                        help="where a chat answer's thinking is (<think>...</think>): it becomes the message's "
-                             "reasoning_content (deepseek_r1: the answer starts thinking; qwen3: when it opens "
-                             "<think>, or the template did); default: none")
-    parser.add_argument("--batch-concurrency", type=int, default=_env("batch_concurrency", g.batch_concurrency),
-                        help="the Batch API: lines of one batch in flight at once, at low priority")
-    parser.add_argument("--oci-registry", default=_env("oci_registry", None),
-                        help="where pipeline.publish() pushes: [http://|https://]host[:port][/namespace] "
-                             "(https unless said; http for a local registry)")
-    parser.add_argument("--inference-log-max-age-s", type=float,
-                        default=_env("inference_log_max_age_s", g.inference_log_max_age_s),
-                        help="pipelines' inference logs: records older than this are dropped (default 7 days)")
-    parser.add_argument("--inference-log-max-bytes", type=int,
-                        default=_env("inference_log_max_bytes", g.inference_log_max_bytes),
-                        help="pipelines' inference logs, all together: past this the oldest are dropped (1 GiB)")
-    parser.add_argument("--openai-config", default=_env("openai_config", None),
-                        help="per-model OpenAI defaults: JSON (or a JSON file) with completion_config "
-                             "and chat_completion_config (which may carry chat_template)")
 
 
 def _physical_memory_mib() -> int:
@@ -407,32 +288,32 @@ def _accels(value: str) -> str:
 
 
 def add_agent_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--accel", default=_env("accel", "auto"), type=_accels,
+    parser.add_argument("--accel", default=env_default("accel", "auto"), type=_accels,
                         help="the accelerators this host's workers run on, e.g. cpu or cpu,qaic; auto: cpu, cuda "
                              "when an NVIDIA GPU is present, and qaic (emulated on a host without Cloud AI 100 cards)")
     parser.add_argument("--label", action="append", dest="labels", metavar="KEY:VALUE",
-                        default=[label for label in _env("agent_labels", "").split(",") if label],
+                        default=[label for label in env_default("agent_labels", "").split(",") if label],
                         help="a node label (repeatable) that deployment_config.deployment_label is matched against, "
                              "besides kubernetes.io/os, kubernetes.io/arch and kubernetes.io/hostname")
-    parser.add_argument("--qaic-socs", type=int, default=int(_env("qaic_socs", "8")),
+    parser.add_argument("--qaic-socs", type=int, default=int(env_default("qaic_socs", "8")),
                         help="Cloud AI 100 SoCs this host offers (emulated without the cards); a QAIC replica "
                              "takes its sidekick_gpus of them")
-    parser.add_argument("--agent-id", default=_env("agent_id", None))
-    parser.add_argument("--device-group", default=_env("device_group", None),
+    parser.add_argument("--agent-id", default=env_default("agent_id", None))
+    parser.add_argument("--device-group", default=env_default("device_group", None),
                         help="only deployments whose framework_config.device_group names it run here")
-    parser.add_argument("--agent-cpus", type=float, default=float(_env("agent_cpus", os.cpu_count() or 1)),
+    parser.add_argument("--agent-cpus", type=float, default=float(env_default("agent_cpus", os.cpu_count() or 1)),
                         help="CPUs the deployments on this host may reserve in all")
-    parser.add_argument("--agent-memory", default=_env("agent_memory", f"{_physical_memory_mib() * 9 // 10}Mi"),
+    parser.add_argument("--agent-memory", default=env_default("agent_memory", f"{_physical_memory_mib() * 9 // 10}Mi"),
                         help="memory the deployments on this host may reserve in all (default: 90%% of RAM)")
-    parser.add_argument("--agent-log-dir", default=_env("agent_log_dir", None))
-    parser.add_argument("--scale-up-after-s", type=float, default=float(_env("scale_up_after_s", "5")),
+    parser.add_argument("--agent-log-dir", default=env_default("agent_log_dir", None))
+    parser.add_argument("--scale-up-after-s", type=float, default=float(env_default("scale_up_after_s", "5")),
                         help="add a replica (up to replicas_max) when requests have waited this long")
-    parser.add_argument("--scale-down-after-s", type=float, default=float(_env("scale_down_after_s", "30")),
+    parser.add_argument("--scale-down-after-s", type=float, default=float(env_default("scale_down_after_s", "30")),
                         help="remove a replica (down to replicas_min) when the engine has been idle this long")
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--leader-lease", default=_env("leader_lease", None) or None,
+    parser.add_argument("--leader-lease", default=env_default("leader_lease", None) or None,
                         help="leadership among scheduler processes by a JetStream KV lease of this name: one "
                              "leads, the others wait as standbys and take over its requests when it is gone "
                              "(docs/architecture.md); default: none, this scheduler serves at once")

@@ -25,13 +25,13 @@ from shared.bus import nats_auth
 from shared.config import (
     ConfigError,
     add_agent_args,
-    add_api_args,
     add_engine_args,
     add_scheduler_args,
     add_worker_args,
     engine_config_from_args,
 )
 from shared.engine_defaults import pick_for_host
+from shared.gateway_config import add_api_args
 from shared.models.model_files import cache_root, resolve_model_path
 from switchyard import model_fetch
 from switchyard.nats_server import NatsCluster, NatsServer

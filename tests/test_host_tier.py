@@ -213,6 +213,23 @@ def test_a_tier_whose_workers_were_killed_is_removed_by_the_next_worker_to_start
 # ---- the real model: loaded prefixes give a lone run's tokens ----------------------------------------
 
 
+def talk(loaded_model, engine: InProcessEngine, histories: list[list[int]], turns: int = 3) -> dict:
+    """Every conversation a turn at a time, round robin, on `engine`; each history grows by the answer
+    and 8 more random tokens. Returns what each prompt gives run alone on a pool that never evicts."""
+    vocab = loaded_model.config.vocab_size
+    lone = {}
+    for turn in range(turns):
+        for i, history in enumerate(histories):
+            rid = f"c{i}-t{turn}"
+            engine.add(rid, history, max_tokens=4)
+            engine.run()
+            alone = InProcessEngine(loaded_model, num_blocks=16, max_num_batched_tokens=64)
+            alone.add(rid, history, max_tokens=4)
+            lone[rid] = alone.run()[rid]
+            history += engine.outputs[rid] + torch.randint(10, vocab, (8,)).tolist()
+    return lone
+
+
 def test_multi_turn_over_a_small_pool_hits_the_tier_and_matches_lone_runs(loaded_model, tmp_path):
     """Conversations whose KV is several times the pool: later turns load their history from the
     tier. Greedy tokens equal each prompt run alone on a pool that never evicts."""
@@ -223,17 +240,7 @@ def test_multi_turn_over_a_small_pool_hits_the_tier_and_matches_lone_runs(loaded
     tier = HostTier.open("test-model", shape, 0.05, directory=tmp_path)
     try:
         engine_tier = InProcessEngine(loaded_model, num_blocks=8, max_num_batched_tokens=64, tier=tier)
-        lone = {}
-        for turn in range(3):
-            for i, history in enumerate(histories):
-                rid = f"c{i}-t{turn}"
-                engine_tier.add(rid, history, max_tokens=4)
-                engine_tier.run()
-                alone = InProcessEngine(loaded_model, num_blocks=16, max_num_batched_tokens=64)
-                alone.add(rid, history, max_tokens=4)
-                lone[rid] = alone.run()[rid]
-                history += engine_tier.outputs[rid] + torch.randint(10, vocab, (8,)).tolist()
-        assert engine_tier.outputs == lone
+        assert engine_tier.outputs == talk(loaded_model, engine_tier, histories)
         index = engine_tier.scheduler.kv.tier
         assert index.num_loaded > 0 and engine_tier.scheduler.kv.num_tier_hit_tokens > 0
         later = [engine_tier.num_cached_tokens[f"c{i}-t2"] for i in range(3)]

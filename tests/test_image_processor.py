@@ -62,7 +62,7 @@ def test_a_setting_the_processor_does_not_take_is_a_400(spec, kwargs, why):
 def test_a_text_only_model_refuses_image_processor_settings_and_the_gateway_a_misspelt_one():
     import argparse
 
-    from shared.config import add_api_args
+    from shared.gateway_config import add_api_args
 
     assert processor_args(None, {"max_pixels": 10_000}, None) is None  # the gateway's: for the models that take them
     with pytest.raises(APIError, match="this model takes no images, so no image processor settings"):

@@ -19,13 +19,13 @@ from services.api.routes_server import router
 from shared.bus import nats_auth
 from shared.config import (
     add_agent_args,
-    add_api_args,
     add_engine_args,
     add_nats_arg,
     add_scheduler_args,
     add_worker_args,
 )
 from shared.control.deploy_config import QaicConfig, convert
+from shared.gateway_config import add_api_args
 
 BASE = Path(__file__).parent.parent / "deploy" / "k8s" / "base"
 PARSERS = {  # each service's flags, as its __main__ reads them

@@ -17,6 +17,7 @@ from shared.config import EngineConfig
 from shared.wire.hashing import root_hash
 from shared.wire.kv_events import BlockRemoved, BlockStored, HostTierInfo
 from tests.inproc_engine import InProcessEngine
+from tests.test_host_tier import talk
 from tests.test_scheduler import req, run_step
 
 
@@ -75,7 +76,7 @@ def test_the_disk_is_lru_too_and_never_drops_a_slot_a_load_reads():
     tier = TierIndex(HostTierInfo(tier_id="t", num_slots=1, disk_slots=1))
     disk = tier.disk
     assert disk.reserve(b"x") == 0 and disk.reserve(b"y") is None  # its one slot pending
-    disk.end([b"x"], ok=True)
+    disk.commit([b"x"])
     disk.pin(0)  # a disk load in flight reads x
     assert disk.reserve(b"y") is None
     disk.unpin(0)
@@ -130,17 +131,7 @@ def test_conversations_through_a_three_slot_tier_come_back_from_the_disk(loaded_
     try:
         assert tier.num_slots == 3
         engine = InProcessEngine(loaded_model, num_blocks=8, max_num_batched_tokens=64, tier=tier)
-        lone = {}
-        for turn in range(3):
-            for i, history in enumerate(histories):
-                rid = f"c{i}-t{turn}"
-                engine.add(rid, history, max_tokens=4)
-                engine.run()
-                alone = InProcessEngine(loaded_model, num_blocks=16, max_num_batched_tokens=64)
-                alone.add(rid, history, max_tokens=4)
-                lone[rid] = alone.run()[rid]
-                history += engine.outputs[rid] + torch.randint(10, vocab, (8,)).tolist()
-        assert engine.outputs == lone
+        assert engine.outputs == talk(loaded_model, engine, histories)
         index = engine.scheduler.kv.tier
         assert index.disk.entries and index.disk.num_loaded > 0  # loaded from the disk, not only the tier
         later = [engine.num_cached_tokens[f"c{i}-t2"] for i in range(3)]

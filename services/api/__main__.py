@@ -24,12 +24,12 @@ from shared import log as sylog
 from shared.bus import connect
 from shared.bus.client import BusClient
 from shared.config import (
-    add_api_args,
     add_engine_args,
     add_nats_arg,
     engine_config_from_args,
 )
 from shared.control.registry import Registry
+from shared.gateway_config import add_api_args
 from shared.models.model_files import resolve_model_path
 from shared.models.tokenizer import load_tokenizer
 

@@ -15,9 +15,9 @@ from services.api.openai.defaults import OpenaiDefaults
 from services.api.readiness import Readiness
 from shared.bus.client import BusClient
 from shared.bus.media import MediaStore
-from shared.config import GATEWAY_DEFAULTS
 from shared.control.deployment import DeployedModel
 from shared.control.registry import Registry
+from shared.gateway_config import GATEWAY_DEFAULTS
 from shared.models.tokenizer import ModelTokenizer
 from shared.wire.images import ImageSpec
 from shared.wire.lora import LoraInfo

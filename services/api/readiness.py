@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.bus.client import EngineUnavailable, SubmitRejected
-from shared.config import GATEWAY_DEFAULTS
+from shared.gateway_config import GATEWAY_DEFAULTS
 from shared.wire.messages import FinishReason, Pooling, SamplingParams
 
 if TYPE_CHECKING:

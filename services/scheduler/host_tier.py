@@ -19,20 +19,99 @@ MEDIUM = "host"  # the KV events' medium for this tier's blocks
 DISK = "disk"  # ... and for its disk spill's
 
 
-class TierIndex:
+class SlotIndex:
+    """Block hashes in the numbered slots of a file, LRU: a slot being written is pending until its
+    Step is back, a slot a Step in flight reads is pinned; neither is ever handed out again."""
+
+    medium = MEDIUM
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.entries: OrderedDict[bytes, int] = OrderedDict()  # ready, least recently used first
+        self.pending: dict[bytes, int] = {}  # written by a Step in flight
+        self.pins: Counter[int] = Counter()  # slots loads in flight read
+        self.events: list[KvEvent] = []
+        self.num_loaded = 0  # blocks read back into a pool instead of recomputed
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        return self.entries.get(block_hash)
+
+    def reserve(self, block_hash: bytes, spill: bool = False) -> int | None:
+        """A slot for a block to be written into, pending until committed; None: the index has it
+        already (now most recently used), or is being given it, or every slot is pinned or pending.
+        spill: what the LRU drops for it is kept further down (TierIndex: its disk)."""
+        if block_hash in self.entries:
+            self.entries.move_to_end(block_hash)
+            return None
+        if block_hash in self.pending:
+            return None
+        slot = self.free_slots.pop() if self.free_slots else self._evict(spill)
+        if slot is not None:
+            self.pending[block_hash] = slot
+        return slot
+
+    def _evict(self, spill: bool) -> int | None:
+        victim = next((h for h, slot in self.entries.items() if self._evictable(h, slot)), None)
+        if victim is None:
+            return None
+        self.events.append(BlockRemoved(block_hashes=[victim], medium=self.medium))
+        slot = self.entries.pop(victim)
+        if spill:
+            self._spill(victim, slot)
+        return slot
+
+    def _evictable(self, block_hash: bytes, slot: int) -> bool:
+        return not self.pins[slot]
+
+    def _spill(self, block_hash: bytes, slot: int) -> None:
+        pass  # dropped
+
+    def pin(self, slot: int) -> None:
+        self.pins[slot] += 1
+
+    def unpin(self, slot: int) -> None:
+        self.pins[slot] -= 1
+        if not self.pins[slot]:
+            del self.pins[slot]
+
+    def commit(self, block_hashes: list[bytes]) -> None:
+        """Their Step is back: the slots hold the blocks."""
+        stored = []
+        for block_hash in block_hashes:
+            slot = self.pending.pop(block_hash, None)
+            if slot is not None:
+                self.entries[block_hash] = slot
+                stored.append(block_hash)
+        if stored:
+            self.events.append(BlockStored(block_hashes=stored, medium=self.medium))
+
+    def abort(self, block_hashes: list[bytes]) -> None:
+        """Their Step failed or its worker is gone: what the slots hold is unknown, they are free."""
+        for block_hash in block_hashes:
+            slot = self.pending.pop(block_hash, None)
+            if slot is not None:
+                self.free_slots.append(slot)
+
+    def take_events(self) -> list[KvEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+class DiskIndex(SlotIndex):
+    """The tier's disk spill: what the tier's LRU drops, loaded from there straight into a pool."""
+
+    medium = DISK
+
+
+class TierIndex(SlotIndex):
     def __init__(self, info: HostTierInfo, peers: HostTiers | None = None):
         """peers: every tier of the model's workers, on any host (those of this one's layout lend it slots)."""
+        super().__init__(info.num_slots)
         self.tier_id = info.tier_id
         self.layout = info.layout
         self.registry = peers
-        self.num_slots = info.num_slots
-        self.free_slots = list(range(info.num_slots - 1, -1, -1))
-        self.entries: OrderedDict[bytes, int] = OrderedDict()  # ready, least recently used first
-        self.pending: dict[bytes, int] = {}  # saved by a Step in flight
-        self.pins: Counter[int] = Counter()  # slots loads in flight read
         self.held: Counter[bytes] = Counter()  # blocks a decode request will load (kv_holds.py): never evicted
-        self.events: list[KvEvent] = []
-        self.num_loaded = 0  # blocks read back instead of recomputed
         self.disk = DiskIndex(info.disk_slots) if info.disk_slots else None
         self.spills: list[tuple[int, int, bytes]] = []  # (slot, disk slot, hash): the reserving pool's Step copies them
 
@@ -44,9 +123,6 @@ class TierIndex:
     @property
     def disk_pool_id(self) -> str:
         return f"disk:{self.tier_id}"
-
-    def lookup(self, block_hash: bytes) -> int | None:
-        return self.entries.get(block_hash)
 
     def num_leading(self, block_hashes: list[bytes]) -> int:
         """How many of these hashes, from the first, the tier holds."""
@@ -66,42 +142,17 @@ class TierIndex:
         return max(((peer, peer.num_leading(block_hashes)) for peer in self.peers()), key=lambda p: p[1],
                    default=(None, 0))
 
-    def reserve(self, block_hash: bytes, spill: bool = False) -> int | None:
-        """A slot for a block to be written into (a pool's computed or evicted block, or another host's
-        slot fetched), pending until committed; None: the tier has it already (now most recently
-        used), or is being given it, or every slot is pinned or pending. spill: the block the LRU
-        drops for it goes to the disk (self.spills, which the caller's Step must copy first)."""
-        if block_hash in self.entries:
-            self.entries.move_to_end(block_hash)
-            return None
-        if block_hash in self.pending:
-            return None
-        slot = self.free_slots.pop() if self.free_slots else self._evict(spill)
-        if slot is not None:
-            self.pending[block_hash] = slot
-        return slot
+    def _evictable(self, block_hash: bytes, slot: int) -> bool:
+        return not self.pins[slot] and not self.held[block_hash]
 
-    def _evict(self, spill: bool) -> int | None:
-        victim = next((h for h, slot in self.entries.items() if not self.pins[slot] and not self.held[h]), None)
-        if victim is None:
-            return None
-        self.events.append(BlockRemoved(block_hashes=[victim], medium=MEDIUM))
-        slot = self.entries.pop(victim)
-        if spill and self.disk is not None and (disk_slot := self.disk.reserve(victim)) is not None:
-            self.spills.append((slot, disk_slot, victim))
-        return slot
+    def _spill(self, block_hash: bytes, slot: int) -> None:
+        """To the disk (self.spills, which the reserving pool's Step copies before its saves reuse the slot)."""
+        if self.disk is not None and (disk_slot := self.disk.reserve(block_hash)) is not None:
+            self.spills.append((slot, disk_slot, block_hash))
 
     def take_spills(self) -> list[tuple[int, int, bytes]]:
         spills, self.spills = self.spills, []
         return spills
-
-    def pin(self, slot: int) -> None:
-        self.pins[slot] += 1
-
-    def unpin(self, slot: int) -> None:
-        self.pins[slot] -= 1
-        if not self.pins[slot]:
-            del self.pins[slot]
 
     def protect(self, block_hashes: list[bytes]) -> None:
         self.held.update(block_hashes)
@@ -109,89 +160,6 @@ class TierIndex:
     def unprotect(self, block_hashes: list[bytes]) -> None:
         self.held.subtract(block_hashes)
         self.held = +self.held
-
-    def commit(self, block_hashes: list[bytes]) -> None:
-        """Their Step is back: the slots hold the blocks."""
-        stored = []
-        for block_hash in block_hashes:
-            slot = self.pending.pop(block_hash, None)
-            if slot is not None:
-                self.entries[block_hash] = slot
-                stored.append(block_hash)
-        if stored:
-            self.events.append(BlockStored(block_hashes=stored, medium=MEDIUM))
-
-    def abort(self, block_hashes: list[bytes]) -> None:
-        """Their Step failed or its worker is gone: what the slots hold is unknown, they are free."""
-        for block_hash in block_hashes:
-            slot = self.pending.pop(block_hash, None)
-            if slot is not None:
-                self.free_slots.append(slot)
-
-    def take_events(self) -> list[KvEvent]:
-        events, self.events = self.events, []
-        return events
-
-
-class DiskIndex:
-    """The disk spill's slots: LRU, pending while the Step writing them is out, pinned while one reads."""
-
-    def __init__(self, num_slots: int):
-        self.num_slots = num_slots
-        self.free_slots = list(range(num_slots - 1, -1, -1))
-        self.entries: OrderedDict[bytes, int] = OrderedDict()
-        self.pending: dict[bytes, int] = {}
-        self.pins: Counter[int] = Counter()
-        self.events: list[KvEvent] = []
-        self.num_loaded = 0  # blocks read back into a pool
-
-    def lookup(self, block_hash: bytes) -> int | None:
-        return self.entries.get(block_hash)
-
-    def reserve(self, block_hash: bytes) -> int | None:
-        """A slot for a block the host tier drops; None: the disk has it (now most recently used), is
-        being given it, or every slot is pinned or pending."""
-        if block_hash in self.entries:
-            self.entries.move_to_end(block_hash)
-            return None
-        if block_hash in self.pending:
-            return None
-        slot = self.free_slots.pop() if self.free_slots else None
-        if slot is None:
-            victim = next((h for h, s in self.entries.items() if not self.pins[s]), None)
-            if victim is None:
-                return None
-            self.events.append(BlockRemoved(block_hashes=[victim], medium=DISK))
-            slot = self.entries.pop(victim)
-        self.pending[block_hash] = slot
-        return slot
-
-    def end(self, block_hashes: list[bytes], ok: bool) -> None:
-        """The Step that spilled them is back (ok: the slots hold them) or failed (the slots are free)."""
-        stored = []
-        for block_hash in block_hashes:
-            slot = self.pending.pop(block_hash, None)
-            if slot is None:
-                continue
-            if ok:
-                self.entries[block_hash] = slot
-                stored.append(block_hash)
-            else:
-                self.free_slots.append(slot)
-        if stored:
-            self.events.append(BlockStored(block_hashes=stored, medium=DISK))
-
-    def pin(self, slot: int) -> None:
-        self.pins[slot] += 1
-
-    def unpin(self, slot: int) -> None:
-        self.pins[slot] -= 1
-        if not self.pins[slot]:
-            del self.pins[slot]
-
-    def take_events(self) -> list[KvEvent]:
-        events, self.events = self.events, []
-        return events
 
 
 class HostTiers:

@@ -165,8 +165,11 @@ class KVCacheManager:
             self.tier.unpin(slot)
         for disk_slot, _ in disk_loads:
             self.tier.disk.unpin(disk_slot)
-        if spills:
-            self.tier.disk.end([block_hash for _, _, block_hash in spills], ok)
+        spilled = [block_hash for _, _, block_hash in spills]
+        if spilled and ok:
+            self.tier.disk.commit(spilled)
+        elif spilled:
+            self.tier.disk.abort(spilled)
         if ok:
             self.tier.commit([block_hash for _, _, block_hash in saves])
             self.tier.num_loaded += len(loads) + len(disk_loads)

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from services.api.streams import RecordStream
-from shared.config import GATEWAY_DEFAULTS
+from shared.gateway_config import GATEWAY_DEFAULTS
 from shared.log import get_logger
 from shared.wire import subjects
 from shared.wire.messages import SamplingParams
