@@ -278,6 +278,8 @@ async def _as_a_router(disagg_stack, hosts: str, tier_stack, model_name: str) ->
                                                  extra_body={"kv_transfer_params": unknown})
     alone = await _client(tier_stack).completions.create(**{**sampling, "prompt": [*prompt, 9]}, max_tokens=16)
     assert recomputed.choices[0].text == alone.choices[0].text
+    log = (disagg_stack.log_dir / "scheduler.log").read_text()
+    assert '"event": "kv_transfer_not_held"' in log and '"remote_engine_id": "nowhere"' in log
 
 
 async def test_kv_transfer_params_that_cannot_be_served_are_refused_by_name(tier_stack, model_name):
@@ -286,6 +288,7 @@ async def test_kv_transfer_params_that_cannot_be_served_are_refused_by_name(tier
     client = _client(tier_stack)
     cases = [({"do_remote_decode": True, "hostname": "x"}, {}, "unknown key 'hostname'"),
              ({"prompt_token_ids": [1, 2]}, {}, "a chat request's"),
+             ({"do_remote_prefill": True, "remote_request_id": "x", "remote_host": "10.0.0.1"}, {}, "side channel"),
              ({"do_remote_prefill": True, "remote_block_ids": ["a"]}, {}, "list of integers"),
              ({"do_remote_prefill": True}, {}, "remote_request_id"),
              ({"do_remote_decode": True}, {"n": 2}, "one choice")]

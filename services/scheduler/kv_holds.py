@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from services.scheduler.host_tier import TierIndex
+from services.scheduler.host_tier import HostTiers, TierIndex
+from services.scheduler.request import Request
 from shared.log import get_logger
 from shared.wire.kv_events import KvHeld, KvTransferParams
 
@@ -73,6 +74,17 @@ class KvHolds:
             self._waiters.pop(request_id, None)
             return KvHeld(error=f"no blocks were held for request {request_id!r} within {timeout_s:g}s")
         return hold.where()
+
+    def missing(self, request: Request, tiers: HostTiers) -> None:
+        """A decode request whose prefill's blocks nobody holds (expired, another deployment's, a
+        scheduler that failed over) recomputes what the pools and tiers lack: logged with what its
+        params named, so an operator sees why."""
+        params = request.kv_transfer
+        if params is None or not request.held_for or request.held_for in self._holds:
+            return
+        log.warning("kv_transfer_not_held", request_id=request.request_id, remote_request_id=request.held_for,
+                    remote_engine_id=params.remote_engine_id, num_remote_blocks=len(params.remote_block_ids),
+                    tier_known=any(t.tier_id == params.remote_engine_id for t in tiers))
 
     def release(self, request_id: str) -> None:
         """The decode request loaded them (or the hold expired): the tier's LRU may take them again."""

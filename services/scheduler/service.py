@@ -205,6 +205,7 @@ class SchedulerService:
             kv0.update_block_hashes(request)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, kv0.block_size)]
         pools = self.pools.for_new_requests([p for p in pools if p.is_alive] or pools, request)
+        self.holds.missing(request, self.pools.tiers)
         pool = await self.router.choose(pools, lookup, request.lora)
         await fetch_remote_prefix(self.nc, pool, request)  # what only another host's tier holds
         self._routing.pop(request.request_id, None)

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 log = get_logger("api.kv_transfer")
 _OURS = {"do_remote_decode": bool, "do_remote_prefill": bool, "remote_engine_id": str, "remote_request_id": str,
          "remote_block_ids": list, "prompt_token_ids": list}
-_INFORMATIONAL = {"remote_host", "remote_port", "tp_size"}  # vLLM's NIXL side channel: our bus needs none
+# vLLM's NIXL side channel: our answers carry null and 1; another engine's values are refused
+_INFORMATIONAL = {"remote_host": None, "remote_port": None, "tp_size": 1}
 _PARAM = "kv_transfer_params"
 
 
@@ -27,6 +28,10 @@ def transfer_params(body: _Sampling) -> KvTransferParams | None:
         return None
     fields: dict[str, Any] = {}
     for key, value in raw.items():
+        if key in _INFORMATIONAL and value not in (None, _INFORMATIONAL[key]):
+            raise APIError(400, f"kv_transfer_params: {key} {value!r} names another engine's side channel (vLLM's "
+                                "NIXL); blocks here are read through the deployment's bus, named by "
+                                "remote_engine_id and remote_request_id", param=_PARAM)
         if key in _INFORMATIONAL or key == "prompt_token_ids" or value is None:
             continue  # prompt_token_ids: the chat route's (reused_prompt_ids)
         kind = _OURS.get(key)
