@@ -1,8 +1,10 @@
 """`python -m bench.disagg`: decode streams' inter-token latency while long prompts arrive, with
 prefill and decode on workers of their own (--prefill-workers 1 --decode-workers 1) and colocated
-(--workers 2), each worker pinned to a core of its own.
+(--workers 2), each worker pinned to a core of its own; "two hosts": the prefill and the decode
+worker with a host tier each (two folders), so each handoff copies its blocks over the bus.
 
     python -m bench.disagg [--streams 4 --stream-tokens 384 --prompt 4096]
+    python -m bench.disagg --layouts "disaggregated,two hosts"
 
 Each layout runs two phases: the decode streams alone, then the same streams while a client sends
 long prompts one after another until they end. Reported per phase: the streams' gaps between
@@ -14,10 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -25,7 +33,7 @@ import httpx
 from bench.client import LoadSpec, send
 from bench.cpu_flags import cpu_name
 from bench.dataset import Prompt
-from switchyard.launcher import Stack
+from switchyard.launcher import Service, Stack
 from switchyard.nats_server import NatsServer, free_port
 
 
@@ -59,19 +67,41 @@ async def phase(spec: LoadSpec, args: argparse.Namespace, with_prompts: bool, rn
             "prompts": len(long_ttfts), "prompt_ttft": statistics.median(long_ttfts) if long_ttfts else 0.0}
 
 
+def _decode_host(stack: Stack, flags: list[str], root: Path, host: Path) -> None:
+    """A decode worker whose tier is another folder of /dev/shm than the prefill worker's (another
+    host's shared memory): the launcher starts the prefill worker, this one is started beside it."""
+    decode = Service("worker-decode-0", [sys.executable, "-m", "services.worker", "--nats-url", stack.nats_url, *flags,
+                                         "--kv-offloading-dir", str(host), "--worker-id", "worker-decode-0",
+                                         "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"})],
+                     log_file=root / "worker-decode-0.log")
+    stack.services.append(decode)
+    decode.start(stack._env(decode.name))
+    deadline = time.monotonic() + 300
+    while '"worker_id": "worker-decode-0"' not in (root / "scheduler.log").read_text():  # its hello, taken
+        assert time.monotonic() < deadline and decode.proc.poll() is None, "the decode worker did not join"
+        time.sleep(0.5)
+
+
 def run(layout: str, args: argparse.Namespace) -> dict:
     bus = NatsServer(auth=True).start()
     flags = ["--threads", "1", "--max-model-len", str(args.prompt + 64), "--kv-cache-memory-gib", "1",
              "--kv-offloading-size", "2"]
-    disaggregated = layout == "disaggregated"
-    stack = Stack(nats_url=bus.url, auth_dir=bus.auth_dir, api_port=free_port(), service_args=flags,
-                  num_workers=0 if disaggregated else 2, num_prefill_workers=int(disaggregated),
-                  num_decode_workers=int(disaggregated))
+    disaggregated, two_hosts = layout == "disaggregated", layout == "two hosts"
+    root = Path(tempfile.mkdtemp(prefix="sy-disagg-"))  # the services' logs
+    hosts = Path(tempfile.mkdtemp(prefix="sy-hosts-", dir="/dev/shm"))  # two hosts' shared memory
+    for host in ("a", "b"):
+        (hosts / host).mkdir()
+    stack = Stack(nats_url=bus.url, auth_dir=bus.auth_dir, api_port=free_port(), log_dir=root,
+                  service_args=[*flags, "--kv-offloading-dir", str(hosts / "a")] if two_hosts else flags,
+                  num_workers=0 if disaggregated or two_hosts else 2,
+                  num_prefill_workers=int(disaggregated or two_hosts), num_decode_workers=int(disaggregated))
     stack.nats = bus
     stack.start()
     try:
         stack.wait_ready()
-        _pin(stack, ["worker-prefill-0", "worker-decode-0"] if disaggregated else ["worker-0", "worker-1"])
+        if two_hosts:
+            _decode_host(stack, flags, root, hosts / "b")
+        _pin(stack, ["worker-prefill-0", "worker-decode-0"] if disaggregated or two_hosts else ["worker-0", "worker-1"])
         model = httpx.get(f"{stack.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
         spec = LoadSpec(base_url=stack.base_url, model=model)
         rng = random.Random(0)
@@ -79,6 +109,7 @@ def run(layout: str, args: argparse.Namespace) -> dict:
                 "prompts arriving": asyncio.run(phase(spec, args, True, rng))}
     finally:
         stack.stop()
+        shutil.rmtree(hosts, ignore_errors=True)
 
 
 def main() -> None:
@@ -87,6 +118,8 @@ def main() -> None:
     parser.add_argument("--stream-tokens", type=int, default=384, help="tokens each stream decodes")
     parser.add_argument("--prompt", type=int, default=4096, help="the arriving prompts' length, in tokens")
     parser.add_argument("--lead-s", type=float, default=2.0, help="the streams' head start before the first prompt")
+    parser.add_argument("--layouts", default="colocated,disaggregated",
+                        help='comma-separated: colocated, disaggregated, "two hosts"')
     args = parser.parse_args()
     os.sched_setaffinity(0, {0})  # the load generator too: the second core is the second worker's alone
     print(f"{cpu_name()}; {args.streams} decode streams of {args.stream_tokens} tokens; prompts of {args.prompt} "
@@ -95,7 +128,7 @@ def main() -> None:
     print("| layout | phase | streams' TPOT p99 / mean (ms) | gaps between chunks p50 / p99 / max (ms) "
           "| prompts served | their TTFT p50 (s) |")
     print("|---|---|---|---|---|---|")
-    for layout in ("colocated", "disaggregated"):
+    for layout in args.layouts.split(","):
         phases = run(layout, args)
         for name, m in phases.items():
             print(f"| {layout} | {name} | {m['tpot_p99'] * 1e3:.1f} / {m['tpot'] * 1e3:.1f} | {m['p50'] * 1e3:.1f} / "
