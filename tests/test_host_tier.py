@@ -52,7 +52,8 @@ async def test_held_blocks_outlive_the_lru_until_released_or_expired():
     tier.commit([b"a", b"b"])
     holds = KvHolds()
     answer = asyncio.ensure_future(holds.answer("prefill-1", timeout_s=5))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop (not a wait for time): the question is asked first
+    assert "prefill-1" in holds._waiters
     hold = holds.hold("prefill-1", tier, [b"a", b"b"], now=0.0)
     await asyncio.sleep(0)
     assert not answer.done()  # the Step saving its last blocks is not back
