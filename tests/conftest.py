@@ -57,6 +57,19 @@ def loaded_model(default_model_path):
 
 
 @pytest.fixture(scope="session")
+def served_model(default_model_path, cpu_kernels):
+    """The default model as `make run` serves it on this CPU: the C kernels over its blocks
+    (--quantization auto). loaded_model is the reference (--deterministic's torch float32 ops)."""
+    from services.worker.backends.torch_cpu.ops import NATIVE_OPS
+    from services.worker.backends.torch_cpu.quantization import native_blocks, quantize
+    from services.worker.loader import load_model
+
+    loaded = load_model(default_model_path, ops=NATIVE_OPS)
+    quantize(loaded.model, "auto", native_blocks(loaded, "auto"))
+    return loaded
+
+
+@pytest.fixture(scope="session")
 def hf_model(default_model_path):
     """transformers' own LlamaForCausalLM on the same GGUF: the oracle, and the benchmark's peer."""
     transformers = pytest.importorskip("transformers")

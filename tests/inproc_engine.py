@@ -5,6 +5,8 @@ Used to test batching invariants exactly (no timing): the services run this same
 
 from __future__ import annotations
 
+import torch
+
 from services.scheduler.host_tier import TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
@@ -24,6 +26,7 @@ from shared.wire.spec_decode import Drafts
 from tests.model_helpers import make_runner
 
 BLOCK_SIZE = 16
+_FLOAT32 = torch.empty(0)  # the KV's dtype beside a quantized head (QuantLinear has no .weight)
 
 
 class InProcessEngine:
@@ -36,7 +39,7 @@ class InProcessEngine:
         method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it; the eagle3
         method's head (its folder), the runner's model then keeping the streams it reads. tier: a
         worker's HostTier (services/worker/kv_tier.py), indexed by the scheduler as one pool's."""
-        self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=loaded.model.output.weight.dtype,
+        self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=getattr(loaded.model.output, "weight", _FLOAT32).dtype,
                                             max_model_len=8192, block_size=BLOCK_SIZE)
         spec = parse_speculative_config(speculative)
         if spec is not None and spec.method == "draft_model":

@@ -139,11 +139,11 @@ def test_a_step_of_more_rows_than_the_limit_speculates_for_none():
 # ---- exact: the same tokens as without speculation ----------------------------------------------
 
 
-_PLAIN: dict[str, dict] = {}  # the runs without speculation, by their settings: computed once
+_PLAIN: dict[str, dict] = {}  # the runs without speculation, by their model and settings: computed once
 
 
 def _plain(loaded_model, prompts, **settings) -> dict:
-    key = repr(sorted(settings.items()))
+    key = repr((id(loaded_model), sorted(settings.items())))
     if key not in _PLAIN:
         _PLAIN[key] = _run(loaded_model, prompts, None, **settings)[0]
     return _PLAIN[key]
@@ -160,17 +160,21 @@ def _run(loaded_model, prompts, speculative, num_blocks=256, budget=256, steps=1
     return outputs, engine
 
 
-@pytest.mark.parametrize("case", ["greedy", "seeded", "penalties", "small-pool", "chunked", "multi-step"])
-def test_speculation_gives_the_tokens_of_the_engine_without_it(loaded_model, prompts, case):
-    """small-pool: 14 blocks, rows preempted and recomputed; chunked: prompts in chunks of 16 tokens
+@pytest.mark.parametrize("case", ["greedy", "seeded", "penalties", "small-pool", "chunked", "multi-step",
+                                  "greedy-deterministic"])
+def test_speculation_gives_the_tokens_of_the_engine_without_it(served_model, loaded_model, prompts, case):
+    """On the path `make run` serves (the C kernels), and once on --deterministic's torch ops.
+    small-pool: 14 blocks, rows preempted and recomputed; chunked: prompts in chunks of 16 tokens
     beside the decoding rows; multi-step: Steps of 4 iterations, each speculating. Seeded: the draw
     at each output index is the one without speculation."""
+    case, deterministic, _ = case.partition("-deterministic")
+    model = loaded_model if deterministic else served_model
     sampling = {"seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 11},
                 "penalties": {"temperature": 0.5, "seed": 3, "repetition_penalty": 1.05, "frequency_penalty": 0.05,
                               "min_tokens": 6}}.get(case, {})
     kwargs = {"small-pool": {"num_blocks": 14}, "chunked": {"budget": 16}, "multi-step": {"steps": 4}}.get(case, {})
-    plain = _plain(loaded_model, prompts, **kwargs, **sampling)
-    spec, engine = _run(loaded_model, prompts, SPEC, **kwargs, **sampling)
+    plain = _plain(model, prompts, **kwargs, **sampling)
+    spec, engine = _run(model, prompts, SPEC, **kwargs, **sampling)
     assert spec == plain
     accepted = sum(d.num_accepted for d in engine.drafts)
     assert accepted > 0 and engine.drafts  # drafts were verified and some kept: the test is not vacuous
@@ -229,14 +233,15 @@ DRAFT_SPEC = {"model": "the-draft", "num_speculative_tokens": 4, "disable_by_bat
 
 @pytest.mark.parametrize("case", ["self-greedy", "self-seeded", "random-greedy", "random-small-pool", "self-chunked",
                                   "self-multi-step"])
-def test_a_draft_model_gives_the_tokens_of_the_engine_without_it(loaded_model, random_draft, prompts, case):
-    """self: SmolLM2 drafting for itself (every draft kept: the draft's KV caught up two tokens at a
-    time); random: a random draft (most rejected: its KV past the kept tokens recomputed)."""
+def test_a_draft_model_gives_the_tokens_of_the_engine_without_it(served_model, random_draft, prompts, case):
+    """On the path `make run` serves. self: SmolLM2 drafting for itself (every draft kept: the
+    draft's KV caught up two tokens at a time); random: a random draft (most rejected: its KV past
+    the kept tokens recomputed)."""
     draft, _, variant = case.partition("-")
     sampling = {"seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 11}}.get(variant, {})
     kwargs = {"small-pool": {"num_blocks": 14}, "chunked": {"budget": 16}, "multi-step": {"steps": 4}}.get(variant, {})
-    plain = _plain(loaded_model, prompts, **kwargs, **sampling)
-    spec, engine = _run(loaded_model, prompts, DRAFT_SPEC, draft=loaded_model if draft == "self" else random_draft,
+    plain = _plain(served_model, prompts, **kwargs, **sampling)
+    spec, engine = _run(served_model, prompts, DRAFT_SPEC, draft=served_model if draft == "self" else random_draft,
                         **kwargs, **sampling)
     assert spec == plain
     proposed, accepted = sum(d.num_drafted for d in engine.drafts), sum(d.num_accepted for d in engine.drafts)

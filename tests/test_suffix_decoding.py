@@ -121,11 +121,12 @@ def test_an_ambiguous_continuation_stops_below_min_token_prob():
 
 
 @pytest.mark.parametrize("case", ["greedy", "seeded", "small-pool"])
-def test_suffix_decoding_gives_the_tokens_of_the_engine_without_it(loaded_model, prompts, case):  # noqa: F811
+def test_suffix_decoding_gives_the_tokens_of_the_engine_without_it(served_model, prompts, case):  # noqa: F811
+    """On the path `make run` serves (the C kernels)."""
     sampling = {"seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 11}}.get(case, {})
     kwargs = {"small-pool": {"num_blocks": 14}}.get(case, {})
-    plain = _plain(loaded_model, prompts, **kwargs, **sampling)
-    spec, engine = _run(loaded_model, prompts, SPEC, **kwargs, **sampling)
+    plain = _plain(served_model, prompts, **kwargs, **sampling)
+    spec, engine = _run(served_model, prompts, SPEC, **kwargs, **sampling)
     assert spec == plain
     assert sum(d.num_accepted for d in engine.drafts) > 0  # drafts were verified and some kept
     if case == "small-pool":
