@@ -1,4 +1,6 @@
-"""Batching never changes a greedy request's tokens: concurrency, prefix hits, preemption."""
+"""Batching never changes a greedy request's tokens: concurrency, prefix hits, preemption. Concurrency
+and prefix hits on --deterministic's torch ops (its promise); preemption and multi-step on the path
+`make run` serves (the C kernels; the stack tests batch them too)."""
 
 from __future__ import annotations
 
@@ -46,25 +48,25 @@ def test_prefix_cache_hit_gives_cold_tokens(loaded_model, prompts):
     assert warm == cold
 
 
-def test_preempted_request_recomputes_same_tokens(loaded_model, prompts):
+def test_preempted_request_recomputes_same_tokens(served_model, prompts):
     # 12 blocks of 16 tokens cannot hold three ~60-token prompts growing by 40 tokens each
-    engine = InProcessEngine(loaded_model, num_blocks=12, max_num_batched_tokens=256)
+    engine = InProcessEngine(served_model, num_blocks=12, max_num_batched_tokens=256)
     chosen = [p[:60] for p in prompts if len(p) >= 60][:3]
     for i, p in enumerate(chosen):
         engine.add(f"p{i}", p, 40)
     outputs = engine.run()
     assert engine.scheduler.num_preemptions > 0
     for i, p in enumerate(chosen):
-        assert outputs[f"p{i}"] == alone(loaded_model, p, 40), f"p{i}"
+        assert outputs[f"p{i}"] == alone(served_model, p, 40), f"p{i}"
 
 
 @pytest.mark.parametrize("num_blocks", [256, 12])  # 12: rows preempted between multi-step Steps
-def test_multi_step_gives_the_same_tokens_in_fewer_steps(loaded_model, prompts, num_blocks):
+def test_multi_step_gives_the_same_tokens_in_fewer_steps(served_model, prompts, num_blocks):
     chosen = prompts if num_blocks == 256 else [p[:60] for p in prompts if len(p) >= 60][:3]
     max_tokens = [3 + (i * 5) % 23 for i in range(len(chosen))] if num_blocks == 256 else [40] * len(chosen)
     runs = {}
     for num_scheduler_steps in (1, 4):
-        engine = InProcessEngine(loaded_model, num_blocks=num_blocks, max_num_batched_tokens=256,
+        engine = InProcessEngine(served_model, num_blocks=num_blocks, max_num_batched_tokens=256,
                                  num_scheduler_steps=num_scheduler_steps)
         for i, p in enumerate(chosen):
             engine.add(f"r{i}", p, max_tokens[i])
