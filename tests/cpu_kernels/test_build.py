@@ -1,5 +1,6 @@
 """The C kernels' library: built once by `make install` (never by a worker), keyed by the compilers,
-torch and every source, its variant chosen for the CPU at load, and a stale build refused by name."""
+torch and every source (a new checkout of the same key takes an earlier build's), its variant chosen
+for the CPU at load, and a stale build refused by name."""
 
 from __future__ import annotations
 
@@ -19,15 +20,29 @@ LEVEL_FLAGS = {"avx512_vnni": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "a
 
 
 def test_a_build_is_kept_while_its_key_holds_and_says_what_it_was_built_with(cpu_kernels):
-    """The build make install made (from scratch on a clean clone, as CI's is) says what it was built
-    from and with, and is kept: building again finds it up to date."""
+    """The build make install made (compiled, or an earlier build of the same key) says what it was
+    built from and with, and is kept: building again finds it up to date."""
     folder = build.kernels_dir()
     manifest = json.loads((folder / build.MANIFEST).read_text())
     assert manifest["sources"] == build.sources_digest() and manifest["torch"] == torch.__version__
     assert manifest["variants"] == list(build.variants())
     assert set(manifest["compilers"]) == {"CC_version", "CXX_version"}
     assert build.why_unusable(folder) is None
-    assert build.build(folder) == (folder / build.LIBRARY, False)  # up to date: not built again
+    assert build.build(folder) == (folder / build.LIBRARY, "up to date")  # not built again
+
+
+def test_a_new_checkout_of_the_same_key_takes_the_kept_build(cpu_kernels, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
+    key = build.read_manifest(build.kernels_dir())["key"]
+    build._keep_build(build.kernels_dir(), key)
+    checkout = tmp_path / "checkout" / "build" / "kernels"
+    assert build.build(checkout) == (checkout / build.LIBRARY, "from the build cache")
+    assert (checkout / build.LIBRARY).read_bytes() == (build.kernels_dir() / build.LIBRARY).read_bytes()
+    assert build.why_unusable(checkout) is None
+    for i in range(build.KEEP_BUILDS + 2):  # older keys' builds: the newest KEEP_BUILDS stay
+        build._keep_build(build.kernels_dir(), f"{i:064x}")
+    kept = {path.name for path in build.builds_dir().iterdir()}
+    assert len(kept) == build.KEEP_BUILDS and key not in kept and f"{build.KEEP_BUILDS + 1:064x}" in kept
 
 
 def test_a_stale_or_missing_build_is_refused_by_name(tmp_path):

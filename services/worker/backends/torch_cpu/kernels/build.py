@@ -29,6 +29,7 @@ CSRC = HERE / "csrc"
 REPO = HERE.parents[4]
 LIBRARY = "libswitchyard_cpu.so"
 MANIFEST = "manifest.json"
+KEEP_BUILDS = 4  # earlier builds kept in builds_dir() (about 4 MB each)
 # x86-64's microarchitecture levels: v4 is AVX-512 (F, BW, CD, DQ, VL), v3 AVX2 with FMA and F16C;
 # the portable build runs on any x86-64. avx512_vnni: v4 with VNNI's u8 x s8 dot products (Ice Lake,
 # Sapphire Rapids, Zen 4 on: quant_dot.c's int8 rows). Elsewhere (aarch64) the portable build alone.
@@ -131,15 +132,47 @@ def why_unusable(directory: Path | None = None) -> str | None:
     return None
 
 
-def build(directory: Path | None = None, force: bool = False) -> tuple[Path, bool]:
-    """The library in `directory` (kernels_dir()), built unless an up-to-date one is there; returns its
-    path and whether it was built now."""
+def builds_dir() -> Path:
+    """Earlier builds by their key (as ccache keeps objects): a new checkout of the same sources, for the
+    same compilers and torch, takes its library from there instead of compiling it again."""
+    return Path(os.environ.get("SWITCHYARD_CACHE", Path.home() / ".cache" / "switchyard")) / "kernel-builds"
+
+
+def _copy_build(source: Path, directory: Path) -> None:
+    """source's library and manifest into `directory`, each renamed in whole."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in (LIBRARY, MANIFEST):
+        with tempfile.NamedTemporaryFile(dir=directory, delete=False) as tmp:
+            shutil.copyfile(source / name, tmp.name)
+        os.chmod(tmp.name, 0o755 if name == LIBRARY else 0o644)
+        os.replace(tmp.name, directory / name)
+
+
+def _keep_build(directory: Path, key: str) -> None:
+    """The build just made, kept by its key; the KEEP_BUILDS newest kept, the others removed."""
+    try:
+        _copy_build(directory, builds_dir() / key)
+        os.utime(builds_dir() / key)  # the newest kept
+        kept = sorted(builds_dir().iterdir(), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+        for old in kept[KEEP_BUILDS:]:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError:  # a read-only or full home: the next checkout compiles again
+        pass
+
+
+def build(directory: Path | None = None, force: bool = False) -> tuple[Path, str]:
+    """The library in `directory` (kernels_dir()), built unless an up-to-date one is there or kept from an
+    earlier build of the same key; returns its path and "up to date", "from the build cache" or "built"."""
     directory = directory or kernels_dir()
     compilers, torch_build = _compilers(), _torch_build()
     key = build_key(compilers, torch_build)
     manifest = read_manifest(directory)
     if not force and manifest and manifest.get("key") == key and (directory / LIBRARY).exists():
-        return directory / LIBRARY, False
+        return directory / LIBRARY, "up to date"
+    kept = builds_dir() / key
+    if not force and (read_manifest(kept) or {}).get("key") == key and (kept / LIBRARY).exists():
+        _copy_build(kept, directory)
+        return directory / LIBRARY, "from the build cache"
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:  # built aside, renamed in: never half a library
         out = Path(tmp)
@@ -157,7 +190,8 @@ def build(directory: Path | None = None, force: bool = False) -> tuple[Path, boo
                 "compilers": {k: v for k, v in compilers.items() if k.endswith("_version")},
                 "variants": list(variants()), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return directory / LIBRARY, True
+    _keep_build(directory, key)
+    return directory / LIBRARY, "built"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,11 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
-        library, built = build(args.dir, args.force)
+        library, how = build(args.dir, args.force)
     except (RuntimeError, FileNotFoundError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None) or str(exc)
         sys.exit(f"CPU kernels: build failed: {detail}")
-    what = f"built in {time.monotonic() - started:.0f} s" if built else "up to date"
+    what = f"built in {time.monotonic() - started:.0f} s" if how == "built" else how
     print(f"CPU kernels ({', '.join(variants())}): {what}: {library}")
 
 
