@@ -107,7 +107,8 @@ def _plan(compilers: dict, torch_build: dict, out: Path) -> tuple[list[list[str]
 def build_key(compilers: dict, torch_build: dict) -> str:
     commands, _ = _plan(compilers, torch_build, Path("."))
     text = json.dumps([compilers, torch_build["torch"], torch_build["cxx11_abi"], commands, sources_digest()])
-    return hashlib.sha256(text.encode()).hexdigest()
+    # the checkout's own path (its sources, its .venv's torch headers) is not part of what is built
+    return hashlib.sha256(text.replace(str(REPO), "<checkout>").encode()).hexdigest()
 
 
 def read_manifest(directory: Path) -> dict | None:
