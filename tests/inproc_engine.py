@@ -26,7 +26,6 @@ from shared.wire.spec_decode import Drafts
 from tests.model_helpers import make_runner
 
 BLOCK_SIZE = 16
-_FLOAT32 = torch.empty(0)  # the KV's dtype beside a quantized head (QuantLinear has no .weight)
 
 
 class InProcessEngine:
@@ -39,7 +38,8 @@ class InProcessEngine:
         method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it; the eagle3
         method's head (its folder), the runner's model then keeping the streams it reads. tier: a
         worker's HostTier (services/worker/kv_tier.py), indexed by the scheduler as one pool's."""
-        self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=getattr(loaded.model.output, "weight", _FLOAT32).dtype,
+        head = getattr(loaded.model.output, "weight", None)  # a quantized head (QuantLinear) has none
+        self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=torch.float32 if head is None else head.dtype,
                                             max_model_len=8192, block_size=BLOCK_SIZE)
         spec = parse_speculative_config(speculative)
         if spec is not None and spec.method == "draft_model":
