@@ -38,9 +38,11 @@ class InProcessEngine:
         method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it; the eagle3
         method's head (its folder), the runner's model then keeping the streams it reads. tier: a
         worker's HostTier (services/worker/kv_tier.py), indexed by the scheduler as one pool's."""
-        head = getattr(loaded.model.output, "weight", None)  # a quantized head (QuantLinear) has none
-        self.runner = runner or make_runner(loaded, num_blocks, kv_dtype=torch.float32 if head is None else head.dtype,
-                                            max_model_len=8192, block_size=BLOCK_SIZE)
+        if runner is None:
+            head = getattr(loaded.model.output, "weight", None)  # a quantized head (QuantLinear) has none
+            runner = make_runner(loaded, num_blocks, kv_dtype=torch.float32 if head is None else head.dtype,
+                                 max_model_len=8192, block_size=BLOCK_SIZE)
+        self.runner = runner
         spec = parse_speculative_config(speculative)
         if spec is not None and spec.method == "draft_model":
             backend = self.runner.backend
