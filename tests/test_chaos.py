@@ -84,6 +84,34 @@ async def test_a_worker_refuses_a_step_from_a_deposed_leader(chaos_stack, model_
     assert answer.choices[0].finish_reason in ("length", "stop")
 
 
+async def test_a_worker_that_saw_a_token_the_bucket_lost_does_not_depose_the_leader(chaos_stack, model_name):
+    """A NATS node's loss can take the lease bucket's last writes with it, so a new leader's token (a
+    revision) may be below one a worker saw from a leader before it. Here a worker is shown a token
+    above any revision: the leader's next Step to it is refused, the leader's renewal says the key is
+    still its own, its token rises past the worker's, and the same scheduler goes on answering."""
+    nc = await _admin(chaos_stack)
+    bus = BusClient(nc)
+    await bus.start()
+    prompt, ahead = [2000 + i for i in range(40)], 10**9
+    try:
+        first = await bus.submit(model_name, prompt, SamplingParams(max_tokens=4))
+        [e async for e in first.entries(timeout=60)]
+        step = subjects.worker_step(first.worker_id)
+        seen = STEP_RESULT_DECODER.decode((await nc.request(step, encode(Step(step_id=10**9 + 1, fence=ahead)),
+                                                            timeout=10)).data)
+        assert not seen.fenced
+        again = await bus.submit(model_name, prompt, SamplingParams(max_tokens=4))  # its prefix: the same worker
+        entries = [e async for e in again.entries(timeout=60)]
+        stale = STEP_RESULT_DECODER.decode((await nc.request(step, encode(Step(step_id=10**9 + 2, fence=ahead)),
+                                                             timeout=10)).data)
+    finally:
+        await bus.stop()
+        await nc.close()
+    assert again.worker_id == first.worker_id and again.scheduler_id == first.scheduler_id
+    assert entries and not any(e.error for e in entries)
+    assert stale.fenced and stale.newest_fence == ahead + 1  # the leader's token, raised past the worker's
+
+
 async def test_the_leaders_accepted_says_it_leads_by_a_lease(chaos_stack, model_name):
     """A client not yet subscribed to any heartbeat learns from the Accepted alone that the holder
     leads by a lease: had the leader died before its first heartbeat reached the client, the request

@@ -1,5 +1,6 @@
 """The leader lease on a real nats-server: when the leader dies, the standby that waited longest
-takes over, not the dead leader's restarted process (it defers), within the lease's TTL."""
+takes over, not the dead leader's restarted process (it defers), within the lease's TTL; a leader a
+worker refuses raises its token only while the key is its own."""
 
 from __future__ import annotations
 
@@ -41,6 +42,39 @@ async def test_the_standby_that_waited_longest_leads_after_the_leader_dies(bus):
         assert token > leader.token
         assert took <= LEASE_S + 2 * lease_module.RENEW_S  # the TTL from its last renewal, and a try
         print(f"takeover {took:.2f}s after the leader's last word")
+    finally:
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task() and task.get_coro().__qualname__.startswith("Lease."):
+                task.cancel()
+        for nc in conns:
+            await nc.close()
+
+
+class Deposed(Exception):
+    pass
+
+
+async def test_a_refused_leader_whose_key_is_still_its_own_raises_its_token_and_a_deposed_one_exits(bus, monkeypatch):
+    """A worker that saw a token above ours (the bucket's revisions went back after a NATS node's
+    loss): our renewal succeeds, so the token rises past the worker's. Once another scheduler has
+    the key, the same refusal deposes us (the renewal fails)."""
+    def exit_(reason):
+        raise Deposed(reason)
+    monkeypatch.setattr(lease_module, "deposed", exit_)
+    conns = [await nats.connect(bus.url) for _ in range(2)]
+    leader, other = Lease(conns[0], "overrule", holder="leader"), Lease(conns[1], "overrule", holder="other")
+    try:
+        token = await leader.acquire()
+        await leader.overrule(token + 100, "a worker saw a newer token")
+        assert leader.token == token + 101
+        await leader.overrule(token + 50, "an older refusal, answered already")  # never lowers it
+        assert leader.token == token + 101
+        leader._renewing.cancel()
+        kv = await leader._bucket()
+        await kv.delete(leader.key)  # the key gone: the other scheduler takes it
+        assert await other.acquire() > token
+        with pytest.raises(Deposed, match="taken by another scheduler"):
+            await leader.overrule(leader.token + 1, "the new leader's token")
     finally:
         for task in asyncio.all_tasks():
             if task is not asyncio.current_task() and task.get_coro().__qualname__.startswith("Lease."):

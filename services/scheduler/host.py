@@ -38,7 +38,6 @@ class SchedulerHost:
         self.nc = nc
         self.scheduler_id = uuid.uuid4().hex[:12]
         self.lease = lease
-        self.fence = 0
         self.static = SchedulerService(nc, config, self.scheduler_id) if config is not None else None
         self.deployed: dict[str, tuple[int, SchedulerService, tuple[float, int]]] = {}  # pipeline -> (gen, ...)
         self.budget = budget  # accel ENGINE_HOST; its `refused` names the pipelines that did not fit
@@ -52,7 +51,7 @@ class SchedulerHost:
 
     async def start(self) -> None:
         if self.lease is not None:  # a standby until the leader is gone
-            self.fence = await self.lease.acquire()
+            await self.lease.acquire()
         # heard before any request is taken: a client then knows this one leads by a lease
         self._tasks = [asyncio.create_task(self._heartbeat())]
         if self.static is not None:
@@ -63,8 +62,7 @@ class SchedulerHost:
                         asyncio.create_task(self._announce())]
 
     def _lead(self, service: SchedulerService) -> None:
-        service.fence = self.fence
-        service.lease = self.lease.key if self.lease is not None else ""
+        service.lease = self.lease
 
     async def _open_registry(self) -> Registry:
         """JetStream may still be electing (a node just back, a bus just resumed): a leader that

@@ -1,10 +1,12 @@
 """Leadership among scheduler processes: a JetStream KV lease whose revision is the fencing token.
 
 The first to create the key leads; it renews the key (a compare-and-set on its last revision) every
-third of the lease, and the bucket's TTL drops a key nobody renews, so a standby takes the lease
-LEASE_S after its leader died. A leader that fails a renewal, or whose Step a worker refuses as
-fenced (a newer leader's token seen), exits at once without a word to anyone (`deposed`): its
-requests belong to the new leader now.
+RENEW_S, and the bucket's TTL drops a key nobody renews, so a standby takes the lease LEASE_S after
+its leader died. A leader that fails a renewal exits at once without a word to anyone (`deposed`):
+its requests belong to the new leader now. A worker refuses a Step whose token is below the newest
+it has seen; the leader then renews at once: failing, it is deposed; succeeding, the key is still
+ours and the bucket's revisions went back (a JetStream node lost its last writes), so our token
+rises past the worker's (`overrule`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class Lease:
         self._revision = 0
         self._kv = None
         self._renewing: asyncio.Task | None = None
+        self._writing = asyncio.Lock()  # one compare-and-set at a time, or ours would fail each other
+        self._renewed_at = 0.0
 
     async def _bucket(self):
         if self._kv is None:
@@ -80,6 +84,7 @@ class Lease:
             except Exception as exc:  # the bus or JetStream not there yet: a standby waits either way
                 log.warning("lease_unavailable", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(TRY_S)
+        self._renewed_at = loop.time()
         log.info("lease_acquired", lease=self.key, holder=self.holder, token=self.token)
         self._renewing = asyncio.get_running_loop().create_task(self._renew())
         return self.token
@@ -91,20 +96,39 @@ class Lease:
             return False
 
     async def _renew(self) -> None:
-        """Keep the key ours; a renewal that fails for as long as the lease lasts deposes us."""
-        loop = asyncio.get_running_loop()
-        renewed_at = loop.time()
+        """Keep the key ours."""
         while True:
             await asyncio.sleep(RENEW_S)
+            await self._renew_once(retry=False)
+
+    async def _renew_once(self, retry: bool) -> None:
+        """One compare-and-set on our last revision; the key taken deposes us, and so does a bus
+        away for as long as the lease lasts. retry: try again until then, rather than return."""
+        loop = asyncio.get_running_loop()
+        while True:
             try:
-                self._revision = await self._kv.update(self.key, self.holder.encode(), last=self._revision)
-                renewed_at = loop.time()
+                async with self._writing:
+                    self._revision = await self._kv.update(self.key, self.holder.encode(), last=self._revision)
+                self._renewed_at = loop.time()
+                return
             except KeyWrongLastSequenceError:
                 deposed(f"the lease {self.key} was taken by another scheduler")
             except Exception as exc:  # the bus away: retry while the lease may still be ours
                 log.warning("lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
-                if loop.time() - renewed_at > LEASE_S:
+                if loop.time() - self._renewed_at > LEASE_S:
                     deposed(f"the lease {self.key} could not be renewed for {LEASE_S:g}s")
+            if not retry:
+                return
+            await asyncio.sleep(TRY_S)
+
+    async def overrule(self, newest: int, refusal: str) -> None:
+        """A worker refused our Step, having seen token `newest` above ours. A renewal now says
+        whether the key is still ours (else we are deposed); if it is, the token that worker saw
+        was a leader's before us at a revision the bucket has since lost, and ours rises past it."""
+        await self._renew_once(retry=True)
+        if newest >= self.token:
+            log.warning("lease_token_raised", lease=self.key, token=newest + 1, was=self.token, refusal=refusal)
+            self.token = newest + 1
 
     async def release(self) -> None:
         """Leaving: the key deleted (if still ours), so a standby need not wait out the TTL."""

@@ -18,7 +18,7 @@ from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.host_tier import TierIndex
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_holds import Hold, KvHolds
-from services.scheduler.lease import deposed
+from services.scheduler.lease import Lease, deposed
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Scheduler
@@ -78,11 +78,11 @@ def _scheduler_for(hello: WorkerHello, config: EngineConfig, can_run_more, tier:
 class PoolLoop:
     def __init__(self, nc: Client, hello: WorkerHello, config: EngineConfig,
                  on_gone: Callable[[PoolLoop, list[Request]], Awaitable[None]],
-                 can_run_more: Callable[[], bool], workers: Heartbeats, fence: int = 0, tier: TierIndex | None = None,
+                 can_run_more: Callable[[], bool], workers: Heartbeats, lease: Lease | None = None, tier: TierIndex | None = None,
                  on_handoff: Callable[[PoolLoop, list[Request]], Awaitable[None]] | None = None,
                  has_decoder: Callable[[], bool] = lambda: False, holds: KvHolds | None = None):
         """workers: where this pool's worker is heard from (its heartbeats and its step replies).
-        fence: our lease's token (lease.py), on every Step; 0 without a lease.
+        lease: our leadership (lease.py), its token on every Step; None: no lease, token 0.
         tier: the index of the host KV tier the worker maps (host_tier.py), shared with its peers there.
         on_handoff: where a prefill worker's (kv_producer) requests go on at their first token, while
         has_decoder() says a decode worker is alive; None: they stay.
@@ -92,7 +92,7 @@ class PoolLoop:
         self.worker_id = hello.worker_id
         self.step_timeout_s = config.step_timeout_s
         self.worker_bus_epoch = 0  # the worker's reconnects, as its heartbeat says (_request)
-        self.fence = fence
+        self.lease = lease
         self.max_migrations = config.max_migrations
         self.tier = tier
         self.scheduler = _scheduler_for(hello, config, can_run_more, tier)
@@ -302,14 +302,18 @@ class PoolLoop:
 
     async def _step(self, step: Step) -> StepResult:
         step.reset = not self._has_stepped  # the worker may hold state from a scheduler before us
-        step.fence = self.fence
         self._has_stepped = True
         started = time.perf_counter()
-        msg = await self._request(encode(step))
-        self.workers.heard(self.worker_id)
-        result = STEP_RESULT_DECODER.decode(msg.data)
-        if result.fenced:
-            deposed(f"worker {self.worker_id} refused our Step: {result.error}")
+        while True:
+            step.fence = self.lease.token if self.lease is not None else 0
+            msg = await self._request(encode(step))
+            self.workers.heard(self.worker_id)
+            result = STEP_RESULT_DECODER.decode(msg.data)
+            if not result.fenced:
+                break
+            if self.lease is None or result.newest_fence <= step.fence:  # an older worker, or no lease of ours
+                deposed(f"worker {self.worker_id} refused our Step: {result.error}")
+            await self.lease.overrule(result.newest_fence, f"worker {self.worker_id} refused our Step: {result.error}")
         self.steps_run += 1
         self.step_seconds += time.perf_counter() - started
         self.forward_seconds += result.forward_seconds

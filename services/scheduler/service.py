@@ -10,6 +10,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.scheduler.kv_holds import KvHolds, kv_transfer_error
+from services.scheduler.lease import Lease
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.pools import WorkerPools
@@ -60,8 +61,7 @@ class SchedulerService:
         """scheduler_id: the process's (SchedulerHost's), whose heartbeats tell bus clients it is alive."""
         self.nc = nc
         self.scheduler_id = scheduler_id
-        self.fence = 0  # the host's lease token once it leads (lease.py); 0: no lease
-        self.lease = ""  # the host's lease key once it leads: every Accepted names it
+        self.lease: Lease | None = None  # the host's once it leads: its token on Steps, its key in Accepteds
         self.config = config
         self.model = config.model
         self.loras = ModelLoras()
@@ -134,7 +134,8 @@ class SchedulerService:
             return
         reply = self.admit(submit)
         if isinstance(reply, Accepted):
-            reply.received_at, reply.scheduler_id, reply.lease = received_at, self.scheduler_id, self.lease
+            reply.received_at, reply.scheduler_id = received_at, self.scheduler_id
+            reply.lease = self.lease.key if self.lease is not None else ""
         await msg.respond(encode(reply))
 
     def admit(self, submit: Submit) -> Accepted | Rejected:
@@ -303,7 +304,7 @@ class SchedulerService:
 
     def _add_pool(self, hello: WorkerHello) -> None:
         pool = PoolLoop(self.nc, hello, self.config, on_gone=self._on_pool_gone, can_run_more=self.can_run_more,
-                        workers=self.workers, fence=self.fence, tier=self.pools.tiers.get(hello.kv_tier),
+                        workers=self.workers, lease=self.lease, tier=self.pools.tiers.get(hello.kv_tier),
                         on_handoff=self._on_handoff, has_decoder=self.pools.has_decoder, holds=self.holds)
         self.pools.add(pool)
         pool.start()

@@ -158,7 +158,7 @@ class WorkerService:
         self.last_step_at = time.monotonic()
         if step.fence < self._fence:
             log.warning("step_fenced", step_id=step.step_id, fence=step.fence, newest=self._fence)
-            await msg.respond(encode(StepResult(step_id=step.step_id, fenced=True, error=(
+            await msg.respond(encode(StepResult(step_id=step.step_id, fenced=True, newest_fence=self._fence, error=(
                 f"a scheduler with lease token {self._fence} leads; this Step carries {step.fence}"))))
             return
         self._fence = step.fence

@@ -296,6 +296,7 @@ class StepResult(msgspec.Struct, tag="step_result", array_like=True):
     fenced: bool = False  # refused: a scheduler with a newer lease token leads
     drafts: list[Drafts] = []  # the rows that verified draft tokens (vLLM's spec_decode metrics)
     iteration_sizes: list[int] = []  # a multi-step Step's: how many of `sampled` each iteration added
+    newest_fence: int = 0  # fenced: the newest lease token the worker has seen
 
 
 # ---- worker discovery ----------------------------------------------------------------------
