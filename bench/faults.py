@@ -22,7 +22,8 @@ import nats
 import openai
 
 from shared.wire import subjects
-from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from shared.wire.messages import encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStatsRequest
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 

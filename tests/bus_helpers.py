@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from shared.wire import subjects
-from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest, encode
+from shared.wire.messages import encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest
 
 
 async def scheduler_stats(nc, model: str) -> SchedulerStats:

@@ -22,7 +22,7 @@ from shared.control.deploy_config import (
 )
 from shared.control.deployment import DeployedModel
 from shared.control.registry import AgentRecord, ModelVersion, Pipeline, PipelineStep
-from shared.wire.messages import SchedulerStats
+from shared.wire.stats import SchedulerStats
 from switchyard.config import Acceleration, DeploymentConfigBuilder
 from tests.clock import ManualClock
 

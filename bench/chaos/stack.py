@@ -19,13 +19,8 @@ import nats
 from bench.chaos.load import MODEL
 from services.scheduler.lease import LEASES_BUCKET
 from shared.wire import subjects
-from shared.wire.messages import (
-    SCHEDULER_STATS_DECODER,
-    WORKER_ANNOUNCE_DECODER,
-    SchedulerStats,
-    SchedulerStatsRequest,
-    encode,
-)
+from shared.wire.messages import WORKER_ANNOUNCE_DECODER, encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest
 from switchyard.launcher import Stack, gateway_name
 from switchyard.nats_server import free_port
 

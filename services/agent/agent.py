@@ -30,12 +30,8 @@ from shared.control.agents import (
 from shared.control.deployment import load_deployed
 from shared.control.registry import AgentRecord, Pipeline, Registry
 from shared.wire import subjects
-from shared.wire.messages import (
-    SCHEDULER_STATS_DECODER,
-    WORKER_ANNOUNCE_DECODER,
-    SchedulerStatsRequest,
-    encode,
-)
+from shared.wire.messages import WORKER_ANNOUNCE_DECODER, encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStatsRequest
 
 log = sylog.get_logger("agent")
 TICK_S = 1.0

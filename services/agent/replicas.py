@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shared.control.deployment import DeployedModel
 from shared.control.registry import WorkerState
-from shared.wire.messages import SchedulerStats
+from shared.wire.stats import SchedulerStats
 
 RESTART_BACKOFF_S = 5.0
 

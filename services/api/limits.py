@@ -8,14 +8,8 @@ from nats.aio.msg import Msg
 from services.api.context import ApiContext
 from shared.log import get_logger
 from shared.wire import subjects
-from shared.wire.messages import (
-    MODEL_LIMITS_DECODER,
-    SCHEDULER_STATS_DECODER,
-    ModelLimits,
-    SchedulerStats,
-    SchedulerStatsRequest,
-    encode,
-)
+from shared.wire.messages import MODEL_LIMITS_DECODER, ModelLimits, encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest
 
 log = get_logger("api")
 

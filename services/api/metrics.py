@@ -28,12 +28,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from shared.wire import subjects
 from shared.wire.histogram import HistogramCounts
 from shared.wire.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
-from shared.wire.messages import (
-    SCHEDULER_STATS_DECODER,
-    SchedulerStats,
-    SchedulerStatsRequest,
-    encode,
-)
+from shared.wire.messages import encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStats, SchedulerStatsRequest
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)

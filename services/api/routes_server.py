@@ -15,7 +15,8 @@ from services.api.openai.params import check_token_ids, encode_text, render_mess
 from services.api.openai.protocol import DetokenizeRequest, TokenizeRequest
 from services.api.openai.routes import chat, complete
 from shared.wire import subjects
-from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from shared.wire.messages import encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStatsRequest
 
 router = APIRouter()
 VERSION = "0.2.0"

@@ -10,14 +10,9 @@ from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
 from services.api.orders import order_scheduler
 from shared.wire import subjects
-from shared.wire.messages import (
-    SCHEDULER_STATS_DECODER,
-    SLEEP_STATE_DECODER,
-    SchedulerStatsRequest,
-    Sleep,
-    WakeUp,
-    encode,
-)
+from shared.wire.messages import encode
+from shared.wire.sleep import SLEEP_STATE_DECODER, Sleep, WakeUp
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStatsRequest
 
 router = APIRouter()
 ORDER_TIMEOUT_S = 120.0  # parking the pools and freeing (or loading) the workers' memory

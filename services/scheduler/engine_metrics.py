@@ -6,12 +6,9 @@ from collections import Counter
 
 from services.scheduler.request import Request
 from shared.wire.histogram import HistogramCounts
-from shared.wire.messages import (
-    ITERATION_TOKEN_BUCKETS,
-    REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    StepResult,
-)
+from shared.wire.messages import StepResult
 from shared.wire.spec_decode import SpecDecodeCounts
+from shared.wire.stats import ITERATION_TOKEN_BUCKETS, REQUEST_NUM_PREEMPTIONS_BUCKETS
 
 
 class EngineMetrics:

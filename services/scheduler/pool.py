@@ -33,18 +33,15 @@ from shared.wire.hashing import root_hash
 from shared.wire.kv_events import KvEventBatch, PoolCleared
 from shared.wire.lora import LORA_STATE_DECODER, LoraOrder, LoraState
 from shared.wire.messages import (
-    SLEEP_STATE_DECODER,
     STEP_RESULT_DECODER,
     FinishReason,
-    Sleep,
-    SleepState,
     Step,
     StepResult,
-    WakeUp,
     WorkerHello,
     WorkerKind,
     encode,
 )
+from shared.wire.sleep import SLEEP_STATE_DECODER, Sleep, SleepState, WakeUp
 
 log = get_logger("scheduler.pool")
 OUTAGE_POLL_S = 0.1  # how often a Step in flight looks whether the bus came back

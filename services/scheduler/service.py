@@ -17,8 +17,8 @@ from services.scheduler.pools import WorkerPools
 from services.scheduler.reply import publish_error
 from services.scheduler.request import Request
 from services.scheduler.router import Router
-from services.scheduler.sleep_mode import put_to_sleep, wake_up
-from services.scheduler.stats import scheduler_stats
+from services.scheduler.sleep_mode import ModelSleep
+from services.scheduler.stats import scheduler_stats, settle
 from services.scheduler.tier_fetch import fetch_remote_prefix
 from services.scheduler.validate import images_error, submit_error
 from shared.bus.endpoints import Endpoints
@@ -32,7 +32,6 @@ from shared.wire.lora import LORA_ORDER_DECODER, LoraInfo
 from shared.wire.messages import (
     ABORT_DECODER,
     CLIENT_HEARTBEAT_DECODER,
-    SLEEP_ORDER_DECODER,
     SUBMIT_DECODER,
     WORKER_ANNOUNCE_DECODER,
     Accepted,
@@ -41,19 +40,16 @@ from shared.wire.messages import (
     ModelLimits,
     RejectCode,
     Rejected,
-    SchedulerStatsRequest,
-    Sleep,
-    SleepState,
     Submit,
-    WakeUp,
     WorkerHeartbeat,
     WorkerHello,
     encode,
 )
+from shared.wire.sleep import SLEEP_ORDER_DECODER
+from shared.wire.stats import SchedulerStatsRequest
 
 log = get_logger("scheduler")
 WATCH_INTERVAL_S = 0.25  # how often silent workers and clients, and passed deadlines, are looked for
-STATS_SETTLE_S = 1.0  # a settled stats request waits this long at most for the Steps out
 
 
 class SchedulerService:
@@ -76,9 +72,7 @@ class SchedulerService:
         self.endpoints = Endpoints(nc, "scheduler", f"{config.model}-{scheduler_id or 'local'}")
         self._watchdog: asyncio.Task | None = None
         self.is_draining = False
-        self.is_sleeping = False  # sleep mode (sleep_mode.py): the pools parked, their workers' memory freed
-        self.sleep_level = 0  # the level it was put to sleep at (vLLM's engine_sleep_state reports it)
-        self._sleep_lock = asyncio.Lock()
+        self.sleep = ModelSleep(config.model, config.step_timeout_s)  # the pools parked, their workers' memory freed
         self.num_deadline_exceeded = 0
         self.num_migrations = 0  # requests moved off a dead worker
         self.num_admission_rejections = 0  # Submits refused for a full queue
@@ -308,8 +302,7 @@ class SchedulerService:
                         on_handoff=self._on_handoff, has_decoder=self.pools.has_decoder, holds=self.holds)
         self.pools.add(pool)
         pool.start()
-        if self.is_sleeping:  # it joins a sleeping model: it sleeps too, and wakes with the others
-            asyncio.get_running_loop().create_task(put_to_sleep([pool], Sleep(), self.config.step_timeout_s))
+        self.sleep.joined(pool)
         log.info("worker_joined", worker_id=hello.worker_id, backend=hello.backend.label, device=hello.device,
                  num_blocks=hello.num_blocks)
         for request, taker in self.pools.place_held():  # they waited for a worker: this one, or one less loaded
@@ -389,16 +382,12 @@ class SchedulerService:
         except msgspec.DecodeError:
             settled = False
         if settled:
-            waits = [asyncio.ensure_future(p.between_steps.wait()) for p in self.pools]
-            if waits:
-                await asyncio.wait(waits, timeout=STATS_SETTLE_S)
-                for wait in waits:
-                    wait.cancel()
+            await settle(list(self.pools))
         await msg.respond(encode(scheduler_stats(
             self.model, self.pools, self.config, is_draining=self.is_draining,
             num_deadline_exceeded=self.num_deadline_exceeded, num_migrations=self.num_migrations,
             num_admission_rejections=self.num_admission_rejections,
-            is_sleeping=self.is_sleeping, sleep_level=self.sleep_level, loras=self.served_loras)))
+            is_sleeping=self.sleep.is_sleeping, sleep_level=self.sleep.level, loras=self.served_loras)))
 
     @property
     def in_flight(self) -> list[Request]:
@@ -420,17 +409,5 @@ class SchedulerService:
         await msg.respond(encode(await self.holds.answer(query.request_id, self.config.step_timeout_s)))
 
     async def _on_sleep(self, msg: Msg) -> None:
-        """Sleep or WakeUp for every pool of the model (sleep_mode.py); one order at a time."""
-        order = SLEEP_ORDER_DECODER.decode(msg.data)
-        async with self._sleep_lock:
-            pools = self.pools.alive
-            error = None
-            if isinstance(order, Sleep) and not self.is_sleeping:
-                self.is_sleeping, self.sleep_level = True, order.level
-                log.info("model_sleeping", model=self.model, level=order.level, num_workers=len(pools))
-                error = await put_to_sleep(pools, order, self.config.step_timeout_s)
-            elif isinstance(order, WakeUp) and self.is_sleeping:
-                error = await wake_up(pools)
-                self.is_sleeping, self.sleep_level = False, 0
-                log.info("model_awake", model=self.model, num_workers=len(pools))
-        await msg.respond(encode(SleepState(is_sleeping=self.is_sleeping, error=error)))
+        """Sleep or WakeUp for every pool of the model (sleep_mode.py)."""
+        await msg.respond(encode(await self.sleep.order(SLEEP_ORDER_DECODER.decode(msg.data), self.pools.alive)))

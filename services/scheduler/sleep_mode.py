@@ -7,9 +7,38 @@ import asyncio
 
 from services.scheduler.pool import PoolLoop
 from shared.log import get_logger
-from shared.wire.messages import Sleep, SleepState, WakeUp
+from shared.wire.sleep import Sleep, SleepState, WakeUp
 
 log = get_logger("scheduler.sleep")
+
+
+class ModelSleep:
+    """Whether the model sleeps, and at what level (vLLM's engine_sleep_state); one order at a time."""
+
+    def __init__(self, model: str, timeout_s: float):
+        self.model = model
+        self.timeout_s = timeout_s
+        self.is_sleeping = False
+        self.level = 0
+        self._lock = asyncio.Lock()
+
+    async def order(self, order: Sleep | WakeUp, pools: list[PoolLoop]) -> SleepState:
+        async with self._lock:
+            error = None
+            if isinstance(order, Sleep) and not self.is_sleeping:
+                self.is_sleeping, self.level = True, order.level
+                log.info("model_sleeping", model=self.model, level=order.level, num_workers=len(pools))
+                error = await put_to_sleep(pools, order, self.timeout_s)
+            elif isinstance(order, WakeUp) and self.is_sleeping:
+                error = await wake_up(pools)
+                self.is_sleeping, self.level = False, 0
+                log.info("model_awake", model=self.model, num_workers=len(pools))
+        return SleepState(is_sleeping=self.is_sleeping, error=error)
+
+    def joined(self, pool: PoolLoop) -> None:
+        """A worker that joins a sleeping model sleeps too, and wakes with the others."""
+        if self.is_sleeping:
+            asyncio.get_running_loop().create_task(put_to_sleep([pool], Sleep(), self.timeout_s))
 
 
 async def put_to_sleep(pools: list[PoolLoop], order: Sleep, timeout_s: float) -> str | None:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from services.scheduler.pool import PoolLoop
 from services.scheduler.pools import WorkerPools
 from shared.config import EngineConfig
 from shared.wire.histogram import HistogramCounts
 from shared.wire.lora import LoraInfo
-from shared.wire.messages import (
-    ITERATION_TOKEN_BUCKETS,
-    REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    SchedulerStats,
-)
 from shared.wire.spec_decode import SpecDecodeCounts
+from shared.wire.stats import ITERATION_TOKEN_BUCKETS, REQUEST_NUM_PREEMPTIONS_BUCKETS, SchedulerStats
+
+STATS_SETTLE_S = 1.0  # a settled stats request waits this long at most for the Steps out
+
+
+async def settle(pools: list[PoolLoop]) -> None:
+    """Wait a little for the Steps out to come back: a metrics scrape right after a response then
+    counts the Step that made its last token, as vLLM's does."""
+    waits = [asyncio.ensure_future(p.between_steps.wait()) for p in pools]
+    if waits:
+        await asyncio.wait(waits, timeout=STATS_SETTLE_S)
+        for wait in waits:
+            wait.cancel()
 
 
 def scheduler_stats(model: str, pools: WorkerPools, config: EngineConfig, *, is_draining: bool,

@@ -28,12 +28,9 @@ from shared.wire.lora import LORA_ORDER_DECODER, LoadLora, LoraState
 from shared.wire.messages import (
     DISCOVER_DECODER,
     RESEND_DECODER,
-    SLEEP_ORDER_DECODER,
     STEP_DECODER,
     FinishReason,
     Sampled,
-    Sleep,
-    SleepState,
     StepResult,
     TokenBatch,
     TokenEntry,
@@ -41,6 +38,7 @@ from shared.wire.messages import (
     WorkerHello,
     encode,
 )
+from shared.wire.sleep import SLEEP_ORDER_DECODER, Sleep, SleepState
 
 log = get_logger("worker")
 HEARTBEAT_INTERVAL_S = 1.0

@@ -24,7 +24,8 @@ from shared.control.deploy_config import DeploymentConfig, check_name, convert
 from shared.control.deployment import load_deployed
 from shared.control.registry import Pipeline, PipelineStep, Registry
 from shared.wire import subjects
-from shared.wire.messages import SCHEDULER_STATS_DECODER, SchedulerStatsRequest, encode
+from shared.wire.messages import encode
+from shared.wire.stats import SCHEDULER_STATS_DECODER, SchedulerStatsRequest
 
 router = APIRouter(prefix="/v1/api/pipelines")
 
