@@ -22,7 +22,6 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import httpx
 from bench.client import LoadSpec, send
 from bench.cpu_flags import cpu_name
 from bench.dataset import Prompt
-from switchyard.launcher import Service, Stack
+from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 
 
@@ -67,15 +66,11 @@ async def phase(spec: LoadSpec, args: argparse.Namespace, with_prompts: bool, rn
             "prompts": len(long_ttfts), "prompt_ttft": statistics.median(long_ttfts) if long_ttfts else 0.0}
 
 
-def _decode_host(stack: Stack, flags: list[str], root: Path, host: Path) -> None:
+def _decode_host(stack: Stack, root: Path, host: Path) -> None:
     """A decode worker whose tier is another folder of /dev/shm than the prefill worker's (another
     host's shared memory): the launcher starts the prefill worker, this one is started beside it."""
-    decode = Service("worker-decode-0", [sys.executable, "-m", "services.worker", "--nats-url", stack.nats_url, *flags,
-                                         "--kv-offloading-dir", str(host), "--worker-id", "worker-decode-0",
-                                         "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"})],
-                     log_file=root / "worker-decode-0.log")
-    stack.services.append(decode)
-    decode.start(stack._env(decode.name))
+    decode = stack.add_worker("worker-decode-0", "--kv-offloading-dir", str(host),
+                              "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"}))
     deadline = time.monotonic() + 300
     while '"worker_id": "worker-decode-0"' not in (root / "scheduler.log").read_text():  # its hello, taken
         assert time.monotonic() < deadline and decode.proc.poll() is None, "the decode worker did not join"
@@ -100,7 +95,7 @@ def run(layout: str, args: argparse.Namespace) -> dict:
     try:
         stack.wait_ready()
         if two_hosts:
-            _decode_host(stack, flags, root, hosts / "b")
+            _decode_host(stack, root, hosts / "b")
         _pin(stack, ["worker-prefill-0", "worker-decode-0"] if disaggregated or two_hosts else ["worker-0", "worker-1"])
         model = httpx.get(f"{stack.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
         spec = LoadSpec(base_url=stack.base_url, model=model)

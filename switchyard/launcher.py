@@ -113,15 +113,11 @@ class Stack:
         py = [sys.executable, "-m"]
         common = ["--nats-url", self.nats_url, *self.service_args]
         self.services = [Service("kvcache", py + ["services.kvcache", "--nats-url", self.nats_url])]
-        for i in range(self.num_workers):
-            self.services.append(Service(f"worker-{i}", py + ["services.worker", *common, "--worker-id", f"worker-{i}"]))
+        self.services += [self.worker(f"worker-{i}") for i in range(self.num_workers)]
         for role, count in (("prefill", self.num_prefill_workers), ("decode", self.num_decode_workers)):
             config = json.dumps({"kv_connector": "SharedMemoryConnector",
                                  "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"})
-            for i in range(count):
-                name = f"worker-{role}-{i}"
-                self.services.append(Service(name, py + ["services.worker", *common, "--worker-id", name,
-                                                         "--kv-transfer-config", config]))
+            self.services += [self.worker(f"worker-{role}-{i}", "--kv-transfer-config", config) for i in range(count)]
         agent_log_dir = ["--agent-log-dir", str(self.log_dir / "agent-workers")] if self.log_dir else []
         self.services.append(Service("agent", py + ["services.agent", *common, *agent_log_dir]))
         lease = ["--leader-lease", "scheduler"] if self.num_schedulers > 1 else []
@@ -135,6 +131,19 @@ class Stack:
                 svc.log_file = self.log_dir / f"{svc.name}.log"
             svc.start(self._env(svc.name))
         return self
+
+    def worker(self, name: str, *extra: str) -> Service:
+        """A worker on this stack's bus and flags; `extra` after them (of a flag given twice, the last counts)."""
+        return Service(name, [sys.executable, "-m", "services.worker", "--nats-url", self.nats_url, *self.service_args,
+                              *extra, "--worker-id", name])
+
+    def add_worker(self, name: str, *extra: str) -> Service:
+        """One more worker started beside the running stack (another host's, in tests and bench/disagg.py)."""
+        service = self.worker(name, *extra)
+        service.log_file = self.log_dir / f"{name}.log" if self.log_dir else None
+        self.services.append(service)
+        service.start(self._env(name))
+        return service
 
     def _env(self, service: str | None) -> dict:
         env = dict(os.environ)

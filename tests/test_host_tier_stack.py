@@ -56,9 +56,8 @@ def two_host_stack(tmp_path_factory, model_name):
     """A prefill worker and a decode worker whose tiers are two files (two hosts' shared memory, as
     --kv-offloading-dir makes them): each handoff copies the prompt's blocks over the bus."""
     import json
-    import sys
 
-    from switchyard.launcher import Service, Stack
+    from switchyard.launcher import Stack
     from switchyard.nats_server import NatsServer, free_port
     from tests.conftest import ready_or_stopped
 
@@ -71,12 +70,8 @@ def two_host_stack(tmp_path_factory, model_name):
     stack.nats = nats_server
     stack.start()
     s = ready_or_stopped(stack, log_dir)
-    decode = Service("worker-decode-0", [sys.executable, "-m", "services.worker", "--nats-url", s.nats_url, *common,
-                                         "--kv-offloading-dir", str(host_b), "--worker-id", "worker-decode-0",
-                                         "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"})],
-                     log_file=log_dir / "worker-decode-0.log")
-    s.services.append(decode)
-    decode.start(s._env(decode.name))
+    s.add_worker("worker-decode-0", "--kv-offloading-dir", str(host_b),
+                 "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"}))
     asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))
     yield s
     s.stop()
