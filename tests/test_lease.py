@@ -24,6 +24,15 @@ def bus():
     server.stop()
 
 
+async def _leave(conns) -> None:
+    """Every lease's renewal and acquiring stopped (the processes they stand for gone), the connections closed."""
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task() and task.get_coro().__qualname__.startswith("Lease."):
+            task.cancel()
+    for nc in conns:
+        await nc.close()
+
+
 async def test_the_standby_that_waited_longest_leads_after_the_leader_dies(bus):
     conns = [await nats.connect(bus.url) for _ in range(3)]
     leader, standby, restarted = (Lease(nc, "probe", holder=name) for nc, name in zip(
@@ -43,11 +52,7 @@ async def test_the_standby_that_waited_longest_leads_after_the_leader_dies(bus):
         assert took <= LEASE_S + 2 * lease_module.RENEW_S  # the TTL from its last renewal, and a try
         print(f"takeover {took:.2f}s after the leader's last word")
     finally:
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task() and task.get_coro().__qualname__.startswith("Lease."):
-                task.cancel()
-        for nc in conns:
-            await nc.close()
+        await _leave(conns)
 
 
 class Deposed(Exception):
@@ -76,8 +81,4 @@ async def test_a_refused_leader_whose_key_is_still_its_own_raises_its_token_and_
         with pytest.raises(Deposed, match="taken by another scheduler"):
             await leader.overrule(leader.token + 1, "the new leader's token")
     finally:
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task() and task.get_coro().__qualname__.startswith("Lease."):
-                task.cancel()
-        for nc in conns:
-            await nc.close()
+        await _leave(conns)
