@@ -308,9 +308,10 @@ class PoolLoop:
             result = STEP_RESULT_DECODER.decode(msg.data)
             if not result.fenced:
                 break
+            refusal = f"worker {self.worker_id} refused our Step: {result.error}"
             if self.lease is None or result.newest_fence <= step.fence:  # an older worker, or no lease of ours
-                deposed(f"worker {self.worker_id} refused our Step: {result.error}")
-            await self.lease.overrule(result.newest_fence, f"worker {self.worker_id} refused our Step: {result.error}")
+                deposed(refusal)
+            await self.lease.overrule(result.newest_fence, refusal)
         self.steps_run += 1
         self.step_seconds += time.perf_counter() - started
         self.forward_seconds += result.forward_seconds
