@@ -58,18 +58,14 @@ def loaded_model(default_model_path):
 
 @pytest.fixture(scope="session")
 def served_model(default_model_path, cpu_kernels):
-    """The default model as `make run` serves it on this CPU (the worker's TorchCpuBackend.create):
-    the C kernels over the GGUF's own blocks (--quantization auto is `gguf` for it), never
-    dequantized. loaded_model is the reference (--deterministic's torch float32 ops)."""
-    from services.worker.backends.torch_cpu.dense import pack_linears
-    from services.worker.backends.torch_cpu.ops import NATIVE_OPS
-    from services.worker.backends.torch_cpu.quantization import kept_weights, quantize
-    from services.worker.loader import load_model
+    """The default model as `make run` serves it on this CPU, eagerly: the C kernels over the GGUF's
+    own blocks (--quantization auto is `gguf` for it), never dequantized, loaded by the worker's own
+    function. loaded_model is the reference (--deterministic's torch float32 ops)."""
+    from services.worker.backends.spec import WorkerSpec
+    from services.worker.backends.torch_cpu.backend import load_as_filed
 
-    loaded = load_model(default_model_path, ops=NATIVE_OPS, keep=kept_weights)
-    quantize(loaded.model, "gguf", loaded.blocks, loaded.unloaded)
-    pack_linears(loaded.model)
-    return loaded
+    return load_as_filed(default_model_path, WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 0),
+                         native=True)
 
 
 @pytest.fixture(scope="session")

@@ -163,18 +163,25 @@ def _load(path: str, spec: WorkerSpec, native: bool, quantization: str) -> Loade
                       keep=kept_weights if keeps_blocks else None)
 
 
+def load_as_filed(path: str, spec: WorkerSpec, native: bool) -> LoadedModel:
+    """A model as its file holds it, run eagerly: a GGUF's or a quantized checkpoint's blocks kept on
+    the C kernels (quantization `gguf`: every file's own, quantization.FILES_OWN), float weights
+    packed as they are; on torch's ops (not native) dequantized."""
+    method = "gguf" if native else "none"
+    loaded = _load(path, spec, native, method)
+    quantize(loaded.model, method, loaded.blocks, loaded.unloaded)
+    pack_linears(loaded.model)
+    return loaded
+
+
 def _draft(spec: WorkerSpec, native: bool, target: LoadedModel) -> LoadedModel:
-    """Speculative decoding's draft model as its file holds it (a GGUF's or a quantized checkpoint's
-    blocks kept on the C kernels, float weights left as they are), whatever the target's
-    quantization, run eagerly; it must be a decoder of the target's vocabulary."""
-    method = "gguf" if native else "none"  # gguf: every file's own blocks kept (quantization.FILES_OWN)
-    draft = _load(spec.draft_model_path, spec, native, method)
+    """Speculative decoding's draft model as its file holds it, whatever the target's quantization;
+    it must be a decoder of the target's vocabulary."""
+    draft = load_as_filed(spec.draft_model_path, spec, native)
     if draft.config.vocab_size != target.config.vocab_size or getattr(draft.model, "is_encoder", False):
         raise ConfigError(f"speculative_config: the draft model ({draft.config.architecture}, "
                           f"{draft.config.vocab_size} tokens) must be a decoder of the model's vocabulary "
                           f"({target.config.vocab_size} tokens): a smaller model of the same tokenizer")
-    quantize(draft.model, method, draft.blocks, draft.unloaded)
-    pack_linears(draft.model)
     return draft
 
 
