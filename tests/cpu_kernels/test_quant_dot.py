@@ -14,7 +14,7 @@ from gguf.quants import dequantize
 from services.worker.backends.torch_cpu.quantization import QuantLinear, int8_activations
 from services.worker.loader.gguf_blocks import decode
 from services.worker.loader.quant_blocks import QuantBlocks
-from tests.test_gguf_kquants import ROWS, int8_rows, outputs_in_every_variant, random_raw
+from tests.test_gguf_kquants import HALF_AT, ROWS, int8_rows, outputs_in_every_variant, random_raw
 
 
 def int4_checkpoint(n: int, k: int, group: int, generator: torch.Generator) -> QuantBlocks:
@@ -49,6 +49,33 @@ def test_int8_rows_match_the_quantized_rows_matmul_in_every_variant(cpu_kernels,
     assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
     # the rows really are int8: further from the float rows' product than the tolerance above
     assert (outputs["portable"].double() - float_rows).abs().max() > 1e-3 * float(float_rows.abs().max())
+
+
+@pytest.mark.parametrize("case", ["Q4_K", "Q5_K", "Q6_K", "Q4_1", "int4 g64"])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_largest_values_times_the_largest_activations_stay_exact(cpu_kernels, case, sign):
+    """Every stored value at its top (15, 31 or 63) and every activation +-127: the integer sums the
+    kernels keep in int16 between widenings are at their largest, and still the oracle's."""
+    n, k = 32, 512
+    if case.startswith("int4"):
+        blocks = int4_checkpoint(n, k, 64, torch.Generator().manual_seed(1))
+        blocks.q.fill_(15)
+        layer, weights = QuantLinear(blocks, None), blocks.dequantized
+    else:
+        raw = random_raw(case, n, k, np.random.default_rng(5))
+        size = raw.shape[1] // (k // 256 if case.endswith("_K") else k // 32)
+        blocks = raw.reshape(n, -1, size)
+        halves = np.zeros(size, dtype=bool)
+        for at in HALF_AT[case]:
+            halves[at:at + 2] = True
+        blocks[..., ~halves] = 0xFF  # every value, high bit and (Q6_K: -1) scale at its top
+        weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[case]).reshape(n, k))
+        layer = QuantLinear(decode(case, raw), None)
+    assert int8_activations(layer) == 1
+    x = torch.full((max(ROWS), k), sign)
+    expected = int8_rows(x).double() @ weights.double().t()
+    outputs = outputs_in_every_variant(layer, x, expected)
+    assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
 
 
 def test_formats_without_an_int8_form_keep_float_rows(cpu_kernels):
