@@ -47,7 +47,7 @@ def test_context_length_message_names_both_numbers():
 
 
 def test_launcher_refuses_a_flag_no_service_reads(capsys):
-    from switchyard.launcher import check_service_args
+    from switchyard.service_flags import check_service_args
 
     check_service_args(["--max-num-seqs", "8", "--threads", "1", "--no-enable-prefix-caching"])
     with pytest.raises(SystemExit):

@@ -76,7 +76,7 @@ def test_the_sdk_builder_sets_deterministic():
 
 
 def test_the_launcher_prints_each_choice_with_its_reason():
-    from switchyard.launcher import engine_defaults_lines
+    from switchyard.service_flags import engine_defaults_lines
 
     lines = engine_defaults_lines(["--no-deterministic"])
     assert [line.split()[0] for line in lines] == ["dtype", "quantization", "compile", "num_scheduler_steps",
