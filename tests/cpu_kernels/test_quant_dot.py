@@ -54,8 +54,8 @@ def test_int8_rows_match_the_quantized_rows_matmul_in_every_variant(cpu_kernels,
 @pytest.mark.parametrize("case", ["Q4_K", "Q5_K", "Q6_K", "Q4_1", "int4 g64"])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_largest_values_times_the_largest_activations_stay_exact(cpu_kernels, case, sign):
-    """Every stored value at its top (15, 31 or 63) and every activation +-127: the integer sums the
-    kernels keep in int16 between widenings are at their largest, and still the oracle's."""
+    """Every stored value at its top (15, 31 or 63) and every activation +-127: maddubs's int16 pair
+    sums (and any int16 sums a kernel holds before widening them) at their largest, still exact."""
     n, k = 32, 512
     if case.startswith("int4"):
         blocks = int4_checkpoint(n, k, 64, torch.Generator().manual_seed(1))
@@ -64,11 +64,10 @@ def test_the_largest_values_times_the_largest_activations_stay_exact(cpu_kernels
     else:
         raw = random_raw(case, n, k, np.random.default_rng(5))
         size = raw.shape[1] // (k // 256 if case.endswith("_K") else k // 32)
-        blocks = raw.reshape(n, -1, size)
         halves = np.zeros(size, dtype=bool)
         for at in HALF_AT[case]:
             halves[at:at + 2] = True
-        blocks[..., ~halves] = 0xFF  # every value, high bit and (Q6_K: -1) scale at its top
+        raw.reshape(n, -1, size)[..., ~halves] = 0xFF  # every value, high bit and (Q6_K: -1) scale at its top
         weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[case]).reshape(n, k))
         layer = QuantLinear(decode(case, raw), None)
     assert int8_activations(layer) == 1
