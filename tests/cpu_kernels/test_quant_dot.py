@@ -68,6 +68,7 @@ def test_the_largest_values_times_the_largest_activations_stay_exact(cpu_kernels
         for at in HALF_AT[case]:
             halves[at:at + 2] = True
         raw.reshape(n, -1, size)[..., ~halves] = 0xFF  # every value, high bit and (Q6_K: -1) scale at its top
+        assert (raw.reshape(n, -1, size)[..., ~halves] == 0xFF).all()  # a view: the blocks themselves changed
         weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[case]).reshape(n, k))
         layer = QuantLinear(decode(case, raw), None)
     assert int8_activations(layer) == 1
