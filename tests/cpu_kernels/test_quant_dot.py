@@ -67,8 +67,9 @@ def test_the_largest_values_times_the_largest_activations_stay_exact(cpu_kernels
         halves = np.zeros(size, dtype=bool)
         for at in HALF_AT[case]:
             halves[at:at + 2] = True
-        raw.reshape(n, -1, size)[..., ~halves] = 0xFF  # every value, high bit and (Q6_K: -1) scale at its top
-        assert (raw.reshape(n, -1, size)[..., ~halves] == 0xFF).all()  # a view: the blocks themselves changed
+        cells = raw.reshape(n, -1, size)
+        assert np.shares_memory(cells, raw)  # so the blocks themselves change
+        cells[..., ~halves] = 0xFF  # every value, high bit and (Q6_K: -1) scale at its top
         weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType[case]).reshape(n, k))
         layer = QuantLinear(decode(case, raw), None)
     assert int8_activations(layer) == 1
