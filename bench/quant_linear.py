@@ -11,6 +11,7 @@ bit either way (tests/test_gguf_kquants.py); this measures the time and the byte
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import numpy as np
@@ -31,13 +32,10 @@ def _mib(layers: list[QuantLinear]) -> float:
 
 
 def _int8_rows(layers: list[QuantLinear]) -> list[QuantLinear]:
-    """The same layers (their buffers shared) taking int8 rows."""
-    copies = []
-    for layer in layers:
-        copy = QuantLinear.__new__(QuantLinear)
-        copy.__dict__.update(layer.__dict__)
-        copy.int8_activations = True
-        copies.append(copy)
+    """The same layers taking int8 rows (their weights' bytes in quant_dot.c's order)."""
+    copies = [copy.deepcopy(layer) for layer in layers]
+    for layer in copies:
+        layer.use_int8_rows()
     return copies
 
 

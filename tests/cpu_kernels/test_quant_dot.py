@@ -41,7 +41,10 @@ def layer_and_weights(case: str, n: int, k: int) -> tuple[QuantLinear, torch.Ten
 def test_int8_rows_match_the_quantized_rows_matmul_in_every_variant(cpu_kernels, case):
     n, k = 48, 512  # three panels, two super-blocks
     layer, weights = layer_and_weights(case, n, k)
+    stored = layer.blocks
     assert int8_activations(layer) == 1 and layer.int8_activations
+    assert torch.equal(layer.blocks.q, stored.q)  # the bytes in quant_dot.c's order hold the same values
+    assert not torch.equal(layer.qweight, QuantLinear(stored, None).qweight)  # ... in another order
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
     expected = int8_rows(x).double() @ weights.double().t()
     float_rows = x.double() @ weights.double().t()
@@ -87,6 +90,8 @@ def test_formats_without_an_int8_form_keep_float_rows(cpu_kernels):
         x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2))
         before = layer(x)
         assert int8_activations(layer) == 0 and not layer.int8_activations
+        with pytest.raises(ValueError, match="no int8-activation kernel"):
+            layer.use_int8_rows()
         assert torch.equal(layer(x), before)
         layer.int8_activations = True  # asked for all the same: refused by name, never computed in float
         with pytest.raises(RuntimeError, match="no int8-activation kernel for 4-bit codebook indices|8 bits"):

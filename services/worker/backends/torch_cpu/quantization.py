@@ -62,9 +62,7 @@ class QuantLinear(nn.Module):
         if self.bits in (4, 5, 6):  # [n / 16, k / 2, 16]: input 2j in the low nibbles, 2j + 1 in the high ones
             if self.bits == 6:  # -32..31 as 0..63
                 q = (q.to(torch.int16) + 32).to(torch.uint8)
-            pairs = (q & 0x0F).view(n // PANEL, k // 2, 2, PANEL)
-            nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)  # then the bits past the fourth
-            q = nibbles if self.bits == 4 else torch.cat([nibbles, _high_bits(q, self.bits - 4)], dim=1)
+            q = _pairs(q, self.bits)
         self.register_buffer("qweight", q.contiguous().view(codes) if codes == torch.float8_e4m3fn else q.contiguous())
         self.register_buffer("scales", _to_panels(blocks.scale).to(blocks.scale_dtype))
         self.register_buffer("lows", None if blocks.low is None else _to_panels(blocks.low).to(blocks.scale_dtype))
@@ -75,13 +73,27 @@ class QuantLinear(nn.Module):
         self.register_buffer("perm", blocks.perm)  # GPTQ's act-order: the inputs gathered into the groups' order
         self.register_buffer("codebook", blocks.codebook)  # IQ4's: the values the 4-bit indices stand for
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        self.int8_activations = False  # rows quantized per 32 inputs (quant_dot.c): int8_activations()
+        self.int8_activations = False  # rows quantized per 32 inputs, qweight in quant_dot.c's order: use_int8_rows()
 
     @property
     def takes_int8_rows(self) -> bool:
         """quant_dot.c's formats: 4-, 5- and 6-bit integers (not IQ4's codebook indices, 8 bits or FP8),
         over inputs in blocks of 32."""
         return self.bits in (4, 5, 6) and self.codebook is None and self.in_features % 32 == 0
+
+    def use_int8_rows(self) -> None:
+        """--quant-activations int8: the rows quantized per 32 inputs (quant_dot.c), the weights' bytes
+        put in its order (four inputs of a column side by side: the same bytes, another order)."""
+        if not self.takes_int8_rows:
+            raise ValueError(f"no int8-activation kernel for {self.bits}-bit weights"
+                             f"{' (codebook indices)' if self.codebook is not None else ''}")
+        if not self.int8_activations:
+            self.qweight = _fours(self._unsigned(), self.bits)
+            self.int8_activations = True
+
+    def _unsigned(self) -> torch.Tensor:
+        """4-, 5- and 6-bit weights' stored values (6 bits: value + 32) as [n / 16, k, 16] bytes."""
+        return (_from_fours if self.int8_activations else _from_pairs)(self.qweight, self.in_features, self.bits)
 
     @classmethod
     def quantize(cls, linear: nn.Linear, bits: int) -> QuantLinear:
@@ -103,11 +115,7 @@ class QuantLinear(nn.Module):
         """The weight back as blocks: [n, k] values, [n, k / 32] scales (and lows)."""
         q = self.qweight
         if self.bits in (4, 5, 6):
-            k = self.in_features
-            nibbles = q[:, : k // 2]
-            q = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=2).view(q.shape[0], -1, PANEL)
-            if self.bits > 4:
-                q = q | (_from_high_bits(self.qweight[:, k // 2:], self.bits - 4) << 4)
+            q = self._unsigned()
             if self.bits == 6:
                 q = (q.to(torch.int16) - 32).to(torch.int8)
         as_kept = (lambda t: t) if self.supers is not None else (lambda t: t.float())  # int8 subs stay int8
@@ -131,6 +139,49 @@ class QuantLinear(nn.Module):
             x = x.index_select(-1, self.perm)
         return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias,
                                                      self.supers, self.codebook, self.int8_activations)
+
+
+def _pairs(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """[n / 16, k, 16] stored values -> quant_linear.c's bytes: the nibbles two inputs to a byte, then
+    the bits past the fourth."""
+    pairs = (u & 0x0F).view(u.shape[0], -1, 2, PANEL)
+    nibbles = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
+    return nibbles if bits == 4 else torch.cat([nibbles, _high_bits(u, bits - 4)], dim=1)
+
+
+def _from_pairs(q: torch.Tensor, k: int, bits: int) -> torch.Tensor:
+    nibbles = q[:, : k // 2]
+    u = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=2).view(q.shape[0], -1, PANEL)
+    return u if bits == 4 else u | (_from_high_bits(q[:, k // 2:], bits - 4) << 4)
+
+
+def _fours(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """[n / 16, k, 16] stored values -> quant_dot.c's bytes (its header draws them): per 8 inputs, 64
+    bytes, byte 4c + j column c's at input j (low nibble) and j + 4 (high); then the bits past the
+    fourth (width w), per 32 / w inputs 64 bytes, byte 4c + j column c's at inputs 4t + j in bits w t."""
+    panels, k, _ = u.shape
+    steps = (u & 0x0F).view(panels, k // 8, 2, 4, PANEL).permute(0, 1, 4, 3, 2)  # [.., column, j, half]
+    nibbles = (steps[..., 0] | (steps[..., 1] << 4)).reshape(panels, k // 2, PANEL)
+    if bits == 4:
+        return nibbles.contiguous()
+    width = bits - 4
+    fields = ((u >> 4) & ((1 << width) - 1)).view(panels, k // (32 // width), 8 // width, 4, PANEL).permute(0, 1, 4, 3, 2)
+    shifts = torch.arange(8 // width, dtype=torch.uint8) * width
+    high = (fields << shifts).sum(-1, dtype=torch.uint8).reshape(panels, -1, PANEL)
+    return torch.cat([nibbles, high], dim=1).contiguous()
+
+
+def _from_fours(q: torch.Tensor, k: int, bits: int) -> torch.Tensor:
+    panels = q.shape[0]
+    steps = q[:, : k // 2].reshape(panels, k // 8, PANEL, 4)
+    u = torch.stack([steps & 0x0F, steps >> 4], dim=-1).permute(0, 1, 4, 3, 2).reshape(panels, k, PANEL)
+    if bits == 4:
+        return u
+    width = bits - 4
+    high = q[:, k // 2:].reshape(panels, k // (32 // width), PANEL, 4, 1)
+    shifts = torch.arange(8 // width, dtype=torch.uint8) * width
+    fields = (high >> shifts) & ((1 << width) - 1)  # [.., column, j, t]
+    return u | (fields.permute(0, 1, 4, 3, 2).reshape(panels, k, PANEL) << 4)
 
 
 def _high_bits(q: torch.Tensor, width: int) -> torch.Tensor:
@@ -219,7 +270,7 @@ def int8_activations(model: nn.Module) -> int:
     inputs, as llama.cpp does (quant_dot.c); the others keep float32 rows. How many take int8 rows."""
     taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.takes_int8_rows]
     for module in taking:
-        module.int8_activations = True
+        module.use_int8_rows()
     return len(taking)
 
 

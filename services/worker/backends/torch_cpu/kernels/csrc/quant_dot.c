@@ -8,9 +8,16 @@
  *     acc = fma(low_g, (float)sum_i(xq_i) * d, acc)              (formats with a low)
  * u the stored unsigned value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)). The integer
  * sums are exact and the float steps the same in every variant, so every variant gives the same
- * bits, at every batch size. The weights are read in quant_linear.c's panels; on x86 four inputs of
- * a column are put side by side in 32 bits, the u8 x s8 products summed by maddubs and madd (VNNI:
- * dpbusd). */
+ * bits, at every batch size.
+ *
+ * The weights are in panels of 16 columns as quant_linear.c's, their bytes in another order
+ * (QuantLinear.use_int8_rows() puts them so), four inputs of a column side by side, as the u8 x s8
+ * dot products take them: the nibbles [k / 8, 64] bytes, byte 4c + j of step s holding column c at
+ * input 8s + j (low nibble) and 8s + 4 + j (high nibble); 5 and 6 bits then the bits past the fourth
+ * (width w), [k / (32 / w), 64] bytes, byte 4c + j of row R holding column c's at inputs
+ * (32 / w) R + 4t + j in bits w t .. w t + w - 1. On x86 a step's bytes are then two registers
+ * (a nibble mask, a shift, the high bits or-ed in), summed by maddubs and madd (VNNI: dpbusd) with
+ * no shuffles. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,15 +1,14 @@
 /* quant_dot.c without x86's vectors: one column and row at a time, the same integer sums and the same
  * float steps (fmaf: the CPUs this form is for may lack an FMA instruction; libm's is exact). */
 
-/* The stored unsigned value of a panel's column c at input i (5 and 6 bits: the nibbles, then the
- * bits past the fourth, as quant_linear.c lays them out). */
+/* The stored unsigned value of a panel's column c at input i, in quant_dot.c's layout. */
 static inline uint8_t value_at(const uint8_t *panel, int64_t k, int64_t i, int c, int bits) {
-    const uint8_t byte = panel[(i / 2) * PANEL + c];
-    uint8_t u = i % 2 ? byte >> 4 : byte & 0x0F;
+    const uint8_t byte = panel[(i / 8) * 4 * PANEL + 4 * c + i % 4];
+    uint8_t u = i % 8 < 4 ? byte & 0x0F : byte >> 4;
     if (bits > 4) {
-        const int width = bits - 4, per_row = 8 / width;
-        const uint8_t top = panel[k * (PANEL / 2) + (i / per_row) * PANEL + c];
-        u |= ((top >> ((i % per_row) * width)) & ((1 << width) - 1)) << 4;
+        const int width = bits - 4, per_high = 32 / width;
+        const uint8_t top = panel[k * (PANEL / 2) + (i / per_high) * 4 * PANEL + 4 * c + i % 4];
+        u |= ((top >> ((i % per_high) / 4 * width)) & ((1 << width) - 1)) << 4;
     }
     return u;
 }

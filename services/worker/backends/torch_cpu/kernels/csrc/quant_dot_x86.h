@@ -38,47 +38,42 @@ static inline __attribute__((always_inline)) void scale_low_cols(const void *sca
     }
 }
 
-/* A panel's 16 columns at inputs i .. i + 3 (i a multiple of 4), each column's 4 unsigned values side
- * by side: w0 holds columns 0..3 and 8..11, w1 4..7 and 12..15 (in_order puts the sums back in column
- * order); i odd times 4 past a multiple of 8. The two rows of nibble pairs are one register (i, i + 1 | i + 2, i + 3); 5 and 6 bits: the
- * row of high bits in both halves, shifted per half so that input i's (i + 2's) are at bit 0. */
-static inline __attribute__((always_inline)) void side_by_side(const uint8_t *panel, int64_t k, int64_t i,
-                                                               const int odd, const struct qformat f, __m256i *w0,
-                                                               __m256i *w1) {
+/* The high bits' field t of each byte (`width` bits at bit width * t) moved to bit 4, the rest
+ * dropped: the 16-bit lanes' shifts (at most 4 left, 3 right) leave the kept bits each byte's own. */
+#define HIGH_FIELD(T, SLL, SRL, AND, H, t, width)                                                    \
+    AND((width) * (t) < 4 ? SLL(H, _mm_cvtsi32_si128(4 - (width) * (t))) : SRL(H, _mm_cvtsi32_si128((width) * (t) - 4)), \
+        T((char)((((1 << (width)) - 1) << 4))))
+
+/* One step of 8 inputs (i a multiple of 8) over a panel's 16 columns in quant_dot.c's layout, as
+ * 32 bytes at `at` (8 columns): `lo` each column's values at i .. i + 3 side by side in 32 bits,
+ * `hi` at i + 4 .. i + 7, the bits past the fourth put back in. */
+static inline __attribute__((always_inline)) void step_bytes(const uint8_t *panel, int64_t k, int64_t i, int at,
+                                                             const struct qformat f, __m256i *lo, __m256i *hi) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
-    _mm_prefetch((const char *)(panel + (i / 2) * PANEL + PREFETCH), _MM_HINT_T0);
-    if (f.bits > 4 && i % 32 == 0)
-        _mm_prefetch((const char *)(panel + k * (PANEL / 2) + (i / (8 / (f.bits - 4))) * PANEL + PREFETCH), _MM_HINT_T0);
-    const __m256i pairs = _mm256_loadu_si256((const __m256i *)(panel + (i / 2) * PANEL));
-    __m256i low = _mm256_and_si256(pairs, nibble), high = _mm256_and_si256(_mm256_srli_epi16(pairs, 4), nibble);
-    if (f.bits > 4) {  /* the 32-bit shifts bring in a neighbour byte's bits only where the mask drops them */
-        const int width = f.bits - 4, per_row = 8 / width;
-        const __m256i top = _mm256_broadcastsi128_si256(
-            _mm_loadu_si128((const __m128i *)(panel + k * (PANEL / 2) + (i / per_row) * PANEL)));
-        const __m256i keep = _mm256_set1_epi8(width == 1 ? 0x10 : 0x30);
-        /* shift by i % per_row (0, or 4 where odd) in the first half, 2 * width more in the second:
-         * constants either way, picked, not made, whether or not the compiler unrolls the caller's loop */
-        const __m256i even_shifts = _mm256_setr_epi32(0, 0, 0, 0, 2 * width, 2 * width, 2 * width, 2 * width);
-        const __m256i odd_shifts = _mm256_setr_epi32(4, 4, 4, 4, 4 + 2 * width, 4 + 2 * width, 4 + 2 * width, 4 + 2 * width);
-        const __m256i at0 = _mm256_srlv_epi32(top, odd && width == 1 ? odd_shifts : even_shifts);
-        low = _mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi32(at0, 4), keep));
-        high = _mm256_or_si256(high, _mm256_and_si256(width == 1 ? _mm256_slli_epi32(at0, 3)
-                                                                 : _mm256_slli_epi32(at0, 2), keep));
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel + i * (PANEL / 2) + at));
+    *lo = _mm256_and_si256(bytes, nibble);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    if (f.bits > 4) {
+        const int width = f.bits - 4, per_high = 32 / width, t = (int)(i % per_high) / 4;
+        const __m256i top = _mm256_loadu_si256(
+            (const __m256i *)(panel + k * (PANEL / 2) + (i / per_high) * 4 * PANEL + at));
+        *lo = _mm256_or_si256(*lo, HIGH_FIELD(_mm256_set1_epi8, _mm256_sll_epi16, _mm256_srl_epi16, _mm256_and_si256, top, t, width));
+        *hi = _mm256_or_si256(*hi, HIGH_FIELD(_mm256_set1_epi8, _mm256_sll_epi16, _mm256_srl_epi16, _mm256_and_si256, top, t + 1, width));
     }
-    const __m256i a = _mm256_unpacklo_epi8(low, high), b = _mm256_unpackhi_epi8(low, high);  /* columns 0..7, 8..15 */
-    const __m256i first = _mm256_permute2x128_si256(a, b, 0x20), second = _mm256_permute2x128_si256(a, b, 0x31);
-    *w0 = _mm256_unpacklo_epi16(first, second);
-    *w1 = _mm256_unpackhi_epi16(first, second);
 }
 
-static inline void in_order(__m256i *s0, __m256i *s1) {
-    const __m256i a = *s0, b = *s1;
-    *s0 = _mm256_permute2x128_si256(a, b, 0x20);
-    *s1 = _mm256_permute2x128_si256(a, b, 0x31);
+static inline __attribute__((always_inline)) void prefetch_step(const uint8_t *panel, int64_t k, int64_t i,
+                                                                const struct qformat f) {
+    _mm_prefetch((const char *)(panel + i * (PANEL / 2) + PREFETCH), _MM_HINT_T0);
+    if (f.bits > 4 && i % (32 / (f.bits - 4)) == 0)
+        _mm_prefetch((const char *)(panel + k * (PANEL / 2) + (i / (32 / (f.bits - 4))) * 4 * PANEL + PREFETCH), _MM_HINT_T0);
 }
 
-static inline __m256i dot4(__m256i w, __m256i x, __m256i acc) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+/* u8 x s8 products of 8 inputs: maddubs's pairs of the two halves added in int16 (at most
+ * 2 * 2 * 63 * 127 = 32004: exact), then summed in pairs into the 8 columns' int32 sums */
+static inline __m256i dot8(__m256i lo, __m256i hi, __m256i xa, __m256i xb, __m256i acc) {
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
 /* Rows r0 .. r0 + R - 1 against one panel. */
@@ -94,21 +89,21 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
         scale_low_cols(scales, lows, supers, s0 / f.group, f, &scale, &low);
         __m256i sums[ROWS][2];
         for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
-        for (int64_t i = s0; i < s0 + sub; i += 8)
-#pragma GCC unroll 2
-            for (int odd = 0; odd < 2; odd++) {
-                __m256i w0, w1;
-                side_by_side(panel, k, i + 4 * odd, odd, f, &w0, &w1);
-                for (int r = 0; r < R; r++) {
-                    int32_t four;
-                    __builtin_memcpy(&four, rows->q + (r0 + r) * k + i + 4 * odd, sizeof four);
-                    const __m256i x = _mm256_set1_epi32(four);
-                    sums[r][0] = dot4(w0, x, sums[r][0]);
-                    sums[r][1] = dot4(w1, x, sums[r][1]);
-                }
+        for (int64_t i = s0; i < s0 + sub; i += 8) {
+            __m256i lo0, hi0, lo1, hi1;
+            prefetch_step(panel, k, i, f);
+            step_bytes(panel, k, i, 0, f, &lo0, &hi0);
+            step_bytes(panel, k, i, 32, f, &lo1, &hi1);
+            for (int r = 0; r < R; r++) {
+                int32_t a, b;
+                __builtin_memcpy(&a, rows->q + (r0 + r) * k + i, sizeof a);
+                __builtin_memcpy(&b, rows->q + (r0 + r) * k + i + 4, sizeof b);
+                const __m256i xa = _mm256_set1_epi32(a), xb = _mm256_set1_epi32(b);
+                sums[r][0] = dot8(lo0, hi0, xa, xb, sums[r][0]);
+                sums[r][1] = dot8(lo1, hi1, xa, xb, sums[r][1]);
             }
+        }
         for (int r = 0; r < R; r++) {
-            in_order(&sums[r][0], &sums[r][1]);
             const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
             const __m256 dv = _mm256_set1_ps(d);
             if (f.bits == 6) {  /* values u - 32: the integer sums less 32 times the activations' (exact) */
@@ -137,7 +132,42 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
  * dpbusd; 8 rows a pass. The float steps are pass()'s, column by column, so the bits are its. */
 #define WIDE_ROWS 8
 
-static inline __m512 wide(fcols v) { return _mm512_insertf32x8(_mm512_castps256_ps512(v.lo), v.hi, 1); }
+/* scale_low_cols in one register, the two levels' float16s given (the same products) */
+static inline __attribute__((always_inline)) void wide_scale_low(const void *scales, const void *lows, int64_t g,
+                                                                 const struct qformat f, __m512 super16,
+                                                                 __m512 super_low16, __m512 *scale, __m512 *low) {
+    const int64_t at = g * PANEL;
+    *low = _mm512_setzero_ps();
+    if (f.scale_bits == 8) {
+        const __m128i s = _mm_loadu_si128((const __m128i *)((const int8_t *)scales + at));
+        *scale = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s)), super16);
+        if (f.has_low) {
+            const __m128i l = _mm_loadu_si128((const __m128i *)((const int8_t *)lows + at));
+            *low = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(l)), super_low16);
+        }
+    } else if (f.scale_bits == 16) {
+        *scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)scales + at)));
+        if (f.has_low) *low = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)lows + at)));
+    } else {
+        *scale = _mm512_loadu_ps((const float *)scales + at);
+        if (f.has_low) *low = _mm512_loadu_ps((const float *)lows + at);
+    }
+}
+
+/* step_bytes' step as one register: each of the 16 columns' 4 values in 32 bits, in column order */
+static inline __attribute__((always_inline)) void wide_step_bytes(const uint8_t *panel, int64_t k, int64_t i,
+                                                                  const struct qformat f, __m512i *lo, __m512i *hi) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512i bytes = _mm512_loadu_si512((const void *)(panel + i * (PANEL / 2)));
+    *lo = _mm512_and_si512(bytes, nibble);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    if (f.bits > 4) {
+        const int width = f.bits - 4, per_high = 32 / width, t = (int)(i % per_high) / 4;
+        const __m512i top = _mm512_loadu_si512((const void *)(panel + k * (PANEL / 2) + (i / per_high) * 4 * PANEL));
+        *lo = _mm512_or_si512(*lo, HIGH_FIELD(_mm512_set1_epi8, _mm512_sll_epi16, _mm512_srl_epi16, _mm512_and_si512, top, t, width));
+        *hi = _mm512_or_si512(*hi, HIGH_FIELD(_mm512_set1_epi8, _mm512_sll_epi16, _mm512_srl_epi16, _mm512_and_si512, top, t + 1, width));
+    }
+}
 
 static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel, const void *scales,
                                                             const void *lows, const uint16_t *supers, int64_t k,
@@ -146,25 +176,29 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
     const int sub = f.group < XBLOCK ? f.group : XBLOCK;
     __m512 acc[WIDE_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m512 super16 = _mm512_setzero_ps(), super_low16 = _mm512_setzero_ps();
     for (int64_t s0 = 0; s0 < k; s0 += sub) {
-        fcols scale, low;
-        scale_low_cols(scales, lows, supers, s0 / f.group, f, &scale, &low);
-        /* in the sums' column order (0-3, 8-11, 4-7, 12-15: a permutation its own inverse) */
-        const __m512 scale16 = _mm512_shuffle_f32x4(wide(scale), wide(scale), _MM_SHUFFLE(3, 1, 2, 0));
-        const __m512 low16 = _mm512_shuffle_f32x4(wide(low), wide(low), _MM_SHUFFLE(3, 1, 2, 0));
-        __m512i sums[WIDE_ROWS];
-        for (int r = 0; r < R; r++) sums[r] = _mm512_setzero_si512();
-        for (int64_t i = s0; i < s0 + sub; i += 8)
-#pragma GCC unroll 2
-            for (int odd = 0; odd < 2; odd++) {
-                __m256i w0, w1;
-                side_by_side(panel, k, i + 4 * odd, odd, f, &w0, &w1);
-                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);  /* 0-3, 8-11, 4-7, 12-15 */
-                const int32_t *fours = rows->fours + (i / 4 + odd) * rows->m + r0;
-                for (int r = 0; r < R; r++) sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(fours[r]));
+        if (f.scale_bits == 8 && s0 % SUPER == 0) {  /* a super-block's float16s, once for its groups */
+            const uint16_t *super = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
+            super16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)super));
+            if (f.has_low) super_low16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(super + PANEL)));
+        }
+        __m512 scale16, low16;
+        wide_scale_low(scales, lows, s0 / f.group, f, super16, super_low16, &scale16, &low16);
+        __m512i sums[WIDE_ROWS], his[WIDE_ROWS];  /* two chains of dpbusd a row (its latency, at few rows) */
+        for (int r = 0; r < R; r++) sums[r] = his[r] = _mm512_setzero_si512();
+        for (int64_t i = s0; i < s0 + sub; i += 8) {
+            __m512i lo, hi;
+            prefetch_step(panel, k, i, f);
+            wide_step_bytes(panel, k, i, f, &lo, &hi);
+            const int32_t *fours = rows->fours + (i / 4) * rows->m + r0;
+            for (int r = 0; r < R; r++) {
+                sums[r] = _mm512_dpbusd_epi32(sums[r], lo, _mm512_set1_epi32(fours[r]));
+                his[r] = _mm512_dpbusd_epi32(his[r], hi, _mm512_set1_epi32(fours[rows->m + r]));
             }
+        }
         for (int r = 0; r < R; r++) {
-            __m512i sum = sums[r];
+            __m512i sum = _mm512_add_epi32(sums[r], his[r]);
             const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
             if (f.bits == 6)
                 sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]));
@@ -176,7 +210,7 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
         }
     }
     for (int r = 0; r < R; r++)
-        _mm512_storeu_ps(out + (r0 + r) * n, _mm512_shuffle_f32x4(acc[r], acc[r], _MM_SHUFFLE(3, 1, 2, 0)));
+        _mm512_storeu_ps(out + (r0 + r) * n, acc[r]);
 }
 
 #define PASS wide_pass
