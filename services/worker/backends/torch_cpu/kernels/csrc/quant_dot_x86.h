@@ -69,11 +69,17 @@ static inline __attribute__((always_inline)) void prefetch_step(const uint8_t *p
         _mm_prefetch((const char *)(panel + k * (PANEL / 2) + (i / (32 / (f.bits - 4))) * 4 * PANEL + PREFETCH), _MM_HINT_T0);
 }
 
-/* u8 x s8 products of 8 inputs: maddubs's pairs of the two halves added in int16 (at most
- * 2 * 2 * 63 * 127 = 32004: exact), then summed in pairs into the 8 columns' int32 sums */
-static inline __m256i dot8(__m256i lo, __m256i hi, __m256i xa, __m256i xb, __m256i acc) {
-    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+/* u8 x s8 products of 8 inputs: maddubs's pairs of the two halves added in int16 (each column's
+ * 4 sums at most 2 * 2 * 127 * (2^bits - 1): 32004 for 6 bits) */
+static inline __m256i dot8(__m256i lo, __m256i hi, __m256i xa, __m256i xb) {
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
+}
+
+/* the steps whose int16 sums stay exact added up before they are widened (4 bits: 4 x 7620; 5: 2 x
+ * 15748; 6: 1 x 32004), at most the group's steps */
+static inline int steps_held(const struct qformat f, int sub) {
+    const int hold = f.bits == 4 ? 4 : f.bits == 5 ? 2 : 1;
+    return hold < sub / 8 ? hold : sub / 8;
 }
 
 /* Rows r0 .. r0 + R - 1 against one panel. */
@@ -84,23 +90,44 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
     const int sub = f.group < XBLOCK ? f.group : XBLOCK;
     __m256 acc[ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int hold = steps_held(f, sub);
+    fcols super = {_mm256_setzero_ps(), _mm256_setzero_ps()}, super_low = super;
     for (int64_t s0 = 0; s0 < k; s0 += sub) {
         fcols scale, low;
-        scale_low_cols(scales, lows, supers, s0 / f.group, f, &scale, &low);
+        if (f.scale_bits == 8) {  /* a super-block's float16s once for its groups (scale_low_cols' products) */
+            if (s0 % SUPER == 0) {
+                const uint16_t *at = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
+                super = fcols_half(at);
+                if (f.has_low) super_low = fcols_half(at + PANEL);
+            }
+            scale = fcols_int8_times((const int8_t *)scales + (s0 / f.group) * PANEL, super);
+            low = f.has_low ? fcols_int8_times((const int8_t *)lows + (s0 / f.group) * PANEL, super_low) : super_low;
+        } else {
+            scale_low_cols(scales, lows, supers, s0 / f.group, f, &scale, &low);
+        }
         __m256i sums[ROWS][2];
         for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
-        for (int64_t i = s0; i < s0 + sub; i += 8) {
-            __m256i lo0, hi0, lo1, hi1;
-            prefetch_step(panel, k, i, f);
-            step_bytes(panel, k, i, 0, f, &lo0, &hi0);
-            step_bytes(panel, k, i, 32, f, &lo1, &hi1);
+        for (int64_t i0 = s0; i0 < s0 + sub; i0 += 8 * hold) {
+            __m256i held[ROWS][2];
+            for (int h = 0; h < hold; h++) {
+                const int64_t i = i0 + 8 * h;
+                __m256i lo0, hi0, lo1, hi1;
+                prefetch_step(panel, k, i, f);
+                step_bytes(panel, k, i, 0, f, &lo0, &hi0);
+                step_bytes(panel, k, i, 32, f, &lo1, &hi1);
+                for (int r = 0; r < R; r++) {
+                    int32_t a, b;
+                    __builtin_memcpy(&a, rows->q + (r0 + r) * k + i, sizeof a);
+                    __builtin_memcpy(&b, rows->q + (r0 + r) * k + i + 4, sizeof b);
+                    const __m256i xa = _mm256_set1_epi32(a), xb = _mm256_set1_epi32(b);
+                    const __m256i p0 = dot8(lo0, hi0, xa, xb), p1 = dot8(lo1, hi1, xa, xb);
+                    held[r][0] = h ? _mm256_add_epi16(held[r][0], p0) : p0;
+                    held[r][1] = h ? _mm256_add_epi16(held[r][1], p1) : p1;
+                }
+            }
             for (int r = 0; r < R; r++) {
-                int32_t a, b;
-                __builtin_memcpy(&a, rows->q + (r0 + r) * k + i, sizeof a);
-                __builtin_memcpy(&b, rows->q + (r0 + r) * k + i + 4, sizeof b);
-                const __m256i xa = _mm256_set1_epi32(a), xb = _mm256_set1_epi32(b);
-                sums[r][0] = dot8(lo0, hi0, xa, xb, sums[r][0]);
-                sums[r][1] = dot8(lo1, hi1, xa, xb, sums[r][1]);
+                sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(held[r][0], _mm256_set1_epi16(1)));
+                sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(held[r][1], _mm256_set1_epi16(1)));
             }
         }
         for (int r = 0; r < R; r++) {
