@@ -54,8 +54,13 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--variant", default="", help="the kernels' instruction set (default: the best this CPU runs)")
+    p.add_argument("--threads", type=int, default=0, help="torch's threads (default: as many as it has)")
+    p.add_argument("--shape", default="", help="NxK for every type's layers (2048x2048 --layers 1: one layer held "
+                   "in the cache, the kernel's own speed)")
     args = p.parse_args()
     kernels = load_kernels()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.variant:
         torch.ops.switchyard_cpu.use_variant(args.variant)
     print(f"{cpu_name()}, {kernels.reason}, variant {torch.ops.switchyard_cpu.variant()}, {torch.get_num_threads()} threads, {args.rows} row(s), "
@@ -64,7 +69,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for kind in args.types.split(","):
-        n, k = SHAPES[kind]
+        n, k = map(int, args.shape.split("x")) if args.shape else SHAPES[kind]
         raws = [random_raw(kind, n, k, rng) for _ in range(args.layers)]
         two = [QuantLinear(decode(kind, raw), None) for raw in raws]
         one = [QuantLinear(decode(kind, raw).flat(), None) for raw in raws]
@@ -75,8 +80,8 @@ def main() -> None:
             for name in times:
                 times[name].append(_ms(runs[name], x, args.reps))
         t2, t1 = min(times["two"]), min(times["one"])
-        t8 = f"{min(times['int8']):.2f} | {t2 / min(times['int8']):.2f}" if "int8" in times else "- | -"
-        print(f"| {kind} | {n}x{k} | {t2:.2f} | {_mib(two):.0f} | {t1:.2f} | {_mib(one):.0f} | {t2 / t1:.3f} | {t8} |")
+        t8 = f"{min(times['int8']):.3f} | {t2 / min(times['int8']):.2f}" if "int8" in times else "- | -"
+        print(f"| {kind} | {n}x{k} | {t2:.3f} | {_mib(two):.1f} | {t1:.3f} | {_mib(one):.0f} | {t2 / t1:.3f} | {t8} |")
 
 
 if __name__ == "__main__":
