@@ -47,7 +47,8 @@ struct qrows {
 };
 
 static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *rows) {
-    _Pragma("omp parallel for schedule(static)")
+    /* a few rows on this thread: the threads' start would cost more than the work */
+    _Pragma("omp parallel for schedule(static) if(m * k >= 16384)")
     for (int64_t t = 0; t < m * (k / XBLOCK); t++) {
         const int64_t r = t / (k / XBLOCK), b = t % (k / XBLOCK);
         const float *in = x + r * k + b * XBLOCK;
