@@ -128,7 +128,8 @@ constexpr int64_t PANEL = 16;
 // [n / 16, k / group, 16], float16 or float32 (the group is k over their middle size: 16, 32, 64
 // or 128), or int8 in two levels with supers [n / 16, k / 256, S, 16]
 // float16 (S: 2 with lows, else 1; groups of 16 or 32); 4 bits have lows, or a codebook: [16] int8,
-// the values the 4-bit indices stand for (IQ4's); bias: [n] float32.
+// the values the 4-bit indices stand for (IQ4's); bias: [n] float32. int8_activations: 4 to 6 bits in
+// the same shapes, their bytes in quant_dot.c's order (QuantLinear.use_int8_rows()).
 at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at::Tensor &scales,
                         const std::optional<at::Tensor> &lows, int64_t bits, const std::optional<at::Tensor> &bias,
                         const std::optional<at::Tensor> &supers, const std::optional<at::Tensor> &codebook,
