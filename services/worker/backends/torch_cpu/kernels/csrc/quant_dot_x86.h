@@ -18,16 +18,17 @@ static inline fcols fcols_int8_times(const int8_t *p, fcols by) {
                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), by.hi)};
 }
 
-/* The panel's 16 scales and lows of group g (scale_low in quant_dot.c, one column at a time). */
-static inline __attribute__((always_inline)) void scale_low_cols(const void *scales, const void *lows,
-                                                                 const uint16_t *supers, int64_t g,
-                                                                 const struct qformat f, fcols *scale, fcols *low) {
+/* The panel's 16 scales and lows of group g (scale_low in quant_dot.c, one column at a time); two
+ * levels: the int8s times their super-block's float16s, converted once for its groups (`super`,
+ * `super_low`). */
+static inline __attribute__((always_inline)) void scale_low_cols(const void *scales, const void *lows, int64_t g,
+                                                                 const struct qformat f, fcols super, fcols super_low,
+                                                                 fcols *scale, fcols *low) {
     const int64_t at = g * PANEL;
     const fcols zero = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     if (f.scale_bits == 8) {
-        const uint16_t *super = supers + (g * f.group / SUPER) * (f.has_low ? 2 : 1) * PANEL;
-        *scale = fcols_int8_times((const int8_t *)scales + at, fcols_half(super));
-        *low = f.has_low ? fcols_int8_times((const int8_t *)lows + at, fcols_half(super + PANEL)) : zero;
+        *scale = fcols_int8_times((const int8_t *)scales + at, super);
+        *low = f.has_low ? fcols_int8_times((const int8_t *)lows + at, super_low) : zero;
     } else if (f.scale_bits == 16) {
         *scale = fcols_half((const uint16_t *)scales + at);
         *low = f.has_low ? fcols_half((const uint16_t *)lows + at) : zero;
@@ -94,17 +95,12 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
     fcols super = {_mm256_setzero_ps(), _mm256_setzero_ps()}, super_low = super;
     for (int64_t s0 = 0; s0 < k; s0 += sub) {
         fcols scale, low;
-        if (f.scale_bits == 8) {  /* a super-block's float16s once for its groups (scale_low_cols' products) */
-            if (s0 % SUPER == 0) {
-                const uint16_t *at = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
-                super = fcols_half(at);
-                if (f.has_low) super_low = fcols_half(at + PANEL);
-            }
-            scale = fcols_int8_times((const int8_t *)scales + (s0 / f.group) * PANEL, super);
-            low = f.has_low ? fcols_int8_times((const int8_t *)lows + (s0 / f.group) * PANEL, super_low) : super_low;
-        } else {
-            scale_low_cols(scales, lows, supers, s0 / f.group, f, &scale, &low);
+        if (f.scale_bits == 8 && s0 % SUPER == 0) {  /* a super-block's float16s, once for its groups */
+            const uint16_t *at = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
+            super = fcols_half(at);
+            if (f.has_low) super_low = fcols_half(at + PANEL);
         }
+        scale_low_cols(scales, lows, s0 / f.group, f, super, super_low, &scale, &low);
         __m256i sums[ROWS][2];
         for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
         for (int64_t i0 = s0; i0 < s0 + sub; i0 += 8 * hold) {
