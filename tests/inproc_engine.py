@@ -35,8 +35,9 @@ class InProcessEngine:
         """runner: the worker side (default: the torch backend's over `loaded`, num_blocks blocks);
         scheduler: the scheduler side (default: paged, over num_blocks blocks); speculative: a
         --speculative-config, as the worker announces it to the scheduler; draft: the draft_model
-        method's model (a LoadedModel), its KV in the runner's blocks as the CPU backend holds it; the eagle3
-        method's head (its folder), the runner's model then keeping the streams it reads. tier: a
+        method's model (a LoadedModel), its KV in the runner's blocks as its backend holds it (None:
+        the runner's backend was created with one); the eagle3 method's head (its folder), the runner's
+        model then keeping the streams it reads. tier: a
         worker's HostTier (services/worker/kv_tier.py), indexed by the scheduler as one pool's."""
         if runner is None:
             head = getattr(loaded.model.output, "weight", None)  # a quantized head (QuantLinear) has none
@@ -46,16 +47,19 @@ class InProcessEngine:
         spec = parse_speculative_config(speculative)
         if spec is not None and spec.method == "draft_model":
             backend = self.runner.backend
-            backend.draft = TorchCpuBackend(draft, KVSpec.of(draft.config, BLOCK_SIZE, backend.kv.dtype),
-                                            backend.num_blocks)
+            if draft is not None:  # else the runner's backend was created with its draft
+                kv = KVSpec.of(draft.config, BLOCK_SIZE, backend.kv.dtype)  # the target backend's kind, its device
+                backend.draft = TorchCpuBackend(draft, kv, backend.num_blocks) \
+                    if isinstance(backend, TorchCpuBackend) else type(backend)(draft, kv, backend.num_blocks, backend.device)
             self.runner.proposer = DraftModelProposer(spec)
         elif spec is not None and spec.method == "eagle3":  # draft: the head's folder
             backend = self.runner.backend
             head, layers = load_eagle3(draft, backend.model, backend.config, backend.model.layers[0].attention.ops,
                                        backend.kv.dtype)
             backend.model.aux_layers = tuple(layers)
-            backend.draft = Eagle3Drafter(head, KVSpec.of(head.config, BLOCK_SIZE, backend.kv.dtype), backend.num_blocks,
-                                          backend.prepare)
+            device = getattr(backend, "device", torch.device("cpu"))  # the CUDA backend's, on a GPU
+            backend.draft = Eagle3Drafter(head.to(device), KVSpec.of(head.config, BLOCK_SIZE, backend.kv.dtype),
+                                          backend.num_blocks, backend.prepare, device)
             self.runner.proposer = Eagle3Proposer(spec)
         elif spec is not None:
             self.runner.proposer = SuffixProposer(spec) if spec.method == "suffix" else NgramProposer(spec)

@@ -8,12 +8,23 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.backends.base import Backend
+from services.worker.loader import LoadedModel
 from services.worker.sequence import SeqState
+from shared.checks import ConfigError
 from shared.speculative import SpeculativeConfig
 
 # a row whose drafts were all rejected n steps in a row drafts at one output token in 2**n (n <= 4):
 # a draft model that does not fit the text costs its forward at every step, an n-gram miss nothing
 MAX_BACKOFF_LOG2 = 4
+
+
+def check_draft_model(draft: LoadedModel, target: LoadedModel) -> LoadedModel:
+    """The draft model, if it is a decoder of the target's vocabulary (a smaller model of its tokenizer)."""
+    if draft.config.vocab_size != target.config.vocab_size or getattr(draft.model, "is_encoder", False):
+        raise ConfigError(f"speculative_config: the draft model ({draft.config.architecture}, "
+                          f"{draft.config.vocab_size} tokens) must be a decoder of the model's vocabulary "
+                          f"({target.config.vocab_size} tokens): a smaller model of the same tokenizer")
+    return draft
 
 
 @dataclass
@@ -59,7 +70,7 @@ class DraftModelProposer:
         batch = [(_DraftRow(seq), len(seq.token_ids) - seq.draft_computed) for seq, _ in rows]
         while batch:
             hidden = draft.forward(draft.prepare(batch))
-            last = torch.tensor([n for _, n in batch]).cumsum(0) - 1
+            last = torch.tensor([n for _, n in batch], device=hidden.device).cumsum(0) - 1
             next_ids = draft.compute_logits(hidden.index_select(0, last)).argmax(-1).tolist()
             for (row, num_new), token_id in zip(batch, next_ids, strict=True):
                 row.seq.draft_computed += num_new

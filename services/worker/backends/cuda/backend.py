@@ -21,6 +21,7 @@ from services.worker.backends.cuda.sampler import sample
 from services.worker.backends.eagle3 import Eagle3Drafter
 from services.worker.backends.kv_pool import KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec
+from services.worker.draft_proposer import check_draft_model
 from services.worker.images import ImageCache
 from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
@@ -50,7 +51,7 @@ class CudaBackend:
         # device, its features in the embeddings; Gemma 3's image tokens seen both ways by the prefill
         # kernel (its rows' limits)
         self.images = ImageCache(self.model.vision, self.config.vision) if self.config.vision else None
-        self.draft: Eagle3Drafter | None = None  # an EAGLE-3 head (the draft_model method runs on the cpu backend)
+        self.draft: Eagle3Drafter | CudaBackend | None = None  # an EAGLE-3 head, or a draft model over the same blocks
         self.kv = kv
         self.device = device
         self.block_size = kv.block_size
@@ -77,27 +78,24 @@ class CudaBackend:
         dtype = spec.torch_dtype
         kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV_CACHE_DTYPES else spec.kv_torch_dtype  # e4m3, scale 1
         keeps = spec.quantization in CHECKPOINT_QUANTIZATIONS  # the checkpoint's integers, not floats
-        loaded = load_model(spec.model_path, spec.load_format, dtype, ops=TritonOps(), device=device,
-                            keep=kept_linears if keeps else None)
-        if loaded.unloaded:
-            quantize(loaded.model, loaded.blocks, loaded.unloaded).to(device)
+        loaded = _load(spec.model_path, spec, device, keeps)
         refuse_encoder(loaded, "cuda")
-        head = head_kv = None
-        if spec.draft_model_path and spec.draft_method == "eagle3":  # loaded before the profile: its weights count
+        head = draft = None  # loaded before the profile: their weights count
+        if spec.draft_model_path and spec.draft_method == "eagle3":
             head, layers = load_eagle3(spec.draft_model_path, loaded.model, loaded.config, loaded.model.layers[0].attention.ops,
                                        dtype)
             head, loaded.model.aux_layers = head.to(device), tuple(layers)
-            head_kv = KVSpec.of(head.config, spec.block_size, kv_dtype)
-        elif spec.draft_model_path:
-            raise ConfigError("speculative_config: the draft_model method runs on the cpu backend; the cuda backend "
-                              "speculates with ngram or an EAGLE-3 head (docs/speculative_decoding.md)")
+        elif spec.draft_model_path:  # as its file holds it: a GGUF's or a quantized checkpoint's integers kept
+            draft = check_draft_model(_load(spec.draft_model_path, spec, device, keeps=True), loaded)
         kv = KVSpec.of(loaded.config, spec.block_size, kv_dtype)
+        drafter = head if head is not None else draft
+        drafter_kv = KVSpec.of(drafter.config, spec.block_size, kv_dtype) if drafter is not None else None
         if spec.num_kv_blocks:
             num_blocks = spec.num_kv_blocks
         else:
             peak = profile_peak(loaded.model, kv, spec.max_num_batched_tokens, device)
             num_blocks = kv.num_blocks_for_budget(kv_budget(spec.gpu_memory_utilization, peak, device),
-                                                  extra_per_block=head_kv.bytes_per_block if head_kv else 0)
+                                                  extra_per_block=drafter_kv.bytes_per_block if drafter_kv else 0)
         # MoE too: its expert sort stays on the device. With an EAGLE-3 head, eager steps: a graph's replay
         # would not give the streams the head reads
         capture = (spec.max_num_seqs, spec.max_seq_len_to_capture) if head is None else None
@@ -105,7 +103,9 @@ class CudaBackend:
                  kv_cache_dtype=str(kv_dtype), num_blocks=num_blocks, cuda_graphs=capture is not None)
         backend = cls(loaded, kv, num_blocks, device, capture=capture)
         if head is not None:
-            backend.draft = Eagle3Drafter(head, head_kv, num_blocks, backend.prepare, device)
+            backend.draft = Eagle3Drafter(head, drafter_kv, num_blocks, backend.prepare, device)
+        if draft is not None:  # its one-token forwards replay graphs of its own
+            backend.draft = cls(draft, drafter_kv, num_blocks, device, capture=capture)
         return backend
 
     def prepare(self, batch) -> CudaInputs:
@@ -140,6 +140,8 @@ class CudaBackend:
         started = time.perf_counter()
         if self.graphs is not None:
             self.graphs.capture()
+        if isinstance(self.draft, CudaBackend):
+            self.draft.warm_up()
         return time.perf_counter() - started
 
     def kv_tensors(self) -> list[torch.Tensor]:
@@ -149,7 +151,19 @@ class CudaBackend:
 
     def describe(self) -> BackendInfo:
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu, Triton interpreted"
-        head = f", EAGLE-3 head drafting from {self.draft.head.draft_vocab} tokens" if self.draft else ""
+        head = "" if self.draft is None else \
+            f", EAGLE-3 head drafting from {self.draft.head.draft_vocab} tokens" if isinstance(self.draft, Eagle3Drafter) \
+            else f", draft model {self.draft.config.architecture} of {self.draft.config.num_layers} layers"
         return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
                            dtype=str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
                            device=f"{self.device} ({device}{head})")
+
+
+def _load(path: str, spec: WorkerSpec, device: torch.device, keeps: bool) -> LoadedModel:
+    """A model on the device in spec's dtype; keeps: the file's quantized Linears stay its integers
+    (quant_linear.py), else they are dequantized."""
+    loaded = load_model(path, spec.load_format, spec.torch_dtype, ops=TritonOps(), device=device,
+                        keep=kept_linears if keeps else None)
+    if loaded.unloaded:
+        quantize(loaded.model, loaded.blocks, loaded.unloaded).to(device)
+    return loaded

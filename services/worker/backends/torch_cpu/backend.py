@@ -20,6 +20,7 @@ from services.worker.backends.torch_cpu.quantization import (
     kept_weights,
     quantize,
 )
+from services.worker.draft_proposer import check_draft_model
 from services.worker.images import ImageCache
 from services.worker.loader import LoadedModel, load_model
 from services.worker.logits_processors import SampleRow
@@ -175,14 +176,8 @@ def load_as_filed(path: str, spec: WorkerSpec, native: bool) -> LoadedModel:
 
 
 def _draft(spec: WorkerSpec, native: bool, target: LoadedModel) -> LoadedModel:
-    """Speculative decoding's draft model as its file holds it, whatever the target's quantization;
-    it must be a decoder of the target's vocabulary."""
-    draft = load_as_filed(spec.draft_model_path, spec, native)
-    if draft.config.vocab_size != target.config.vocab_size or getattr(draft.model, "is_encoder", False):
-        raise ConfigError(f"speculative_config: the draft model ({draft.config.architecture}, "
-                          f"{draft.config.vocab_size} tokens) must be a decoder of the model's vocabulary "
-                          f"({target.config.vocab_size} tokens): a smaller model of the same tokenizer")
-    return draft
+    """Speculative decoding's draft model as its file holds it, whatever the target's quantization."""
+    return check_draft_model(load_as_filed(spec.draft_model_path, spec, native), target)
 
 
 def _eagle3(spec: WorkerSpec, target: LoadedModel) -> tuple[Eagle3Head, tuple[int, ...]]:
