@@ -4,6 +4,9 @@ prefixes loaded back from it giving a lone run's tokens with the real model."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,28 +147,43 @@ def test_without_a_tier_nothing_moves():
 # ---- the worker's shared memory ----------------------------------------------------------------------
 
 
-def _pool(dtype, num_blocks=5):
-    return [torch.randn(num_blocks, 2, 4, 8).to(dtype) for _ in range(3)]
+def _pool(dtype, num_blocks=5, device="cpu"):
+    return [torch.randn(num_blocks, 2, 4, 8).to(dtype).to(device) for _ in range(3)]
 
 
+# on a GPU: the tier in shared memory, pinned (asynchronous copies); in a file on disk, which CUDA
+# may refuse to pin (the copies then pageable and synchronous)
+PLACES = ["cpu", *(["cuda-shm", "cuda-disk"] * torch.cuda.is_available())]
+
+
+@pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_worker_copies_blocks_out_and_back_bit_for_bit(tmp_path, dtype):
-    tensors = _pool(dtype)
-    tier = HostTier.open("m", tensors, 0.001, directory=tmp_path)
+def test_worker_copies_blocks_out_and_back_bit_for_bit(tmp_path, dtype, place):
+    device, _, where = place.partition("-")
+    tensors = _pool(dtype, device=device)
+    directory = Path(tempfile.mkdtemp(dir="/dev/shm")) if where == "shm" else tmp_path
+    tier = HostTier.open("m", tensors, 0.001, directory=directory)
     try:
+        if device == "cpu" or where == "shm":
+            assert (tier.copies is not None) == (where == "shm")
         before = [t.clone() for t in tensors]
-        tier.transfer(tensors, saves=[(1, 0), (3, 2)], loads=[])
+        tier.transfer(tensors, saves=[(1, 0), (3, 3), (2, 2)], loads=[])  # slots 2 and 3: one copy
+        tier.settle()
         for t in tensors:
             t.zero_()
-        tier.transfer(tensors, saves=[], loads=[(0, 4), (2, 0)])  # into other blocks
+        tier.transfer(tensors, saves=[], loads=[(0, 4), (3, 0), (2, 1)])  # into other blocks
+        tier.settle()
         for t, old in zip(tensors, before, strict=True):
             assert torch.equal(t[4].view(torch.uint8), old[1].view(torch.uint8))
             assert torch.equal(t[0].view(torch.uint8), old[3].view(torch.uint8))
-            assert not t[1].any()
+            assert torch.equal(t[1].view(torch.uint8), old[2].view(torch.uint8))
+            assert not t[2].any() and not t[3].any()
         with pytest.raises(ValueError, match="out of range"):
             tier.transfer(tensors, saves=[(5, 0)], loads=[])
     finally:
         tier.close()
+        if where == "shm":
+            shutil.rmtree(directory)
 
 
 def test_workers_of_a_model_share_one_file_and_the_last_removes_it(tmp_path):

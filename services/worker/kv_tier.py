@@ -20,6 +20,7 @@ from shared.log import get_logger
 from shared.wire.kv_events import HostTierInfo
 
 if TYPE_CHECKING:
+    from services.worker.backends.cuda.tier_copies import PinnedTierCopies
     from services.worker.kv_disk import DiskTier
 
 log = get_logger("worker.kv_tier")
@@ -56,6 +57,7 @@ class HostTier:
         buffer = torch.frombuffer(mapped, dtype=torch.uint8, offset=HEADER_BYTES, count=num_slots * slot_bytes)
         self.slots = buffer.view(num_slots, slot_bytes)
         self.disk: DiskTier | None = None  # its spill on a local disk (kv_disk.py), when asked for
+        self.copies: PinnedTierCopies | None = None  # a GPU's asynchronous copies (backends/cuda/tier_copies.py)
 
     @classmethod
     def open(cls, scope: str, tensors: list[torch.Tensor], size_gib: float, directory: Path | None = None) -> HostTier:
@@ -95,8 +97,12 @@ class HostTier:
                 os.close(fd)
                 raise
         tier = cls(path, (size - HEADER_BYTES) // slot_bytes, slot_bytes, tier_id, fd, mapped, slot_layout(tensors))
+        if tensors[0].is_cuda:
+            from services.worker.backends.cuda.tier_copies import PinnedTierCopies
+
+            tier.copies = PinnedTierCopies.register(tier.slots, tensors[0].device)
         log.info("kv_tier_mapped", path=str(path), tier_id=tier_id, num_slots=tier.num_slots,
-                 gib=round(tier.num_slots * slot_bytes / 2**30, 3))
+                 gib=round(tier.num_slots * slot_bytes / 2**30, 3), pinned=tier.copies is not None)
         return tier
 
     def info(self) -> HostTierInfo:
@@ -131,23 +137,38 @@ class HostTier:
             self.disk.spill(self, spills)
         if saves:
             blocks, slots = _columns(saves, len(tensors[0]), self.num_slots)
-            offset = 0
-            for t in tensors:
-                rows = as_rows(t)
-                self.slots[slots, offset:offset + rows.shape[1]] = rows[blocks].cpu()
-                offset += rows.shape[1]
+            if self.copies is not None:
+                self.copies.save(tensors, blocks.tolist(), slots.tolist())
+            else:
+                offset = 0
+                for t in tensors:
+                    rows = as_rows(t)
+                    self.slots[slots, offset:offset + rows.shape[1]] = rows[blocks].cpu()
+                    offset += rows.shape[1]
         if loads:
             slots, blocks = _columns(loads, self.num_slots, len(tensors[0]))
-            offset = 0
-            for t in tensors:
-                rows = as_rows(t)
-                rows[blocks] = self.slots[slots, offset:offset + rows.shape[1]].to(t.device)
-                offset += rows.shape[1]
+            if self.copies is not None:
+                self.copies.load(tensors, slots.tolist(), blocks.tolist())
+            else:
+                offset = 0
+                for t in tensors:
+                    rows = as_rows(t)
+                    rows[blocks] = self.slots[slots, offset:offset + rows.shape[1]].to(t.device)
+                    offset += rows.shape[1]
         if disk_loads:
             self.disk.load(tensors, disk_loads)
 
+    def settle(self) -> None:
+        """The copies transfer() started have landed (a GPU's run beside the forward): called before
+        the Step is answered."""
+        if self.copies is not None:
+            self.copies.settle()
+
     def close(self) -> None:
         """Unmaps; removes the file (and its disk spill's) when no other worker holds it."""
+        if self.copies is not None:
+            self.copies.close()
+            self.copies = None  # its view of the slots too: the mapping closes with none left
         if self.disk is not None:
             self.disk.close()
         del self.slots

@@ -166,6 +166,13 @@ class ModelRunner:
                 raise RuntimeError("the Step moves KV blocks to or from a host tier this worker does not have")
             self.tier.transfer(self.backend.kv_tensors(), step.kv_saves, step.kv_loads, step.kv_spills,
                                step.kv_disk_loads)
+            try:
+                return self._execute(step)
+            finally:
+                self.tier.settle()  # a GPU's copies ran beside the forward: landed before the Step is answered
+        return self._execute(step)
+
+    def _execute(self, step: Step) -> StepOutput:
         batch = self.apply_deltas(step)
         if not batch:
             return self._record([], [], [])
