@@ -282,11 +282,11 @@ def test_the_heads_state_built_step_by_step_is_the_one_of_a_single_pass(target, 
 
 
 @pytest.mark.slow  # Triton interpreted on the CPU
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing")
 def test_an_eagle3_head_on_the_cuda_path_gives_the_torch_backends_tokens(target_path, heads):
-    """The CUDA backend's Triton kernels (interpreted) run the target, keep its streams and run the
-    head over their own blocks; the tokens are the torch backend's without speculation, with drafts
-    kept (the repeating head) and a pool small enough to preempt."""
+    """The CUDA backend's Triton kernels (on a GPU where there is one, else interpreted) run the
+    target, keep its streams and run the head over their own blocks; the tokens are the torch
+    backend's without speculation, with drafts kept (the repeating head) and a pool small enough to
+    preempt."""
     from services.worker.backends.cuda.backend import CudaBackend
     from services.worker.backends.cuda.ops import TritonOps
     from services.worker.backends.kv_pool import KVSpec
@@ -294,9 +294,10 @@ def test_an_eagle3_head_on_the_cuda_path_gives_the_torch_backends_tokens(target_
     from services.worker.loader import load_model
     from services.worker.model_runner import ModelRunner
     from tests.inproc_engine import BLOCK_SIZE, InProcessEngine
+    from tests.kernels.test_cuda_backend import DEVICE
 
-    reference, triton = load_model(target_path, ops=TORCH_OPS), load_model(target_path, ops=TritonOps())
-    backend = CudaBackend(triton, KVSpec.of(triton.config, BLOCK_SIZE, torch.float32), 9, torch.device("cpu"))
+    reference, triton = load_model(target_path, ops=TORCH_OPS), load_model(target_path, ops=TritonOps(), device=DEVICE)
+    backend = CudaBackend(triton, KVSpec.of(triton.config, BLOCK_SIZE, torch.float32), 9, DEVICE)
     runner = ModelRunner(backend, max_model_len=4096, eos_token_ids=[])
     prompts = [torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (7, 30, 45)]
     outputs, engines = [], []

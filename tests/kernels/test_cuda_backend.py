@@ -1,10 +1,15 @@
 """The CUDA backend's whole forward (Triton kernels, its inputs, its sampler) against the torch
-backend, run on the CPU under TRITON_INTERPRET=1 in float32: the same greedy tokens on SmolLM2,
-and on small random models (a Llama with GQA, a Qwen3, a Qwen3-MoE, a Gemma 3 with sliding
-windows, a soft-capped Gemma 2) the same tokens batched as alone, with prefix-cache hits, chunked
-prefills and preemption, and with speculative decoding's drafts. (CUDA graphs and memory sizing need a GPU: tests/gpu/.)"""
+backend in float32, on a GPU where there is one, else on the CPU under TRITON_INTERPRET=1: the same
+greedy tokens on SmolLM2, and on small random models (a Llama with GQA, a Qwen3, a Qwen3-MoE, a
+Gemma 3 with sliding windows, a soft-capped Gemma 2) the same tokens batched as alone, with
+prefix-cache hits, chunked prefills and preemption, with speculative decoding's drafts (n-gram and a
+draft model) and the host KV tier. (CUDA graphs and memory sizing need a GPU: tests/gpu/.)"""
 
 from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,18 +26,21 @@ from shared.wire.messages import SamplingParams
 from tests.inproc_engine import BLOCK_SIZE, InProcessEngine
 from tests.model_helpers import greedy_generate, make_runner
 
-pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing"),
-              pytest.mark.slow]  # Triton interpreted on the CPU
+pytestmark = pytest.mark.slow  # Triton interpreted on the CPU
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def triton_model(path: str, load_format: str = "auto"):
+    return load_model(path, load_format, ops=TritonOps(), device=DEVICE)
 
 
 def cuda_runner(loaded, num_blocks: int) -> ModelRunner:
-    backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, torch.float32), num_blocks,
-                          torch.device("cpu"))
+    backend = CudaBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, torch.float32), num_blocks, DEVICE)
     return ModelRunner(backend, max_model_len=8192, eos_token_ids=loaded.config.eos_token_ids)
 
 
 def test_smollm2_greedy_tokens_equal_the_torch_backends(default_model_path, loaded_model, hf_tokenizer):
-    triton = load_model(default_model_path, ops=TritonOps())
+    triton = triton_model(default_model_path)
     ids = hf_tokenizer.encode("The capital of France is Paris. The capital of Italy is")
     assert greedy_generate(cuda_runner(triton, 16), ids, 6) == greedy_generate(make_runner(loaded_model), ids, 6)
 
@@ -41,7 +49,7 @@ def test_smollm2_greedy_tokens_equal_the_torch_backends(default_model_path, load
                                     "small_gemma2"])
 def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(request, family):
     config = request.getfixturevalue(family)
-    reference, triton = load_model(config, "dummy", ops=TORCH_OPS), load_model(config, "dummy", ops=TritonOps())
+    reference, triton = load_model(config, "dummy", ops=TORCH_OPS), triton_model(config, "dummy")
     gen = torch.Generator().manual_seed(3)
     shared = torch.randint(0, 299, (40,), generator=gen).tolist()
     prompts = [shared + torch.randint(0, 299, (n,), generator=gen).tolist() for n in (3, 20, 37)]
@@ -61,7 +69,7 @@ def test_batched_prefix_hits_and_preemption_give_the_torch_backends_tokens(reque
 def test_speculation_on_the_cuda_path_gives_the_torch_backends_tokens(small_llama):
     """n-gram drafts verified by the CUDA path's kernels (a draft's position a decode query): the
     torch backend's tokens without speculation, with drafts accepted."""
-    reference, triton = load_model(small_llama, "dummy", ops=TORCH_OPS), load_model(small_llama, "dummy", ops=TritonOps())
+    reference, triton = load_model(small_llama, "dummy", ops=TORCH_OPS), triton_model(small_llama, "dummy")
     gen = torch.Generator().manual_seed(5)
     motif = torch.randint(0, 299, (5,), generator=gen).tolist()
     prompts = [motif * 5, torch.randint(0, 299, (9,), generator=gen).tolist() * 3]
@@ -74,6 +82,31 @@ def test_speculation_on_the_cuda_path_gives_the_torch_backends_tokens(small_llam
         outputs.append(engine.run())
     assert outputs[1] == outputs[0]
     assert sum(d.num_accepted for d in engine.drafts) > 0
+
+
+@pytest.mark.parametrize("drafter", ["small_llama", "small_qwen3"])
+def test_a_draft_model_on_the_cuda_path_gives_the_torch_backends_tokens(request, small_llama, drafter):
+    """The draft_model method on the CUDA path, both models on its kernels, the draft's KV in the
+    target's blocks: the torch backend's tokens without speculation. The target drafting for itself
+    has its drafts kept; a random Qwen3 of its vocabulary has most rejected; 8 blocks preempt."""
+    reference, triton = load_model(small_llama, "dummy", ops=TORCH_OPS), triton_model(small_llama, "dummy")
+    draft = triton_model(request.getfixturevalue(drafter), "dummy")
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 299, (n,), generator=gen).tolist() for n in (6, 23, 40)]
+    spec = {"method": "draft_model", "model": "the-draft", "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+    outputs, engines = [], []
+    for loaded, runner, speculative in ((reference, None, None), (triton, cuda_runner(triton, 8), spec)):
+        engine = InProcessEngine(loaded, num_blocks=8, max_num_batched_tokens=32, runner=runner,
+                                 speculative=speculative, draft=draft)
+        for i, ids in enumerate(prompts):
+            engine.add(f"r{i}", ids, 20, ignore_eos=True)
+        outputs.append(engine.run())
+        engines.append(engine)
+    assert outputs[1] == outputs[0]
+    drafted, accepted = (sum(getattr(d, k) for d in engines[1].drafts) for k in ("num_drafted", "num_accepted"))
+    assert accepted > drafted / 2 if drafter == "small_llama" else accepted < drafted / 2
+    assert engines[1].scheduler.num_preemptions > 0
+    assert "draft model" in engines[1].runner.backend.describe().device
 
 
 def test_device_sampling_is_seeded_per_request_and_batch_invariant():
@@ -105,12 +138,12 @@ def test_llama31_rope_scaling_matches_transformers_on_the_cuda_path(tmp_path):
     from tests.test_llama3_configs import _save
 
     hf, path = _save(tmp_path, "Llama-3.1-8B", "transformers5")
-    loaded = load_model(str(path), ops=TritonOps())
+    loaded = triton_model(str(path))
     ids = torch.randint(3, 512, (300,), generator=torch.Generator().manual_seed(1)).tolist()
     ours = prefill_logits(cuda_runner(loaded, 24), ids)
     with torch.inference_mode():
         theirs = hf(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-3)
+    torch.testing.assert_close(ours.cpu(), theirs, atol=2e-4, rtol=1e-3)
 
 
 def test_the_host_kv_tier_on_the_cuda_path_gives_the_torch_backends_tokens(small_llama, tmp_path):
@@ -119,9 +152,11 @@ def test_the_host_kv_tier_on_the_cuda_path_gives_the_torch_backends_tokens(small
     never evicts."""
     from services.worker.kv_tier import HostTier
 
-    reference, triton = load_model(small_llama, "dummy", ops=TORCH_OPS), load_model(small_llama, "dummy", ops=TritonOps())
+    reference, triton = load_model(small_llama, "dummy", ops=TORCH_OPS), triton_model(small_llama, "dummy")
     runner = cuda_runner(triton, 6)
-    tier = HostTier.open("cuda-test", runner.backend.kv_tensors(), 0.01, directory=tmp_path)
+    directory = Path(tempfile.mkdtemp(dir="/dev/shm")) if DEVICE.type == "cuda" else tmp_path  # pinned on a GPU
+    tier = HostTier.open("cuda-test", runner.backend.kv_tensors(), 0.01, directory=directory)
+    assert (tier.copies is not None) == (DEVICE.type == "cuda")
     try:
         tiered = InProcessEngine(triton, num_blocks=6, runner=runner, tier=tier)
         alone = InProcessEngine(reference, num_blocks=64)
@@ -137,3 +172,5 @@ def test_the_host_kv_tier_on_the_cuda_path_gives_the_torch_backends_tokens(small
         assert tiered.scheduler.kv.tier.num_loaded > 0
     finally:
         tier.close()
+        if directory != tmp_path:
+            shutil.rmtree(directory)

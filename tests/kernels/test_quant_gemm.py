@@ -46,7 +46,6 @@ def test_the_quantized_gemm_is_the_matmul_on_the_dequantized_weights(dtype, bits
 
 
 @pytest.mark.slow  # a whole model's forward, interpreted
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/ runs the real thing")
 def test_an_awq_checkpoint_on_the_cuda_backend_keeps_its_integers_and_the_cpu_backends_logits(tmp_path, cpu_kernels):
     from services.worker.backends.cuda.ops import TritonOps
     from services.worker.backends.cuda.quant_linear import kept_linears, quantize
@@ -55,12 +54,12 @@ def test_an_awq_checkpoint_on_the_cuda_backend_keeps_its_integers_and_the_cpu_ba
     from services.worker.backends.torch_cpu.quantization import quantize as cpu_quantize
     from services.worker.loader import load_model
     from tests import quant_checkpoints as qc
-    from tests.kernels.test_cuda_backend import cuda_runner
+    from tests.kernels.test_cuda_backend import DEVICE, cuda_runner
     from tests.model_helpers import make_runner, prefill_logits
 
     folder = qc.awq(qc.tiny_llama(), tmp_path / "awq")
-    cuda = load_model(str(folder), ops=TritonOps(), keep=kept_linears)
-    quantize(cuda.model, cuda.blocks, cuda.unloaded)
+    cuda = load_model(str(folder), ops=TritonOps(), keep=kept_linears, device=DEVICE)
+    quantize(cuda.model, cuda.blocks, cuda.unloaded).to(DEVICE)
     linears = [m for n, m in cuda.model.named_modules() if n.startswith("layers.") and hasattr(m, "qweight")]
     assert len(linears) == 2 * 4 and all(isinstance(m, TritonQuantLinear) for m in linears)  # wqkv wo w13 w2
     cpu = load_model(str(folder), ops=NATIVE_OPS, keep=kept_weights)
@@ -68,7 +67,7 @@ def test_an_awq_checkpoint_on_the_cuda_backend_keeps_its_integers_and_the_cpu_ba
     ids = [3, 17, 99, 4, 200, 31, 7, 7, 8, 120, 45, 2, 19]
     expected = prefill_logits(make_runner(cpu, num_blocks=8), ids)
     got = prefill_logits(cuda_runner(cuda, 8), ids)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_an_fp8_checkpoint_is_dequantized_on_the_cuda_backend_to_the_cpu_backends_logits(tmp_path, cpu_kernels):
@@ -81,17 +80,17 @@ def test_an_fp8_checkpoint_is_dequantized_on_the_cuda_backend_to_the_cpu_backend
     from services.worker.backends.torch_cpu.quantization import quantize as cpu_quantize
     from services.worker.loader import load_model
     from tests import quant_checkpoints as qc
-    from tests.kernels.test_cuda_backend import cuda_runner
+    from tests.kernels.test_cuda_backend import DEVICE, cuda_runner
     from tests.model_helpers import make_runner, prefill_logits
 
     folder = qc.compressed_tensors(qc.tiny_llama(), tmp_path / "fp8", "fp8")
-    cuda = load_model(str(folder), ops=TritonOps(), keep=kept_linears)
+    cuda = load_model(str(folder), ops=TritonOps(), keep=kept_linears, device=DEVICE)
     assert cuda.blocks and not cuda.unloaded  # the file's codes read, none kept
-    quantize(cuda.model, cuda.blocks, cuda.unloaded)
+    quantize(cuda.model, cuda.blocks, cuda.unloaded).to(DEVICE)
     assert not any(isinstance(m, TritonQuantLinear) for m in cuda.model.modules())
     cpu = load_model(str(folder), ops=NATIVE_OPS, keep=kept_weights)
     cpu_quantize(cpu.model, "compressed-tensors", cpu.blocks, cpu.unloaded)
     assert cpu.model.layers[0].attention.wqkv.qweight.dtype == torch.float8_e4m3fn
     ids = [3, 17, 99, 4, 200, 31, 7, 7, 8, 120, 45, 2, 19]
     expected = prefill_logits(make_runner(cpu, num_blocks=8), ids)
-    torch.testing.assert_close(prefill_logits(cuda_runner(cuda, 8), ids), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(prefill_logits(cuda_runner(cuda, 8), ids).cpu(), expected, atol=1e-4, rtol=1e-4)

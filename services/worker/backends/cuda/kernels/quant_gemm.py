@@ -8,11 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
+from services.worker.backends.cuda.kernels.online_softmax import dot
+
 
 @triton.jit
 def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, out_ptr, M, N, K, stride_x, stride_q, stride_s, stride_o,
-                BITS: tl.constexpr, GROUP: tl.constexpr, HAS_LOW: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BITS: tl.constexpr, GROUP: tl.constexpr, HAS_LOW: tl.constexpr, IEEE: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[m, n] = sum_k x[m, k] * (q[n, k] * s[n, k / GROUP] + l[n, k / GROUP]). 4 bits: q packed two
     inputs a byte (input 2j in byte j's low nibble, 2j + 1 in its high one); 8 bits: int8."""
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -31,7 +33,7 @@ def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, out_ptr, M, N, K, stride_x, stride_q
         w = q * tl.load(s_ptr + group, mask=wmask, other=0.0)
         if HAS_LOW:
             w += tl.load(l_ptr + group, mask=wmask, other=0.0)
-        acc += tl.dot(x, tl.trans(w.to(x.dtype)), out_dtype=tl.float32)
+        acc += dot(x, tl.trans(w.to(x.dtype)), IEEE)
     tl.store(out_ptr + m[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(m[:, None] < M) & (n[None, :] < N))
 
@@ -49,5 +51,5 @@ def quant_gemm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: tor
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _quant_gemm[grid](rows, q, scales, scales if lows is None else lows, out, m, n, k, rows.stride(0), q.stride(0),
                       scales.stride(0), out.stride(0), BITS=bits, GROUP=group, HAS_LOW=lows is not None,
-                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                      IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return out.reshape(*x.shape[:-1], n)
