@@ -187,7 +187,9 @@ def build(directory: Path | None = None, force: bool = False) -> tuple[Path, str
                 "-lc10", "-ltorch_cpu", "-ltorch", "-fopenmp"]
         subprocess.run(link, capture_output=True, text=True, check=True)
         library.replace(directory / LIBRARY)
-    manifest = {"key": key, "sources": sources_digest(), "torch": torch_build["torch"],
+    # the installed distribution's version, as why_unusable reads it (a CUDA build's torch.__version__
+    # carries "+cu130" where its metadata may not)
+    manifest = {"key": key, "sources": sources_digest(), "torch": importlib.metadata.version("torch"),
                 "compilers": {k: v for k, v in compilers.items() if k.endswith("_version")},
                 "variants": list(variants()), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
