@@ -8,6 +8,8 @@ Random weights for the config (bf16), then, in one run on one GPU:
   embedding table, whose one row is negligible, plus its KV) over that bandwidth;
 - a batch-64 decode step against its bytes floor (the weights plus every row's KV, read once);
 - a prefill of `--prefill-len` tokens in TFLOP/s (2 x parameters x tokens, plus attention's);
+- with `--weights int4`, every layer's Linear as a 4-bit checkpoint's (random integers in groups of
+  128 with a scale and a low: AWQ's, GPTQ's or a GGUF Q4's shape) on kernels/quant_gemm.py;
 - with `--hf`, transformers' generate on the same GPU and shapes (dynamic cache, then the static
   cache under torch.compile).
 Steps are timed with the GPU synchronized at both ends; each figure is the median of `--repeat`.
@@ -24,8 +26,10 @@ import torch
 
 from services.worker.backends.cuda.backend import CudaBackend
 from services.worker.backends.cuda.ops import TritonOps
+from services.worker.backends.cuda.quant_linear import TritonQuantLinear
 from services.worker.backends.kv_pool import KVSpec
 from services.worker.loader import load_model
+from services.worker.loader.quant_blocks import QuantBlocks
 from services.worker.model_runner import ModelRunner
 from shared.wire.messages import NewSeq, SamplingParams, ScheduledSeq, Step
 
@@ -53,8 +57,10 @@ def copy_bandwidth(num_bytes: int = 4 * 2**30, repeat: int = 10) -> float:
 
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """What one decode token reads of the weights: all of them but the embedding table (one row)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    """What one decode token reads of the weights: all of them but the embedding table (one row);
+    a quantized Linear's integers, scales and lows are buffers."""
+    quantized = [t for m in model.modules() if isinstance(m, TritonQuantLinear) for t in m.buffers()]
+    total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *quantized])
     embedding = model.tok_embeddings.weight
     tied = model.output.weight.data_ptr() == embedding.data_ptr()
     return total if tied else total - embedding.numel() * embedding.element_size()
@@ -85,8 +91,24 @@ def kv_bytes(backend: CudaBackend, batch: int, context: int) -> int:
     return batch * context * backend.kv.bytes_per_block // backend.block_size
 
 
+def int4_weights(model: torch.nn.Module, group: int = 128) -> None:
+    """Every Linear of the layers as a 4-bit checkpoint's, random integers, scales and lows."""
+    for module in list(model.layers.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                out, fan_in = child.weight.shape
+                device = child.weight.device
+                q = torch.randint(0, 16, (out, fan_in), dtype=torch.uint8, device=device)
+                scale = torch.rand(out, fan_in // group, device=device) * 0.002
+                blocks = QuantBlocks(q, scale, -8 * scale, 4, group, torch.float32)
+                setattr(module, name, TritonQuantLinear(blocks, child.bias))
+    torch.cuda.empty_cache()
+
+
 def prefill_flops(model: torch.nn.Module, cfg, tokens: int) -> float:
-    dense = 2 * tokens * sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
+    quantized = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, TritonQuantLinear))
+    dense = quantized + sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
+    dense *= 2 * tokens
     attention = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens  # causal: QK^T and PV, halved
     return dense + attention
 
@@ -115,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--config", default="bench/configs/llama-3.1-8b.json")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    p.add_argument("--weights", default="float", choices=("float", "int4"), help="int4: the layers' Linears in 4 bits")
     p.add_argument("--context", type=int, default=512, help="tokens in each sequence's KV when decoding")
     p.add_argument("--big-batch", type=int, default=64)
     p.add_argument("--prefill-len", type=int, default=2048)
@@ -124,11 +147,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    report: dict = {"gpu": torch.cuda.get_device_name(), "config": args.config, "dtype": args.dtype,
+    report: dict = {"gpu": torch.cuda.get_device_name(), "config": args.config, "dtype": args.dtype, "weights": args.weights,
                     "kv_cache_dtype": args.kv_cache_dtype, "context": args.context,
                     "date": time.strftime("%Y-%m-%d"), "graphs": not args.no_graphs}
     report["bandwidth_gb_s"] = copy_bandwidth() / 1e9
     loaded = load_model(args.config, "dummy", dtype, ops=TritonOps(), device="cuda")
+    if args.weights == "int4":
+        int4_weights(loaded.model)
     kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8" else dtype
     blocks = (args.big_batch + 1) * -(-(args.context + args.repeat + 16) // BLOCK_SIZE)
     blocks = max(blocks, -(-args.prefill_len // BLOCK_SIZE) + 1)
