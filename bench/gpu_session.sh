@@ -42,7 +42,7 @@ rest() {
     wait; tail -2 /tmp/kernels_build.log  # the kernels build
     timeout 150 $PYTEST tests/kernels/test_kernels.py tests/kernels/test_lora_kernel.py tests/kernels/test_quant_gemm.py \
         tests/gpu/test_cuda_families.py tests/gpu/test_cuda_images.py \
-        tests/gpu/test_cuda_worker.py::test_the_gpu_benchmark_reports_every_figure \
+        "tests/gpu/test_cuda_worker.py::test_the_gpu_benchmark_reports_every_figure" \
         tests/gpu/test_cuda_worker.py::test_an_awq_checkpoints_integers_on_the_gpu_give_the_cpu_backends_tokens
 }
 for part in $parts; do

@@ -15,26 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from bench.gpu_decode import timed
 from services.worker.kv_tier import SHM_DIR, HostTier
 from shared.checks import ConfigError
-
-
-def timed(fn, repeat: int) -> float:
-    seconds = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
 
 
 def open_tier(scope: str, tensors: list[torch.Tensor], gib: float, directory: Path | None) -> HostTier:

@@ -145,7 +145,8 @@ def test_the_stack_serves_through_the_openai_client_on_the_gpu(tmp_path_factory,
         stack.stop()
 
 
-def test_the_gpu_benchmark_reports_every_figure(tmp_path):
+@pytest.mark.parametrize("weights", ["float", "int4"])  # int4: every layer's Linear on quant_gemm
+def test_the_gpu_benchmark_reports_every_figure(tmp_path, weights):
     import json
 
     from bench import gpu_decode
@@ -156,8 +157,8 @@ def test_the_gpu_benchmark_reports_every_figure(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     report = gpu_decode.main(["--config", str(path), "--context", "64", "--big-batch", "8", "--prefill-len", "256",
-                              "--repeat", "3"])
-    assert report["bandwidth_gb_s"] > 100
+                              "--repeat", "3", "--weights", weights])
+    assert report["bandwidth_gb_s"] > 100 and report["weights"] == weights
     for key in ("decode_b1", "decode_b8"):
         assert report[key]["tok_s"] > 0 and 0 < report[key]["of_roofline"] < 1.5
     assert report["prefill"]["tflop_s"] > 0

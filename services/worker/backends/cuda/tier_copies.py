@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from services.worker.kv_tier import as_rows
 from shared.log import get_logger
 
 log = get_logger("worker.cuda.tier")
@@ -41,7 +42,7 @@ class PinnedTierCopies:
     def save(self, tensors: list[torch.Tensor], blocks: list[int], slots: list[int]) -> None:
         blocks, slots = _by_slot(blocks, slots)
         index = torch.tensor(blocks, device=self.device)
-        staging = torch.cat([_rows(t).index_select(0, index) for t in tensors], dim=1)
+        staging = torch.cat([as_rows(t).index_select(0, index) for t in tensors], dim=1)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             for first, slot, n in _runs(slots):
@@ -59,7 +60,7 @@ class PinnedTierCopies:
         index = torch.tensor(blocks, device=self.device)
         offset = 0
         for t in tensors:
-            rows = _rows(t)
+            rows = as_rows(t)
             rows.index_copy_(0, index, staging[:, offset:offset + rows.shape[1]])
             offset += rows.shape[1]
         done = torch.cuda.Event()  # the slots it read stay pinned until the Step is answered
@@ -75,10 +76,6 @@ class PinnedTierCopies:
     def close(self) -> None:
         self.settle()
         torch.cuda.cudart().cudaHostUnregister(self.slots.data_ptr())
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8).view(t.shape[0], -1)
 
 
 def _by_slot(blocks: list[int], slots: list[int]) -> tuple[list[int], list[int]]:
