@@ -27,16 +27,19 @@ def _blocks(n: int, k: int, bits: int, group: int, low: bool, act_order: bool, g
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("bits", "group", "low", "act_order"), [
-    (4, 128, True, False), (4, 64, True, True), (4, 32, True, False), (8, 128, True, False), (8, 16, False, False)])
-def test_the_quantized_gemm_is_the_matmul_on_the_dequantized_weights(dtype, bits, group, low, act_order):
+@pytest.mark.parametrize(("bits", "group", "low", "act_order", "k"), [
+    (4, 128, True, False, 256), (4, 64, True, True, 256), (4, 32, True, False, 352), (4, 16, True, False, 256),
+    (8, 128, True, False, 256), (8, 16, False, False, 256), (8, 256, False, False, 512)])
+def test_the_quantized_gemm_is_the_matmul_on_the_dequantized_weights(dtype, bits, group, low, act_order, k):
+    """Tiles of 128 inputs over groups of 16-64 (352: a last tile cut short) or within groups of 128-256;
+    up to 64 rows the inputs are split between programs (4 on the CPU), past it not."""
     gen = torch.Generator().manual_seed(bits * group)
-    n, k = 96, 256  # 96: a tile of 64 outputs and a part of one
+    n = 96  # a tile of 64 outputs and a part of one
     blocks = _blocks(n, k, bits, group, low, act_order, gen)
     bias = torch.randn(n, generator=gen)
     layer = TritonQuantLinear(blocks, bias).to(DEVICE)
     assert torch.equal(layer.dequantized, blocks.dequantized)  # the layout round-trips
-    for m in (1, 3, 40):
+    for m in (1, 3, 40, 70):
         x = torch.randn(m, k, generator=gen).to(dtype)
         expected = (x.float() @ blocks.dequantized.to(dtype).float().T + bias).to(dtype)
         got = layer(x.to(DEVICE))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.worker.backends.cuda.kernels.quant_gemm import quant_gemm
+from services.worker.backends.cuda.kernels.quant_gemm import block_k, quant_gemm
 from services.worker.loader.quant_blocks import QuantBlocks, linears_kept, parts_of
 
 
@@ -63,8 +63,11 @@ class TritonQuantParts(nn.Module):
 
 
 def _fits(blocks: QuantBlocks) -> bool:
-    """Integers in groups that tile (tl.dot's K tile: 16 or more); FP8's float codes are dequantized here."""
-    return blocks.q.dtype != torch.float8_e4m3fn and blocks.q.shape[1] % blocks.group == 0 and blocks.group % 16 == 0
+    """Integers in groups a tile of inputs fits (kernels/quant_gemm.py's block_k); FP8's float codes are
+    dequantized here."""
+    return (blocks.q.dtype != torch.float8_e4m3fn and blocks.q.shape[1] % blocks.group == 0
+            and block_k(8 if blocks.codebook is not None or blocks.bits in (5, 6) else blocks.bits,  # flat()'s
+                        blocks.group) is not None)
 
 
 def kept_linears(blocks: dict[str, QuantBlocks]) -> frozenset[str]:

@@ -1,8 +1,10 @@
-"""The GEMM over a quantized checkpoint's weights (AWQ, GPTQ, compressed-tensors int4/int8): each
-tile of weights decoded from the file's integers, w = q * scale + low per group of inputs, into the
-activations' dtype, then one tl.dot; the weights stay in about the file's bytes on the GPU."""
+"""The GEMM over a quantized checkpoint's weights (AWQ, GPTQ, compressed-tensors int4/int8, a GGUF's
+blocks): each tile decoded from the file's integers, w = q * scale + low per group of inputs, into the
+activations' dtype, then tl.dot; decode's few rows split the inputs across programs (split-K)."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -10,32 +12,77 @@ import triton.language as tl
 
 from services.worker.backends.cuda.kernels.online_softmax import dot
 
+SPLIT_ROWS = 64  # at most this many rows (decode batches) split K, by the weight's shape alone
+
 
 @triton.jit
-def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, out_ptr, M, N, K, stride_x, stride_q, stride_s, stride_o,
-                BITS: tl.constexpr, GROUP: tl.constexpr, HAS_LOW: tl.constexpr, IEEE: tl.constexpr,
+def _per_group(ptr, n, nmask, stride, k0, K, WIDTH: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The scales (or lows) of the tile of inputs k0 .. k0 + BLOCK_K for rows n, one per stored column
+    ([BLOCK_N, WIDTH]): loaded once per group, never gathered per weight."""
+    if GROUP >= BLOCK_K:  # the tile lies in one group
+        return tl.load(ptr + n * stride + k0 // GROUP, mask=nmask, other=0.0)[:, None]
+    G: tl.constexpr = BLOCK_K // GROUP
+    g = k0 // GROUP + tl.arange(0, G)
+    s = tl.load(ptr + n[:, None] * stride + g[None, :], mask=nmask[:, None] & (g[None, :] * GROUP < K), other=0.0)
+    return tl.reshape(tl.broadcast_to(s[:, :, None], (s.shape[0], G, WIDTH // G)), (s.shape[0], WIDTH))
+
+
+@triton.jit
+def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, out_ptr, M, N, K, K_SPLIT, stride_x, stride_q, stride_s, stride_o,
+                stride_split, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_LOW: tl.constexpr, IEEE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[m, n] = sum_k x[m, k] * (q[n, k] * s[n, k / GROUP] + l[n, k / GROUP]). 4 bits: q packed two
-    inputs a byte (input 2j in byte j's low nibble, 2j + 1 in its high one); 8 bits: int8."""
+    """out[split, m, n] = sum over this split's k of x[m, k] * (q[n, k] * s[n, k / GROUP] + l[n, k / GROUP]).
+    4 bits: q packed two inputs a byte (input 2j in byte j's low nibble, 2j + 1 in its high one), each
+    byte loaded once and its nibbles met by the even and the odd inputs; 8 bits: int8."""
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    mmask, nmask = m < M, n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m[:, None] * stride_x + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
-        wmask = (n[:, None] < N) & (k[None, :] < K)
+    k_end = tl.minimum(K, (split + 1) * K_SPLIT)
+    for k0 in range(split * K_SPLIT, k_end, BLOCK_K):
         if BITS == 4:
-            byte = tl.load(q_ptr + n[:, None] * stride_q + k[None, :] // 2, mask=wmask, other=0)
-            q = ((byte.to(tl.int32) >> ((k[None, :] % 2) * 4)) & 0xF).to(tl.float32)
+            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # the tile's bytes; inputs 2j and 2j + 1
+            jmask = 2 * j < K
+            byte = tl.load(q_ptr + n[:, None] * stride_q + j[None, :], mask=nmask[:, None] & jmask[None, :], other=0)
+            scale = _per_group(s_ptr, n, nmask, stride_s, k0, K, BLOCK_K // 2, GROUP, BLOCK_K)
+            w_even = (byte & 0xF).to(tl.float32) * scale
+            w_odd = (byte >> 4).to(tl.float32) * scale
+            if HAS_LOW:
+                low = _per_group(l_ptr, n, nmask, stride_s, k0, K, BLOCK_K // 2, GROUP, BLOCK_K)
+                w_even += low
+                w_odd += low
+            xmask = mmask[:, None] & jmask[None, :]
+            x_even = tl.load(x_ptr + m[:, None] * stride_x + 2 * j[None, :], mask=xmask, other=0.0)
+            x_odd = tl.load(x_ptr + m[:, None] * stride_x + 2 * j[None, :] + 1, mask=xmask, other=0.0)
+            acc += dot(x_even, tl.trans(w_even.to(x_even.dtype)), IEEE)
+            acc += dot(x_odd, tl.trans(w_odd.to(x_odd.dtype)), IEEE)
         else:
-            q = tl.load(q_ptr + n[:, None] * stride_q + k[None, :], mask=wmask, other=0).to(tl.float32)
-        group = n[:, None] * stride_s + k[None, :] // GROUP
-        w = q * tl.load(s_ptr + group, mask=wmask, other=0.0)
-        if HAS_LOW:
-            w += tl.load(l_ptr + group, mask=wmask, other=0.0)
-        acc += dot(x, tl.trans(w.to(x.dtype)), IEEE)
-    tl.store(out_ptr + m[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(m[:, None] < M) & (n[None, :] < N))
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            q = tl.load(q_ptr + n[:, None] * stride_q + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
+            w = q.to(tl.float32) * _per_group(s_ptr, n, nmask, stride_s, k0, K, BLOCK_K, GROUP, BLOCK_K)
+            if HAS_LOW:
+                w += _per_group(l_ptr, n, nmask, stride_s, k0, K, BLOCK_K, GROUP, BLOCK_K)
+            x = tl.load(x_ptr + m[:, None] * stride_x + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+            acc += dot(x, tl.trans(w.to(x.dtype)), IEEE)
+    tl.store(out_ptr + split * stride_split + m[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=mmask[:, None] & nmask[None, :])
+
+
+def block_k(bits: int, group: int) -> int | None:
+    """The tile of inputs: within one group or a whole number of them (128, 64 or 32 inputs; 4 bits
+    need 32, a half of 16 inputs for each nibble's tl.dot); None where no tile fits."""
+    for size in (128, 64, 32, 16):
+        if (group % size == 0 or size % group == 0) and (size >= 32 or bits == 8):
+            return size
+    return None
+
+
+@functools.cache
+def _programs(device: torch.device) -> int:
+    """Programs enough to keep every SM reading: two a multiprocessor (4 interpreted on the CPU)."""
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def quant_gemm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor | None, bits: int,
@@ -45,11 +92,18 @@ def quant_gemm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: tor
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     m, k = rows.shape
     n = q.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = max(16, min(64, triton.next_power_of_2(m)))
-    block_n, block_k = 64, min(64, group)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _quant_gemm[grid](rows, q, scales, scales if lows is None else lows, out, m, n, k, rows.stride(0), q.stride(0),
-                      scales.stride(0), out.stride(0), BITS=bits, GROUP=group, HAS_LOW=lows is not None,
-                      IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    block_n, tile_k = 64, block_k(bits, group)
+    n_tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, tile_k)
+    # the split depends on the weight's shape alone, never on how many rows the batch holds
+    splits = min(k_tiles, triton.cdiv(_programs(x.device), n_tiles)) if m <= SPLIT_ROWS else 1
+    k_split = triton.cdiv(k_tiles, splits) * tile_k
+    splits = triton.cdiv(k, k_split)
+    out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
+    grid = (triton.cdiv(m, block_m), n_tiles, splits)
+    _quant_gemm[grid](rows, q, scales, scales if lows is None else lows, out, m, n, k, k_split, rows.stride(0),
+                      q.stride(0), scales.stride(0), out.stride(1), out.stride(0), BITS=bits, GROUP=group,
+                      HAS_LOW=lows is not None, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n,
+                      BLOCK_K=tile_k)
+    out = out[0] if splits == 1 else out.sum(0).to(x.dtype)
     return out.reshape(*x.shape[:-1], n)
