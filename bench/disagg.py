@@ -1,7 +1,9 @@
 """`python -m bench.disagg`: decode streams' inter-token latency while long prompts arrive, with
 prefill and decode on workers of their own (--prefill-workers 1 --decode-workers 1) and colocated
-(--workers 2), each worker pinned to a core of its own; "two hosts": the prefill and the decode
-worker with a host tier each (two folders), so each handoff copies its blocks over the bus.
+(--workers 2), each worker pinned to a core of its own; "two hosts": the decode worker on a host of
+its own (a network namespace, its own host tier: the bus reached over a veth pair and a bridge, as
+tests/hosts.py makes them; without root, the same process on this host's network), so each handoff
+copies its blocks over the bus between two network stacks.
 
     python -m bench.disagg [--streams 4 --stream-tokens 384 --prompt 4096]
     python -m bench.disagg --layouts "disaggregated,two hosts"
@@ -34,6 +36,7 @@ from bench.cpu_flags import cpu_name
 from bench.dataset import Prompt
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
+from tests.hosts import Hosts, can_make_hosts
 
 
 def _pin(stack: Stack, names: list[str]) -> None:
@@ -66,11 +69,12 @@ async def phase(spec: LoadSpec, args: argparse.Namespace, with_prompts: bool, rn
             "prompts": len(long_ttfts), "prompt_ttft": statistics.median(long_ttfts) if long_ttfts else 0.0}
 
 
-def _decode_host(stack: Stack, root: Path, host: Path) -> None:
+def _decode_host(stack: Stack, root: Path, host: Path, wrapper: list[str]) -> None:
     """A decode worker whose tier is another folder of /dev/shm than the prefill worker's (another
-    host's shared memory): the launcher starts the prefill worker, this one is started beside it."""
+    host's shared memory), run under `wrapper` (its host's network namespace): the launcher starts the
+    prefill worker, this one is started beside it."""
     decode = stack.add_worker("worker-decode-0", "--kv-offloading-dir", str(host),
-                              "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"}))
+                              "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"}), wrapper=wrapper)
     deadline = time.monotonic() + 300
     while '"worker_id": "worker-decode-0"' not in (root / "scheduler.log").read_text():  # its hello, taken
         assert time.monotonic() < deadline and decode.proc.poll() is None, "the decode worker did not join"
@@ -78,7 +82,9 @@ def _decode_host(stack: Stack, root: Path, host: Path) -> None:
 
 
 def run(layout: str, args: argparse.Namespace) -> dict:
-    bus = NatsServer(auth=True).start()
+    # "two hosts": the bus listens on the bridge's address, which this host and host b's namespace reach
+    netns = Hosts(["b"]).make() if layout == "two hosts" and can_make_hosts() is None else None
+    bus = NatsServer(auth=True, host=f"{netns.subnet}.1" if netns else "127.0.0.1").start()
     flags = ["--threads", "1", "--max-model-len", str(args.prompt + 64), "--kv-cache-memory-gib", "1",
              "--kv-offloading-size", "2"]
     disaggregated, two_hosts = layout == "disaggregated", layout == "two hosts"
@@ -95,7 +101,7 @@ def run(layout: str, args: argparse.Namespace) -> dict:
     try:
         stack.wait_ready()
         if two_hosts:
-            _decode_host(stack, root, hosts / "b")
+            _decode_host(stack, root, hosts / "b", netns["b"].wrapper if netns else [])
         _pin(stack, ["worker-prefill-0", "worker-decode-0"] if disaggregated or two_hosts else ["worker-0", "worker-1"])
         model = httpx.get(f"{stack.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
         spec = LoadSpec(base_url=stack.base_url, model=model)
@@ -105,6 +111,8 @@ def run(layout: str, args: argparse.Namespace) -> dict:
     finally:
         stack.stop()
         shutil.rmtree(hosts, ignore_errors=True)
+        if netns:
+            netns.remove()
 
 
 def main() -> None:
@@ -119,7 +127,8 @@ def main() -> None:
     os.sched_setaffinity(0, {0})  # the load generator too: the second core is the second worker's alone
     print(f"{cpu_name()}; {args.streams} decode streams of {args.stream_tokens} tokens; prompts of {args.prompt} "
           "tokens (8 tokens each) sent one after another in the second phase; every worker --threads 1, on a "
-          "core of its own, the rest of the stack on the first worker's")
+          "core of its own, the rest of the stack on the first worker's; \"two hosts\": the decode worker "
+          + ("in a network namespace of its own" if can_make_hosts() is None else "on this host's network (no root)"))
     print("| layout | phase | streams' TPOT p99 / mean (ms) | gaps between chunks p50 / p99 / max (ms) "
           "| prompts served | their TTFT p50 (s) |")
     print("|---|---|---|---|---|---|")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,9 +129,11 @@ class Stack:
         return Service(name, [sys.executable, "-m", "services.worker", "--nats-url", self.nats_url, *self.service_args,
                               *extra, "--worker-id", name])
 
-    def add_worker(self, name: str, *extra: str) -> Service:
-        """One more worker started beside the running stack (another host's, in tests and bench/disagg.py)."""
+    def add_worker(self, name: str, *extra: str, wrapper: Sequence[str] = ()) -> Service:
+        """One more worker started beside the running stack (another host's, in tests and bench/disagg.py);
+        wrapper: a command it runs under (`ip netns exec b`: a host's network of its own)."""
         service = self.worker(name, *extra)
+        service.argv = [*wrapper, *service.argv]
         service.log_file = self.log_dir / f"{name}.log" if self.log_dir else None
         self.services.append(service)
         service.start(self._env(name))
