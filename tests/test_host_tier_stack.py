@@ -54,14 +54,18 @@ def disagg_stack(tmp_path_factory, model_name):
 @pytest.fixture(scope="module")
 def two_host_stack(tmp_path_factory, model_name):
     """A prefill worker and a decode worker whose tiers are two files (two hosts' shared memory, as
-    --kv-offloading-dir makes them): each handoff copies the prompt's blocks over the bus."""
+    --kv-offloading-dir makes them), the decode worker in a network namespace of its own where this
+    machine can make one (root; tests/hosts.py), reaching the bus over a veth pair: each handoff copies
+    the prompt's blocks over the bus between two network stacks."""
     import json
 
     from switchyard.launcher import Stack
     from switchyard.nats_server import NatsServer, free_port
     from tests.conftest import ready_or_stopped
+    from tests.hosts import Hosts, can_make_hosts
 
-    nats_server = NatsServer(auth=True).start()
+    netns = Hosts(["b"]).make() if can_make_hosts() is None else None
+    nats_server = NatsServer(auth=True, host=f"{netns.subnet}.1" if netns else "127.0.0.1").start()
     log_dir = tmp_path_factory.mktemp("two-hosts")
     common = ["--kv-cache-memory-gib", "0.4", "--threads", "1", "--kv-offloading-size", "0.1", "--max-model-len", "384"]
     host_a, host_b = (tmp_path_factory.mktemp(h) for h in ("host-a", "host-b"))
@@ -71,10 +75,13 @@ def two_host_stack(tmp_path_factory, model_name):
     stack.start()
     s = ready_or_stopped(stack, log_dir)
     s.add_worker("worker-decode-0", "--kv-offloading-dir", str(host_b),
-                 "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"}))
+                 "--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"}),
+                 wrapper=netns["b"].wrapper if netns else ())
     asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))
     yield s
     s.stop()
+    if netns:
+        netns.remove()
 
 
 async def _run(bus: BusClient, model: str, prompt: list[int], max_tokens: int, salt: str | None = None):
