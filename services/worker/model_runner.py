@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from services.worker import memory
 from services.worker.backends.base import Backend, BatchRow
@@ -21,11 +20,12 @@ from services.worker.guided import GrammarCompiler
 from services.worker.kv_tier import HostTier
 from services.worker.lora.manager import LoraManager
 from services.worker.ngram import NgramProposer
+from services.worker.pooling import pool
 from services.worker.sampler import logprobs_of
 from services.worker.sequence import SeqState
 from services.worker.suffix import SuffixProposer
 from shared.wire.images import ImageRef
-from shared.wire.messages import FinishReason, Logprobs, NewSeq, Pooling, Sampled, ScheduledSeq, Step
+from shared.wire.messages import FinishReason, Logprobs, NewSeq, Sampled, ScheduledSeq, Step
 from shared.wire.spec_decode import Drafts
 
 Proposer = NgramProposer | SuffixProposer | DraftModelProposer | Eagle3Proposer
@@ -387,16 +387,6 @@ class ModelRunner:
 
 def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def pool(hidden: torch.Tensor, pooling: Pooling) -> bytes:
-    """A prompt's pooled state [hidden] (a decoder's last token's, an encoder's [CLS] or mean) -> its
-    embedding: the first `dimensions` values
-    (Matryoshka), L2-normalized where asked, as float32 bytes."""
-    vector = hidden.float()[: pooling.dimensions]
-    if pooling.normalize:
-        vector = F.normalize(vector, dim=-1)
-    return vector.cpu().numpy().astype("<f4").tobytes()
 
 
 def _select(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
