@@ -20,7 +20,12 @@ from services.worker.backends.torch_cpu.compiled import compile_decode_layers, w
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import int8_activations, native_blocks, quantize
+from services.worker.backends.torch_cpu.quantization import (
+    KEEPS_BLOCKS,
+    int8_activations,
+    kept_weights,
+    quantize,
+)
 from services.worker.loader import load_model
 from services.worker.model_runner import ModelRunner
 from shared.config import QUANT_ACTIVATIONS, QUANTIZATIONS
@@ -33,7 +38,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def decode_runner(loaded, batch: int, context: int, num_steps: int, pool_blocks: int = 0) -> ModelRunner:
     blocks_per_seq = -(-(context + num_steps + 8) // BLOCK_SIZE)
-    dtype = loaded.model.tok_embeddings.weight.dtype
+    dtype = loaded.model.norm.weight.dtype  # the embedding table may be kept in its blocks
     backend = TorchCpuBackend(loaded, KVSpec.of(loaded.config, BLOCK_SIZE, dtype),
                               max(batch * blocks_per_seq, pool_blocks))
     runner = ModelRunner(backend, max_model_len=8192, eos_token_ids=loaded.config.eos_token_ids)
@@ -88,9 +93,12 @@ def main() -> None:
     pool_blocks = max(args.pool_blocks, max(batches) * -(-(args.context + args.steps + 9) // BLOCK_SIZE))
     for dtype in args.dtype.split(","):
         ops = TORCH_OPS if args.torch_ops or not load_kernels().loaded else NATIVE_OPS
-        loaded = load_model(args.model_path or default_model_path(), dtype=DTYPES[dtype], ops=ops)
         method = "gguf" if args.quantization == "auto" else args.quantization
-        quantize(loaded.model, method, native_blocks(loaded, method))
+        # as the worker loads (backends/torch_cpu/backend.py): under auto the file's blocks are never
+        # dequantized, the embedding table's included
+        loaded = load_model(args.model_path or default_model_path(), dtype=DTYPES[dtype], ops=ops,
+                            keep=kept_weights if method in KEEPS_BLOCKS else None)
+        quantize(loaded.model, method, loaded.blocks, loaded.unloaded)
         if args.quant_activations == "int8":
             int8_activations(loaded.model)
         if not args.compile and not args.mkl:
