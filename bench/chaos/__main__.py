@@ -26,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fixed", action="store_true", help="CI's schedule: every fault kind once in 3 minutes")
+    parser.add_argument("--fixed", action="store_true", help="CI's schedule: every fault kind once in 2.4 minutes (FIXED_MINUTES)")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--service-args", default="", help="more flags for every service (shell-quoted)")

@@ -19,7 +19,7 @@ from bench.chaos.stack import ChaosStack
 
 WORKER_STOP_S = 15.0
 BUS_STOP_S = 8.0
-NEIGHBOUR_S = 60.0
+NEIGHBOUR_S = 30.0  # three leases (scheduler/lease.py's LEASE_S) and thirty heartbeats long
 SQUEEZE_REQUESTS = 12  # long prompts at once: more KV than the pools hold, so running requests are preempted
 SQUEEZE_TRIES = 3  # a squeeze request cut by a gateway's kill is sent again on the other gateway
 
@@ -149,9 +149,11 @@ async def _stopped(stack: ChaosStack, kind: str, names: list[str], seconds: floa
 
 FAULTS = {f.__name__: f for f in (worker_kill, worker_stop, workers_stop, leader_kill, nats_node_kill, bus_stop,
                                   gateway_kill, kv_squeeze, noisy_neighbour)}
-# CI's schedule: every kind once in three minutes, the restart path first (seconds after the load starts)
-FIXED = [(5, "worker_kill"), (25, "kv_squeeze"), (40, "noisy_neighbour"), (50, "leader_kill"), (75, "nats_node_kill"),
-         (95, "worker_stop"), (118, "bus_stop"), (135, "gateway_kill"), (150, "workers_stop")]
+# CI's schedule: every kind once in FIXED_MINUTES, the restart path first (seconds after the load starts),
+# each kill 18 s or more after the last (a lease, LEASE_S, is 10 s) and the pauses on their own
+FIXED = [(5, "worker_kill"), (20, "kv_squeeze"), (30, "noisy_neighbour"), (40, "leader_kill"), (58, "nats_node_kill"),
+         (76, "worker_stop"), (98, "bus_stop"), (112, "gateway_kill"), (122, "workers_stop")]
+FIXED_MINUTES = 2.4  # the last fault's 15 s, then the load for 7 s more
 
 
 def random_schedule(minutes: float, rng: random.Random) -> list[tuple[float, str]]:
