@@ -15,18 +15,12 @@ import time
 import torch
 
 from services.worker.backends.kv_pool import KVSpec
-from services.worker.backends.torch_cpu.backend import TorchCpuBackend
+from services.worker.backends.torch_cpu.backend import TorchCpuBackend, load_weights
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
-from services.worker.backends.torch_cpu.quantization import (
-    KEEPS_BLOCKS,
-    int8_activations,
-    kept_weights,
-    quantize,
-)
-from services.worker.loader import load_model
+from services.worker.backends.torch_cpu.quantization import int8_activations, quantize
 from services.worker.model_runner import ModelRunner
 from shared.config import QUANT_ACTIVATIONS, QUANTIZATIONS
 from shared.models.model_files import default_model_path
@@ -94,10 +88,7 @@ def main() -> None:
     for dtype in args.dtype.split(","):
         ops = TORCH_OPS if args.torch_ops or not load_kernels().loaded else NATIVE_OPS
         method = "gguf" if args.quantization == "auto" else args.quantization
-        # as the worker loads (backends/torch_cpu/backend.py): under auto the file's blocks are never
-        # dequantized, the embedding table's included
-        loaded = load_model(args.model_path or default_model_path(), dtype=DTYPES[dtype], ops=ops,
-                            keep=kept_weights if method in KEEPS_BLOCKS else None)
+        loaded = load_weights(args.model_path or default_model_path(), "auto", DTYPES[dtype], ops is NATIVE_OPS, method)
         quantize(loaded.model, method, loaded.blocks, loaded.unloaded)
         if args.quant_activations == "int8":
             int8_activations(loaded.model)

@@ -72,7 +72,7 @@ class TorchCpuBackend:
         if not native and (spec.quantization in QUANT_LINEAR or spec.compile):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what} runs on the C kernels, and {load_kernels().reason}")
-        loaded = _load(spec.model_path, spec, native, spec.quantization)
+        loaded = load_weights(spec.model_path, spec.load_format, spec.torch_dtype, native, spec.quantization)
         if getattr(loaded.model, "is_encoder", False) and (spec.compile or spec.quantization != "none"):
             what = "--compile" if spec.compile else f"quantization {spec.quantization!r}"
             raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
@@ -158,9 +158,11 @@ class TorchCpuBackend:
 
 
 
-def _load(path: str, spec: WorkerSpec, native: bool, quantization: str) -> LoadedModel:
-    keeps_blocks = quantization in KEEPS_BLOCKS  # the file's blocks are never dequantized then
-    return load_model(path, spec.load_format, spec.torch_dtype, ops=NATIVE_OPS if native else TORCH_OPS,
+def load_weights(path: str, load_format: str, dtype: torch.dtype, native: bool, quantization: str) -> LoadedModel:
+    """A model's file loaded for `quantization` (quantize() next): under a method that keeps the
+    file's blocks (KEEPS_BLOCKS) they are never dequantized, the embedding table's included."""
+    keeps_blocks = quantization in KEEPS_BLOCKS
+    return load_model(path, load_format, dtype, ops=NATIVE_OPS if native else TORCH_OPS,
                       keep=kept_weights if keeps_blocks else None)
 
 
@@ -169,7 +171,7 @@ def load_as_filed(path: str, spec: WorkerSpec, native: bool) -> LoadedModel:
     the C kernels (quantization `gguf`: every file's own, quantization.FILES_OWN), float weights
     packed as they are; on torch's ops (not native) dequantized."""
     method = "gguf" if native else "none"
-    loaded = _load(path, spec, native, method)
+    loaded = load_weights(path, spec.load_format, spec.torch_dtype, native, method)
     quantize(loaded.model, method, loaded.blocks, loaded.unloaded)
     pack_linears(loaded.model)
     return loaded
