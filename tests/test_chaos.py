@@ -32,8 +32,8 @@ MAX_TOKENS = 288  # long enough that the restarted worker rejoins while they str
 
 
 @pytest.fixture(scope="module")
-def chaos_stack(tmp_path_factory):
-    stack = start_stack(tmp_path_factory.mktemp("chaos"))
+def chaos_stack(tmp_path_factory, hf_model):
+    stack = start_stack(tmp_path_factory.mktemp("chaos"), base=hf_model)  # the session's transformers model
     yield stack
     stack.stop()
     assert stack.leftovers() == [], "processes outlived the stack"

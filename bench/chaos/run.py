@@ -32,14 +32,16 @@ class ChaosResult:
     lost_tasks: list[str] = field(default_factory=list)  # logs with "Task exception was never retrieved"
 
 
-def make_adapters(folder: Path, model_path: str) -> dict[str, str]:
-    """Random LoRA adapters for the real model's shapes, saved by peft (as a user's fine-tune is)."""
+def make_adapters(folder: Path, model_path: str, base=None) -> dict[str, str]:
+    """Random LoRA adapters for the real model's shapes, saved by peft (as a user's fine-tune is).
+    base: transformers' model of model_path where the caller has it loaded (copied, not changed)."""
     import peft
     import torch
     import transformers
 
-    base = transformers.AutoModelForCausalLM.from_pretrained(str(Path(model_path).parent),
-                                                             gguf_file=Path(model_path).name, dtype=torch.float32)
+    if base is None:
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(Path(model_path).parent),
+                                                                 gguf_file=Path(model_path).name, dtype=torch.float32)
     paths = {}
     for seed, name in enumerate(ADAPTERS):
         torch.manual_seed(seed)
@@ -50,13 +52,13 @@ def make_adapters(folder: Path, model_path: str) -> dict[str, str]:
     return paths
 
 
-def start_stack(log_dir: Path, kv_cache_gib: float = 0.25, extra_args: list[str] = ()) -> ChaosStack:
+def start_stack(log_dir: Path, kv_cache_gib: float = 0.25, extra_args: list[str] = (), base=None) -> ChaosStack:
     """The platform's layout on `make run`'s defaults, with two adapters from start, a KV pool small
     enough for a burst of long prompts to preempt, and a context that fits it; extra_args: more flags
-    for every service (e.g. --speculative-config)."""
+    for every service (e.g. --speculative-config); base: as make_adapters takes it."""
     from shared.models.model_files import default_model_path
 
-    adapters = make_adapters(log_dir / "adapters", default_model_path())
+    adapters = make_adapters(log_dir / "adapters", default_model_path(), base)
     stack = ChaosStack(log_dir, ["--kv-cache-memory-gib", str(kv_cache_gib), "--max-model-len", "2048",
                                  "--max-loras", "2", "--lora-modules",
                                  *(f"{name}={path}" for name, path in adapters.items()), *extra_args])
