@@ -82,6 +82,32 @@ def test_the_largest_values_times_the_largest_activations_stay_exact(cpu_kernels
     assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_q6_k_blocks_of_two_groups_at_their_largest_stay_exact(cpu_kernels, sign):
+    """Q6_K's two groups of 16 a block of 32, added in int32 before one float step (PAIRED in
+    quant_dot.c): every value at -32, every scale at -128, every activation +-127, so each block's
+    total is +-2 * 16 * 32 * 127 * 128 = 16,646,144 (< 2^24: exact as a float). Every variant gives
+    the bits of that float step done in order, acc = fma(total, super * d, acc)."""
+    n, k = 32, 512
+    raw = random_raw("Q6_K", n, k, np.random.default_rng(7))
+    cells = raw.reshape(n, -1, 210)
+    cells[..., :192] = 0x00  # the low nibbles and high bits: every value 0 - 32
+    cells[..., 192:208] = 0x80  # every group's scale -128 (the float16 super at 208 kept)
+    layer = QuantLinear(decode("Q6_K", raw), None)
+    assert int8_activations(layer) == 1
+    x = torch.full((max(ROWS), k), sign)
+    weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType["Q6_K"]).reshape(n, k))
+    outputs = outputs_in_every_variant(layer, x, int8_rows(x).double() @ weights.double().t())
+    total = 2 * 16 * (-32) * (127 * sign) * (-128)
+    d = np.float32(1.0) / np.float32(127.0)  # the row's scale: max |x| / 127
+    supers = layer.blocks.supers[..., 0].numpy().astype(np.float32)  # [n, k / 256]
+    want = np.zeros(n, dtype=np.float32)
+    for block in range(k // 32):  # fma in float64 is exact here (a 48-bit product plus acc), then rounded
+        want = (total * (supers[:, block * 32 // 256] * d).astype(np.float64) + want).astype(np.float32)
+    for out in outputs.values():
+        assert torch.equal(out, torch.from_numpy(want).expand_as(out))
+
+
 def test_formats_without_an_int8_form_keep_float_rows(cpu_kernels):
     """IQ4's codebook indices and 8-bit values: int8_activations() leaves them, so their rows stay float32."""
     for kind in ("IQ4_XS", "Q8_0"):

@@ -6,8 +6,8 @@
  * column, each group g of G inputs (a sub-block: G if G <= 32, else 32) adds, in order,
  *     acc = fma((float)sum_i(u_i * xq_i), scale_g * d, acc)
  *     acc = fma(low_g, (float)sum_i(xq_i) * d, acc)              (formats with a low)
- * u the stored unsigned value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)). The integer
- * sums are exact and the float steps the same in every variant, so every variant gives the same
+ * u the stored unsigned value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)); groups of 16
+ * with int8 scales are taken two at a time (PAIRED below). The integer sums are exact and the float steps the same in every variant, so every variant gives the same
  * bits, at every batch size.
  *
  * The weights are in panels of 16 columns as quant_linear.c's, their bytes in another order
@@ -70,6 +70,11 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *ro
         for (int i = 0; i < XBLOCK; i += 4) __builtin_memcpy(rows->fours + (b * XBLOCK + i) / 4 * m + r, q + i, 4);
     }
 }
+
+/* Groups of 16 with int8 scales (Q6_K, Q3_K, Q2_K): a block of 32's two sums, each times its int8
+ * scale, added in int32 (exact: at most 2 * 16 * 32 * 127 * 128 < 2^24, so exact as a float too), then
+ * one float step, acc = fma((float)total, super * d, acc). */
+#define PAIRED(f) ((f).scale_bits == 8 && (f).group == 16)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "quant_dot_x86.h"

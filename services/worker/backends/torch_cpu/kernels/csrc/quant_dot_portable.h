@@ -49,6 +49,15 @@ static inline __attribute__((always_inline)) void scale_low(const void *scales, 
     }
 }
 
+/* Row r's integer sum over inputs s0 .. s0 + sub - 1 against the panel's column c (6 bits: less 32
+ * times the activations'). */
+static inline int32_t group_sum(const uint8_t *panel, int64_t k, int64_t s0, int sub, const struct qrows *rows,
+                                int64_t r, int c, const struct qformat f) {
+    int32_t sum = 0;
+    for (int64_t i = s0; i < s0 + sub; i++) sum += value_at(panel, k, i, c, f.bits) * rows->q[r * k + i];
+    return f.bits == 6 ? sum - rows->offsets[r * (k / 16) + s0 / 16] : sum;
+}
+
 static inline __attribute__((always_inline)) void panel_rows(const uint8_t *panel, const void *scales,
                                                              const void *lows, const uint16_t *supers, int64_t k,
                                                              const struct qrows *rows, int64_t m, float *out,
@@ -57,18 +66,29 @@ static inline __attribute__((always_inline)) void panel_rows(const uint8_t *pane
     for (int64_t r = 0; r < m; r++)
         for (int c = 0; c < PANEL; c++) {
             float acc = 0.0f;
-            for (int64_t s0 = 0; s0 < k; s0 += sub) {
-                float scale, low;
-                scale_low(scales, lows, supers, s0 / f.group, c, f, &scale, &low);
-                int32_t sum = 0;
-                for (int64_t i = s0; i < s0 + sub; i++) sum += value_at(panel, k, i, c, f.bits) * rows->q[r * k + i];
+            for (int64_t s0 = 0; s0 < k; s0 += XBLOCK) {
                 const float d = rows->d[r * (k / XBLOCK) + s0 / XBLOCK];
-                if (f.bits == 6)  /* values u - 32 (groups of 16) */
-                    sum -= rows->offsets[r * (k / 16) + s0 / 16];
-                acc = fmaf((float)sum, scale * d, acc);
-                if (f.has_low)
-                    acc = fmaf(low, sub == 16 ? rows->low16[r * (k / 16) + s0 / 16] : rows->low32[r * (k / XBLOCK) + s0 / XBLOCK],
-                               acc);
+                if (PAIRED(f)) {  /* the block's two groups' sums times their int8 scales, added in int32 */
+                    int32_t total = 0;
+                    for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += 16)
+                        total += group_sum(panel, k, s1, 16, rows, r, c, f) * ((const int8_t *)scales)[(s1 / 16) * PANEL + c];
+                    const int per_super = f.has_low ? 2 : 1;
+                    acc = fmaf((float)total, half_to_float(supers[(s0 / SUPER) * per_super * PANEL + c]) * d, acc);
+                    for (int64_t s1 = s0; f.has_low && s1 < s0 + XBLOCK; s1 += 16) {
+                        float scale, low;
+                        scale_low(scales, lows, supers, s1 / 16, c, f, &scale, &low);
+                        acc = fmaf(low, rows->low16[r * (k / 16) + s1 / 16], acc);
+                    }
+                    continue;
+                }
+                for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += sub) {  /* a group at a time: its scale, its low */
+                    float scale, low;
+                    scale_low(scales, lows, supers, s1 / f.group, c, f, &scale, &low);
+                    acc = fmaf((float)group_sum(panel, k, s1, sub, rows, r, c, f), scale * d, acc);
+                    if (f.has_low)
+                        acc = fmaf(low, sub == 16 ? rows->low16[r * (k / 16) + s1 / 16] : rows->low32[r * (k / XBLOCK) + s1 / XBLOCK],
+                                   acc);
+                }
             }
             out[r * n + c] = acc;
         }

@@ -83,6 +83,44 @@ static inline int steps_held(const struct qformat f, int sub) {
     return hold < sub / 8 ? hold : sub / 8;
 }
 
+/* The R rows' integer sums over inputs s0 .. s0 + sub - 1 against the panel's two halves of 8 columns
+ * (6 bits: less 32 times the activations'). */
+static inline __attribute__((always_inline)) void group_sums(const uint8_t *panel, int64_t k, int64_t s0, int sub,
+                                                             const struct qrows *rows, int64_t r0, const int R,
+                                                             const struct qformat f, __m256i sums[][2]) {
+    const int hold = steps_held(f, sub);
+    for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    for (int64_t i0 = s0; i0 < s0 + sub; i0 += 8 * hold) {
+        __m256i held[ROWS][2];
+        for (int h = 0; h < hold; h++) {
+            const int64_t i = i0 + 8 * h;
+            __m256i lo0, hi0, lo1, hi1;
+            prefetch_step(panel, k, i, f);
+            step_bytes(panel, k, i, 0, f, &lo0, &hi0);
+            step_bytes(panel, k, i, 32, f, &lo1, &hi1);
+            for (int r = 0; r < R; r++) {
+                int32_t a, b;
+                __builtin_memcpy(&a, rows->q + (r0 + r) * k + i, sizeof a);
+                __builtin_memcpy(&b, rows->q + (r0 + r) * k + i + 4, sizeof b);
+                const __m256i xa = _mm256_set1_epi32(a), xb = _mm256_set1_epi32(b);
+                const __m256i p0 = dot8(lo0, hi0, xa, xb), p1 = dot8(lo1, hi1, xa, xb);
+                held[r][0] = h ? _mm256_add_epi16(held[r][0], p0) : p0;
+                held[r][1] = h ? _mm256_add_epi16(held[r][1], p1) : p1;
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(held[r][0], _mm256_set1_epi16(1)));
+            sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(held[r][1], _mm256_set1_epi16(1)));
+        }
+    }
+    if (f.bits == 6)  /* values u - 32: the integer sums less 32 times the activations' (exact) */
+        for (int r = 0; r < R; r++) {
+            const __m256i off = _mm256_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]);
+            sums[r][0] = _mm256_sub_epi32(sums[r][0], off);
+            sums[r][1] = _mm256_sub_epi32(sums[r][1], off);
+        }
+}
+
 /* Rows r0 .. r0 + R - 1 against one panel. */
 static inline __attribute__((always_inline)) void pass(const uint8_t *panel, const void *scales, const void *lows,
                                                        const uint16_t *supers, int64_t k, const struct qrows *rows,
@@ -91,56 +129,56 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
     const int sub = f.group < XBLOCK ? f.group : XBLOCK;
     __m256 acc[ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const int hold = steps_held(f, sub);
     fcols super = {_mm256_setzero_ps(), _mm256_setzero_ps()}, super_low = super;
-    for (int64_t s0 = 0; s0 < k; s0 += sub) {
-        fcols scale, low;
+    for (int64_t s0 = 0; s0 < k; s0 += XBLOCK) {
         if (f.scale_bits == 8 && s0 % SUPER == 0) {  /* a super-block's float16s, once for its groups */
             const uint16_t *at = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
             super = fcols_half(at);
             if (f.has_low) super_low = fcols_half(at + PANEL);
         }
-        scale_low_cols(scales, lows, s0 / f.group, f, super, super_low, &scale, &low);
         __m256i sums[ROWS][2];
-        for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
-        for (int64_t i0 = s0; i0 < s0 + sub; i0 += 8 * hold) {
-            __m256i held[ROWS][2];
-            for (int h = 0; h < hold; h++) {
-                const int64_t i = i0 + 8 * h;
-                __m256i lo0, hi0, lo1, hi1;
-                prefetch_step(panel, k, i, f);
-                step_bytes(panel, k, i, 0, f, &lo0, &hi0);
-                step_bytes(panel, k, i, 32, f, &lo1, &hi1);
-                for (int r = 0; r < R; r++) {
-                    int32_t a, b;
-                    __builtin_memcpy(&a, rows->q + (r0 + r) * k + i, sizeof a);
-                    __builtin_memcpy(&b, rows->q + (r0 + r) * k + i + 4, sizeof b);
-                    const __m256i xa = _mm256_set1_epi32(a), xb = _mm256_set1_epi32(b);
-                    const __m256i p0 = dot8(lo0, hi0, xa, xb), p1 = dot8(lo1, hi1, xa, xb);
-                    held[r][0] = h ? _mm256_add_epi16(held[r][0], p0) : p0;
-                    held[r][1] = h ? _mm256_add_epi16(held[r][1], p1) : p1;
-                }
+        if (PAIRED(f)) {  /* the block's two groups' sums times their int8 scales, added in int32 */
+            __m256i total[ROWS][2];
+            for (int half = 0; half < 2; half++) {
+                const __m128i s = _mm_loadu_si128((const __m128i *)((const int8_t *)scales + (s0 / 16 + half) * PANEL));
+                const __m256i scale[2] = {_mm256_cvtepi8_epi32(s), _mm256_cvtepi8_epi32(_mm_srli_si128(s, 8))};
+                group_sums(panel, k, s0 + 16 * half, 16, rows, r0, R, f, sums);
+                for (int r = 0; r < R; r++)
+                    for (int c = 0; c < 2; c++) {
+                        const __m256i scaled = _mm256_mullo_epi32(sums[r][c], scale[c]);
+                        total[r][c] = half ? _mm256_add_epi32(total[r][c], scaled) : scaled;
+                    }
             }
             for (int r = 0; r < R; r++) {
-                sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(held[r][0], _mm256_set1_epi16(1)));
-                sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(held[r][1], _mm256_set1_epi16(1)));
+                const __m256 dv = _mm256_set1_ps(rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK]);
+                acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][0]), _mm256_mul_ps(super.lo, dv), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][1]), _mm256_mul_ps(super.hi, dv), acc[r][1]);
             }
+            for (int half = 0; f.has_low && half < 2; half++) {
+                fcols scale, low;
+                scale_low_cols(scales, lows, s0 / 16 + half, f, super, super_low, &scale, &low);
+                for (int r = 0; r < R; r++) {
+                    const __m256 xd = _mm256_set1_ps(rows->low16[(r0 + r) * (k / 16) + s0 / 16 + half]);
+                    acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
+                }
+            }
+            continue;
         }
-        for (int r = 0; r < R; r++) {
-            const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
-            const __m256 dv = _mm256_set1_ps(d);
-            if (f.bits == 6) {  /* values u - 32: the integer sums less 32 times the activations' (exact) */
-                const __m256i off = _mm256_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]);
-                sums[r][0] = _mm256_sub_epi32(sums[r][0], off);
-                sums[r][1] = _mm256_sub_epi32(sums[r][1], off);
-            }
-            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][0]), _mm256_mul_ps(scale.lo, dv), acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][1]), _mm256_mul_ps(scale.hi, dv), acc[r][1]);
-            if (f.has_low) {
-                const __m256 xd = _mm256_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s0 / 16]
-                                                           : rows->low32[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK]);
-                acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
+        for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += sub) {  /* a group at a time: its scale, its low */
+            fcols scale, low;
+            scale_low_cols(scales, lows, s1 / f.group, f, super, super_low, &scale, &low);
+            group_sums(panel, k, s1, sub, rows, r0, R, f, sums);
+            for (int r = 0; r < R; r++) {
+                const __m256 dv = _mm256_set1_ps(rows->d[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
+                acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][0]), _mm256_mul_ps(scale.lo, dv), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][1]), _mm256_mul_ps(scale.hi, dv), acc[r][1]);
+                if (f.has_low) {
+                    const __m256 xd = _mm256_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
+                                                               : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
+                    acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
+                }
             }
         }
     }
@@ -192,6 +230,30 @@ static inline __attribute__((always_inline)) void wide_step_bytes(const uint8_t 
     }
 }
 
+/* The R rows' integer sums over inputs s0 .. s0 + sub - 1 against the panel (6 bits: less 32 times
+ * the activations'), two chains of dpbusd a row (its latency, at few rows). */
+static inline __attribute__((always_inline)) void wide_group_sums(const uint8_t *panel, int64_t k, int64_t s0,
+                                                                  int sub, const struct qrows *rows, int64_t r0,
+                                                                  const int R, const struct qformat f, __m512i *sums) {
+    __m512i his[WIDE_ROWS];
+    for (int r = 0; r < R; r++) sums[r] = his[r] = _mm512_setzero_si512();
+    for (int64_t i = s0; i < s0 + sub; i += 8) {
+        __m512i lo, hi;
+        prefetch_step(panel, k, i, f);
+        wide_step_bytes(panel, k, i, f, &lo, &hi);
+        const int32_t *fours = rows->fours + (i / 4) * rows->m + r0;
+        for (int r = 0; r < R; r++) {
+            sums[r] = _mm512_dpbusd_epi32(sums[r], lo, _mm512_set1_epi32(fours[r]));
+            his[r] = _mm512_dpbusd_epi32(his[r], hi, _mm512_set1_epi32(fours[rows->m + r]));
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        sums[r] = _mm512_add_epi32(sums[r], his[r]);
+        if (f.bits == 6)
+            sums[r] = _mm512_sub_epi32(sums[r], _mm512_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]));
+    }
+}
+
 static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel, const void *scales,
                                                             const void *lows, const uint16_t *supers, int64_t k,
                                                             const struct qrows *rows, int64_t r0, const int R,
@@ -200,36 +262,48 @@ static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel
     __m512 acc[WIDE_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     __m512 super16 = _mm512_setzero_ps(), super_low16 = _mm512_setzero_ps();
-    for (int64_t s0 = 0; s0 < k; s0 += sub) {
+    for (int64_t s0 = 0; s0 < k; s0 += XBLOCK) {
         if (f.scale_bits == 8 && s0 % SUPER == 0) {  /* a super-block's float16s, once for its groups */
             const uint16_t *super = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
             super16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)super));
             if (f.has_low) super_low16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(super + PANEL)));
         }
-        __m512 scale16, low16;
-        wide_scale_low(scales, lows, s0 / f.group, f, super16, super_low16, &scale16, &low16);
-        __m512i sums[WIDE_ROWS], his[WIDE_ROWS];  /* two chains of dpbusd a row (its latency, at few rows) */
-        for (int r = 0; r < R; r++) sums[r] = his[r] = _mm512_setzero_si512();
-        for (int64_t i = s0; i < s0 + sub; i += 8) {
-            __m512i lo, hi;
-            prefetch_step(panel, k, i, f);
-            wide_step_bytes(panel, k, i, f, &lo, &hi);
-            const int32_t *fours = rows->fours + (i / 4) * rows->m + r0;
-            for (int r = 0; r < R; r++) {
-                sums[r] = _mm512_dpbusd_epi32(sums[r], lo, _mm512_set1_epi32(fours[r]));
-                his[r] = _mm512_dpbusd_epi32(his[r], hi, _mm512_set1_epi32(fours[rows->m + r]));
+        __m512i sums[WIDE_ROWS];
+        if (PAIRED(f)) {  /* the block's two groups' sums times their int8 scales, added in int32 */
+            __m512i total[WIDE_ROWS];
+            for (int half = 0; half < 2; half++) {
+                const __m512i scale = _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)((const int8_t *)scales + (s0 / 16 + half) * PANEL)));
+                wide_group_sums(panel, k, s0 + 16 * half, 16, rows, r0, R, f, sums);
+                for (int r = 0; r < R; r++) {
+                    const __m512i scaled = _mm512_mullo_epi32(sums[r], scale);
+                    total[r] = half ? _mm512_add_epi32(total[r], scaled) : scaled;
+                }
             }
+            for (int r = 0; r < R; r++) {
+                const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r]), _mm512_mul_ps(super16, _mm512_set1_ps(d)), acc[r]);
+            }
+            for (int half = 0; f.has_low && half < 2; half++) {
+                __m512 scale16, low16;
+                wide_scale_low(scales, lows, s0 / 16 + half, f, super16, super_low16, &scale16, &low16);
+                for (int r = 0; r < R; r++)
+                    acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(rows->low16[(r0 + r) * (k / 16) + s0 / 16 + half]), acc[r]);
+            }
+            continue;
         }
-        for (int r = 0; r < R; r++) {
-            __m512i sum = _mm512_add_epi32(sums[r], his[r]);
-            const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
-            if (f.bits == 6)
-                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale16, _mm512_set1_ps(d)), acc[r]);
-            if (f.has_low)
-                acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s0 / 16]
-                                                                         : rows->low32[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK]),
-                                         acc[r]);
+        for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += sub) {  /* a group at a time: its scale, its low */
+            __m512 scale16, low16;
+            wide_scale_low(scales, lows, s1 / f.group, f, super16, super_low16, &scale16, &low16);
+            wide_group_sums(panel, k, s1, sub, rows, r0, R, f, sums);
+            for (int r = 0; r < R; r++) {
+                const float d = rows->d[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK];
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(scale16, _mm512_set1_ps(d)), acc[r]);
+                if (f.has_low)
+                    acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
+                                                                             : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]),
+                                             acc[r]);
+            }
         }
     }
     for (int r = 0; r < R; r++)
