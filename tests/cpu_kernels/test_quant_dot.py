@@ -108,6 +108,22 @@ def test_q6_k_blocks_of_two_groups_at_their_largest_stay_exact(cpu_kernels, sign
         assert torch.equal(out, torch.from_numpy(want).expand_as(out))
 
 
+def test_rows_round_their_halves_to_even_in_every_variant(cpu_kernels):
+    """A row's x * 127 / max|x| exactly halfway between two integers: rounded to the even one (lrintf's
+    rint in the portable variant, cvtps in the vector ones, torch.round in the oracle) in every variant."""
+    n, k = 32, 256
+    raw = random_raw("Q4_K", n, k, np.random.default_rng(9))
+    weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType["Q4_K"]).reshape(n, k))
+    layer = QuantLinear(decode("Q4_K", raw), None)
+    assert int8_activations(layer) == 1
+    x = torch.arange(-15.5, 16.0).repeat(max(ROWS), k // 32)  # each block -15.5, -14.5 .. 15.5
+    x[:, ::32] = 127.0  # ... its first the largest: the scale is 1, so the halves stay halves
+    x[1::2] *= -1
+    assert torch.equal(int8_rows(x)[0, 1:5], torch.tensor([-14.0, -14.0, -12.0, -12.0]))
+    outputs = outputs_in_every_variant(layer, x, int8_rows(x).double() @ weights.double().t())
+    assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
+
+
 def test_formats_without_an_int8_form_keep_float_rows(cpu_kernels):
     """IQ4's codebook indices and 8-bit values: int8_activations() leaves them, so their rows stay float32."""
     for kind in ("IQ4_XS", "Q8_0"):

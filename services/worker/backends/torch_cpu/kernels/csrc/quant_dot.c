@@ -46,31 +46,6 @@ struct qrows {
     int64_t m;
 };
 
-static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *rows) {
-    /* a few rows on this thread: the threads' start would cost more than the work */
-    _Pragma("omp parallel for schedule(static) if(m * k >= 16384)")
-    for (int64_t t = 0; t < m * (k / XBLOCK); t++) {
-        const int64_t r = t / (k / XBLOCK), b = t % (k / XBLOCK);
-        const float *in = x + r * k + b * XBLOCK;
-        int8_t *q = rows->q + r * k + b * XBLOCK;
-        float top = 0.0f;
-        for (int i = 0; i < XBLOCK; i++) top = fmaxf(top, fabsf(in[i]));
-        const float inv = top > 0.0f ? 127.0f / top : 0.0f;
-        rows->d[r * (k / XBLOCK) + b] = top / 127.0f;
-        int32_t sums[2] = {0, 0};
-        for (int half = 0; half < 2; half++) {
-            for (int i = half * 16; i < half * 16 + 16; i++) {
-                q[i] = (int8_t)lrintf(in[i] * inv);
-                sums[half] += q[i];
-            }
-            rows->offsets[r * (k / 16) + b * 2 + half] = 32 * sums[half];
-            rows->low16[r * (k / 16) + b * 2 + half] = (float)sums[half] * (top / 127.0f);
-        }
-        rows->low32[r * (k / XBLOCK) + b] = (float)(sums[0] + sums[1]) * (top / 127.0f);
-        for (int i = 0; i < XBLOCK; i += 4) __builtin_memcpy(rows->fours + (b * XBLOCK + i) / 4 * m + r, q + i, 4);
-    }
-}
-
 /* Groups of 16 with int8 scales (Q6_K, Q3_K, Q2_K): a block of 32's two sums, each times its int8
  * scale, added in int32 (exact: at most 2 * 16 * 32 * 127 * 128 < 2^24, so exact as a float too), then
  * one float step, acc = fma((float)total, super * d, acc). */
@@ -81,6 +56,25 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *ro
 #else
 #include "quant_dot_portable.h"
 #endif
+
+static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *rows) {
+    /* a few rows on this thread: the threads' start would cost more than the work */
+    _Pragma("omp parallel for schedule(static) if(m * k >= 16384)")
+    for (int64_t t = 0; t < m * (k / XBLOCK); t++) {
+        const int64_t r = t / (k / XBLOCK), b = t % (k / XBLOCK);
+        const float *in = x + r * k + b * XBLOCK;
+        int8_t *q = rows->q + r * k + b * XBLOCK;
+        int32_t sums[2];
+        const float top = quantize_block(in, q, sums);
+        rows->d[r * (k / XBLOCK) + b] = top / 127.0f;
+        for (int half = 0; half < 2; half++) {
+            rows->offsets[r * (k / 16) + b * 2 + half] = 32 * sums[half];
+            rows->low16[r * (k / 16) + b * 2 + half] = (float)sums[half] * (top / 127.0f);
+        }
+        rows->low32[r * (k / XBLOCK) + b] = (float)(sums[0] + sums[1]) * (top / 127.0f);
+        for (int i = 0; i < XBLOCK; i += 4) __builtin_memcpy(rows->fours + (b * XBLOCK + i) / 4 * m + r, q + i, 4);
+    }
+}
 
 #define Q_FORMATS(X)                                        \
     X(q4_g32_f16, ((struct qformat){4, 32, 16, 1}))         \

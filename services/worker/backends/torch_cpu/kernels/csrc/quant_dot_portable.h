@@ -1,6 +1,21 @@
 /* quant_dot.c without x86's vectors: one column and row at a time, the same integer sums and the same
  * float steps (fmaf: the CPUs this form is for may lack an FMA instruction; libm's is exact). */
 
+/* One block of 32 inputs to int8s (rint(x * 127 / max|x|)); returns max|x|, the halves' sums in sums. */
+static inline float quantize_block(const float *in, int8_t *q, int32_t sums[2]) {
+    float top = 0.0f;
+    for (int i = 0; i < XBLOCK; i++) top = fmaxf(top, fabsf(in[i]));
+    const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+    for (int half = 0; half < 2; half++) {
+        sums[half] = 0;
+        for (int i = half * 16; i < half * 16 + 16; i++) {
+            q[i] = (int8_t)lrintf(in[i] * inv);
+            sums[half] += q[i];
+        }
+    }
+    return top;
+}
+
 /* The stored unsigned value of a panel's column c at input i, in quant_dot.c's layout. */
 static inline uint8_t value_at(const uint8_t *panel, int64_t k, int64_t i, int c, int bits) {
     const uint8_t byte = panel[(i / 8) * 4 * PANEL + 4 * c + i % 4];

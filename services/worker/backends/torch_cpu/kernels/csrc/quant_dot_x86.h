@@ -7,6 +7,34 @@ typedef struct { __m256 lo, hi; } fcols;
 
 #define PREFETCH 4096 /* bytes ahead in a panel's stream that a step asks the cache for */
 
+static inline int32_t sum_lanes(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+/* quant_dot_portable.h's quantize_block in vectors: max|x| (a NaN passed over, as fmaxf does; a
+ * maximum is exact in any order), cvtps's rounding to nearest even (lrintf's), the packs in order. */
+static inline float quantize_block(const float *in, int8_t *q, int32_t sums[2]) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 x[4], top8 = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) {
+        x[j] = _mm256_loadu_ps(in + 8 * j);
+        top8 = _mm256_max_ps(_mm256_and_ps(x[j], magnitude), top8);
+    }
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+    const float top = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+    __m256i v[4];
+    for (int j = 0; j < 4; j++) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x[j], inv));
+    sums[0] = sum_lanes(_mm256_add_epi32(v[0], v[1]));
+    sums[1] = sum_lanes(_mm256_add_epi32(v[2], v[3]));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return top;
+}
+
 static inline fcols fcols_half(const uint16_t *p) {
     return (fcols){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
