@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import types
 
 import torch
 
@@ -27,21 +28,48 @@ WARM_UP_BATCHES = (1, 2, MAX_BATCH)
 
 class CompiledLayers:
     """The model's layer runner under --compile: decode-only steps of up to `max_batch` rows go
-    through the compiled runs of `layers_per_call` layers; anything else runs eagerly."""
+    through the compiled runs of `layers_per_call` layers; anything else runs eagerly.
+
+    The graphs skip guards on the modules (their checks would cost more than a step saves), so a
+    graph holds its run's module structure as constants: which modules, their formats (a Q4_K_M
+    file's Q6_K layers among Q4_K ones), each kernel's flags. Runs of the same structure share a
+    graph; each other structure compiles its own, from its own copy of run_layers' code (dynamo
+    keeps graphs on the code object)."""
 
     def __init__(self, num_layers: int, max_batch: int):
         self.max_batch = max_batch
         self.layers_per_call = max(n for n in range(1, MAX_LAYERS_PER_CALL + 1) if num_layers % n == 0)
-        self.compiled = torch.compile(run_layers, dynamic=True, options=COMPILE_OPTIONS | {
-            "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        self.runs: list = []  # each run's compiled function, made at its first call
+        self._by_structure: dict[tuple, object] = {}
 
     def __call__(self, layers, x, residual, cos, sin, kv_caches, meta: AttentionMetadata):
         if meta.prefills or x.shape[0] > self.max_batch:
             return run_layers(layers, x, residual, cos, sin, kv_caches, meta)
-        for i in range(0, len(layers), self.layers_per_call):
+        for run, i in enumerate(range(0, len(layers), self.layers_per_call)):
             j = i + self.layers_per_call
-            x, residual = self.compiled(list(layers[i:j]), x, residual, cos, sin, kv_caches[i:j], meta)
+            if run == len(self.runs):
+                self.runs.append(self._compiled_for(structure(layers[i:j])))
+            x, residual = self.runs[run](list(layers[i:j]), x, residual, cos, sin, kv_caches[i:j], meta)
         return x, residual
+
+    def _compiled_for(self, key: tuple):
+        if key not in self._by_structure:
+            code = run_layers.__code__.replace(co_name=f"run_layers_{len(self._by_structure)}")
+            self._by_structure[key] = torch.compile(
+                types.FunctionType(code, run_layers.__globals__, code.co_name), dynamic=True,
+                options=COMPILE_OPTIONS | {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        return self._by_structure[key]
+
+
+def structure(layers) -> tuple:
+    """What a compiled run takes as constants: each module's name, class, plain attributes (bits,
+    group, int8_activations ...; not those its class names `not_in_graph`) and which of its buffers
+    are absent."""
+    return tuple((name, type(m).__name__,
+                  tuple(sorted((k, v) for k, v in vars(m).items() if isinstance(v, (bool, int, float, str))
+                               and k not in getattr(m, "not_in_graph", ()))),
+                  tuple(sorted(k for k, b in m._buffers.items() if b is None)))
+                 for index, layer in enumerate(layers) for name, m in layer.named_modules(prefix=str(index)))
 
 
 def compile_decode_layers(model: torch.nn.Module, max_num_seqs: int, install: bool = True) -> CompiledLayers:

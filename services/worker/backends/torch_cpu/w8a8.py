@@ -70,6 +70,8 @@ class W8A8Linear(nn.Module):
       take) in this module's registry, so each run of layers sharing a compiled graph passes its own.
     Measured against the other CPU paths in docs/benchmarks.md ("w8a8")."""
 
+    not_in_graph = ("key",)  # the eager steps' handle: a compiled graph reads the `handle` buffer
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         weight = linear.weight.detach().float()
