@@ -7,8 +7,8 @@
  *     acc = fma((float)sum_i(u_i * xq_i), scale_g * d, acc)
  *     acc = fma(low_g, (float)sum_i(xq_i) * d, acc)              (formats with a low)
  * u the stored unsigned value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)); groups of 16
- * with int8 scales are taken two at a time (PAIRED below). The integer sums are exact and the float steps the same in every variant, so every variant gives the same
- * bits, at every batch size.
+ * with int8 scales are taken two at a time (PAIRED below). The integer sums are exact and the float
+ * steps the same in every variant, so every variant gives the same bits, at every batch size.
  *
  * The weights are in panels of 16 columns as quant_linear.c's, their bytes in another order
  * (QuantLinear.use_int8_rows() puts them so), four inputs of a column side by side, as the u8 x s8
