@@ -33,7 +33,7 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [num_tokens] flat cache slot for each new token
     # decode rows: one query token each, batched
-    decode_token_idx: torch.Tensor  # [num_decode] row in the flattened batch
+    decode_token_idx: torch.Tensor  # [num_decode] rows in the flattened batch, in order (no prefills: every row)
     decode_block_tables: torch.Tensor  # [num_decode, max_blocks], padded with the null block
     decode_context_mask: torch.Tensor  # [num_decode, 1, 1, max_blocks * block_size]
     decode_context_lens: torch.Tensor  # [num_decode] int64, the new token included
@@ -66,24 +66,30 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. `native`: the decode
     rows run the C kernels' decode_attention where it takes their head size and dtype (and neither a
     window nor a soft cap)."""
+    if not meta.prefills:  # every row decodes, in order: no gather, no scatter
+        return _decode_rows(q, k_cache, v_cache, meta, scale, native, window, softcap)
     out = torch.empty_like(q)
     if meta.num_decodes:
-        q_decode = q[meta.decode_token_idx]
-        decode_window = window
-        if window is not None and not torch.compiler.is_dynamo_compiling() and meta.decode_max_context <= window:
-            decode_window = None  # every decode row sees its whole context (a compiled graph keeps the mask)
-        if (native and decode_window is None and softcap is None and q.shape[-1] in HEAD_DIMS
-                and q.dtype in NATIVE_DTYPES and q.dtype == k_cache.dtype):
-            out[meta.decode_token_idx] = torch.ops.switchyard_cpu.decode_attention(
-                q_decode, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
-        else:
-            out[meta.decode_token_idx] = _decode(q_decode, k_cache, v_cache, meta, scale, decode_window, softcap)
+        out[meta.decode_token_idx] = _decode_rows(q[meta.decode_token_idx], k_cache, v_cache, meta, scale, native,
+                                                  window, softcap)
     for start, num_query, num_cached, block_ids in meta.prefills:
         out[start : start + num_query] = _prefill(
             q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window, softcap,
             meta.bidirectional.get(start, ())
         )
     return out
+
+
+def _decode_rows(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, native: bool, window: int | None,
+                 softcap: float | None) -> torch.Tensor:
+    """The decode rows' queries [num_decodes, heads, d] -> their outputs: the C kernel, or the matmuls."""
+    if window is not None and not torch.compiler.is_dynamo_compiling() and meta.decode_max_context <= window:
+        window = None  # every decode row sees its whole context (a compiled graph keeps the mask)
+    if (native and window is None and softcap is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
+            and q.dtype == k_cache.dtype):
+        return torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
+                                                         meta.decode_context_lens, scale)
+    return _decode(q, k_cache, v_cache, meta, scale, window, softcap)
 
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:

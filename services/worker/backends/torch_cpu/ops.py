@@ -46,7 +46,11 @@ class TorchOps:
     def attention(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float,
                   window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        if self.native and k.dtype == k_cache.dtype and not torch.compiler.is_compiling():
+            # one op for torch's six (a compiled graph makes its own scatter of write_kv's)
+            torch.ops.switchyard_cpu.write_kv_(k_cache, v_cache, k, v, meta.slot_mapping)
+        else:
+            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return paged_attention(q, k_cache, v_cache, meta, scale, native=self._is_native(q), window=window,
                                softcap=softcap)
 

@@ -1,9 +1,9 @@
 """`python -m services.worker.backends.torch_cpu.kernels.build`: the CPU kernels' library, built once
 (`make install`, the image's builder stage), never at a worker's start.
 
-Each C source in csrc/ is compiled once per instruction-set variant (VARIANTS), bindings.cpp once
-against torch's headers, and all of it linked into one library that registers the kernels as torch
-ops and picks the variant this CPU runs when it loads (bindings.cpp). manifest.json beside it keys
+Each C source in csrc/ is compiled once per instruction-set variant (VARIANTS), each C++ one (the
+ops' bindings) once against torch's headers, and all of it linked into one library that registers
+the kernels as torch ops and picks the variant this CPU runs when it loads (bindings.cpp). manifest.json beside it keys
 the build by the compilers' versions, torch's, every source and every flag: a build whose key
 matches is kept, any other is built again.
 """
@@ -96,11 +96,12 @@ def _plan(compilers: dict, torch_build: dict, out: Path) -> tuple[list[list[str]
             commands.append([compilers["CC"], *C_FLAGS, *flags, *SOURCE_FLAGS.get(source.name, []),
                              f"-DSY_VARIANT={name}", "-c", str(source), "-o", obj])
             objects.append(obj)
-    obj = str(out / "bindings.o")
-    commands.append([compilers["CXX"], "-O2", "-fPIC", "-std=c++17", "-Wall",
-                     f"-D_GLIBCXX_USE_CXX11_ABI={torch_build['cxx11_abi']}",
-                     *[f"-I{path}" for path in torch_build["include"]], "-c", str(CSRC / "bindings.cpp"), "-o", obj])
-    objects.append(obj)
+    for source in sorted(CSRC.glob("*.cpp")):  # the ops' bindings, against torch's headers
+        obj = str(out / f"{source.stem}.o")
+        commands.append([compilers["CXX"], "-O2", "-fPIC", "-std=c++17", "-Wall",
+                         f"-D_GLIBCXX_USE_CXX11_ABI={torch_build['cxx11_abi']}",
+                         *[f"-I{path}" for path in torch_build["include"]], "-c", str(source), "-o", obj])
+        objects.append(obj)
     return commands, objects
 
 

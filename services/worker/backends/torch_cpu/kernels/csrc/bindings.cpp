@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "checks.h"
+
 extern "C" {
 #if defined(__x86_64__)
 #define SY_VARIANT avx512_vnni
@@ -27,6 +29,7 @@ extern "C" {
 
 namespace {
 
+using namespace sy;
 using DecodeF32 = decltype(&decode_attention_f32_64_portable);
 using DecodeBF16 = decltype(&decode_attention_bf16_64_portable);
 
@@ -99,24 +102,6 @@ std::string use_variant(const std::string &name) {
     }
   }
   TORCH_CHECK(false, "no kernel variant named ", name);
-}
-
-void check_cpu(const at::Tensor &t, const char *what) {
-  TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU, got ", t.device());
-}
-
-void check_float(const at::Tensor &t, const char *what) {
-  check_cpu(t, what);
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, what,
-              " must be float32 or bfloat16, got ", t.scalar_type());
-}
-
-void check_same_dtype(const at::Tensor &a, const at::Tensor &b, const char *what) {
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, " must be ", a.scalar_type(), ", got ", b.scalar_type());
-}
-
-void check_shape(const at::Tensor &t, at::IntArrayRef shape, const char *what) {
-  TORCH_CHECK(t.sizes() == shape, what, " must have shape ", shape, ", got ", t.sizes());
 }
 
 constexpr int64_t PANEL = 16;
