@@ -3,9 +3,9 @@
 
 Each C source in csrc/ is compiled once per instruction-set variant (VARIANTS), each C++ one (the
 ops' bindings) once against torch's headers, and all of it linked into one library that registers
-the kernels as torch ops and picks the variant this CPU runs when it loads (bindings.cpp). manifest.json beside it keys
-the build by the compilers' versions, torch's, every source and every flag: a build whose key
-matches is kept, any other is built again.
+the kernels as torch ops and picks the variant this CPU runs when it loads (bindings.cpp).
+manifest.json beside it keys the build by the compilers' versions, torch's, every source and every
+flag: a build whose key matches is kept, any other is built again.
 """
 
 from __future__ import annotations
