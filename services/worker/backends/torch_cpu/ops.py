@@ -46,8 +46,9 @@ class TorchOps:
     def attention(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float,
                   window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        if self.native and k.dtype == k_cache.dtype and not torch.compiler.is_compiling():
-            # one op for torch's six (a compiled graph makes its own scatter of write_kv's)
+        if self.native and k.dtype == k_cache.dtype and not torch.compiler.is_dynamo_compiling():
+            # one op for torch's six; a compiled graph makes its own scatter of write_kv's (is_compiling()
+            # is process-wide: True here too while another thread compiles)
             torch.ops.switchyard_cpu.write_kv_(k_cache, v_cache, k, v, meta.slot_mapping)
         else:
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
