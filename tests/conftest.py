@@ -28,9 +28,10 @@ from shared.models.model_files import default_model_path as _default_model_path
 
 def pytest_collection_finish(session):
     if os.environ.get("TRITON_INTERPRET") == "1" and "triton" in sys.modules:
-        from tests.triton_interpreter import skip_repeated_patches
+        from tests.triton_interpreter import skip_repeated_patches, skip_unreported_overflow_checks
 
         skip_repeated_patches()
+        skip_unreported_overflow_checks()
 
 
 @pytest.fixture(scope="session")
