@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,11 +14,23 @@ from services.worker.backends.torch_cpu.attention import _prefill
 BLOCK_SIZE, NUM_KV_HEADS, GROUP, HEAD_DIM = 16, 3, 3, 64
 
 
-@pytest.mark.parametrize("num_cached,num_query", [(512, 64), (16, 1), (5, 40), (100, 3)])
-@pytest.mark.parametrize("fits", [True, False])  # False: past MATMUL_ATTENTION_MAX_SCORES, SDPA with a mask
-def test_chunk_after_a_cached_prefix_matches_sdpa(monkeypatch, num_cached, num_query, fits):
-    if not fits:
-        monkeypatch.setattr(attention, "MATMUL_ATTENTION_MAX_SCORES", 0)
+def _noted(taken: list[str], name: str, path, *args):
+    taken.append(name)
+    return path(*args)
+
+
+@pytest.mark.parametrize("num_cached,num_query", [(512, 64), (16, 1), (5, 40), (100, 3), (1, 16), (700, 300)])
+@pytest.mark.parametrize("path", ["as_it_falls", "matmuls", "flash_merged"])
+def test_chunk_after_a_cached_prefix_matches_sdpa(monkeypatch, num_cached, num_query, path):
+    """Whichever path a chunk takes: the grouped matmuls (up to MATMUL_ATTENTION_MAX_QUERIES) or the
+    flash kernel over the prefix and over the chunk, merged by log-sum-exp."""
+    if path == "matmuls":
+        monkeypatch.setattr(attention, "MATMUL_ATTENTION_MAX_QUERIES", num_query)
+    elif path == "flash_merged":
+        monkeypatch.setattr(attention, "MATMUL_ATTENTION_MAX_QUERIES", 0)
+    taken = []
+    for name in ("_matmul_attention", "_prefix_then_chunk"):
+        monkeypatch.setattr(attention, name, functools.partial(_noted, taken, name, getattr(attention, name)))
     torch.manual_seed(0)
     context = num_cached + num_query
     num_blocks = -(-context // BLOCK_SIZE)
@@ -36,6 +50,9 @@ def test_chunk_after_a_cached_prefix_matches_sdpa(monkeypatch, num_cached, num_q
     expected = F.scaled_dot_product_attention(q.transpose(0, 1), contiguous(k_cache), contiguous(v_cache),
                                               attn_mask=mask, scale=HEAD_DIM**-0.5).transpose(0, 1)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    wanted = {"matmuls": "_matmul_attention", "flash_merged": "_prefix_then_chunk",
+              "as_it_falls": "_matmul_attention" if num_query <= 16 else "_prefix_then_chunk"}[path]
+    assert taken == [wanted]
 
 
 

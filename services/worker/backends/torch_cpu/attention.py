@@ -22,8 +22,10 @@ import torch.nn.functional as F
 
 HEAD_DIMS = (64, 128)  # the head sizes the C kernel is built for
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the C kernels take
-# a prefill chunk after a cached prefix runs as plain matmuls while its float32 scores
-# (heads x queries x context) stay this small (64 MiB); past it, SDPA with a mask
+# a prefill chunk after a cached prefix of at most this many queries (a speculative verification, a
+# small chunk) runs as plain matmuls while its float32 scores (heads x queries x context) stay this
+# small (64 MiB); any other, as SDPA's flash kernel over the prefix and over the chunk, merged
+MATMUL_ATTENTION_MAX_QUERIES = 16
 MATMUL_ATTENTION_MAX_SCORES = 16 * 2**20
 
 
@@ -152,13 +154,9 @@ def _prefill(q, k_cache, v_cache, num_cached: int, block_ids: torch.Tensor, scal
     if num_cached == 0:
         o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
         return o.squeeze(0).transpose(0, 1)
-    if num_heads * num_query * context_len <= MATMUL_ATTENTION_MAX_SCORES:
+    if num_query <= MATMUL_ATTENTION_MAX_QUERIES and num_heads * num_query * context_len <= MATMUL_ATTENTION_MAX_SCORES:
         return _matmul_attention(qb, k, v, num_cached, scale)
-    # query i sits at position num_cached + i and sees keys 0..num_cached + i
-    rows = torch.arange(num_query, device=q.device).unsqueeze(1) + num_cached
-    mask = torch.arange(context_len, device=q.device).unsqueeze(0) <= rows
-    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return o.squeeze(0).transpose(0, 1)
+    return _prefix_then_chunk(qb, k, v, num_cached, scale)
 
 
 def _capped_attention(qb, k, v, mask: torch.Tensor, scale: float, softcap: float) -> torch.Tensor:
@@ -173,10 +171,24 @@ def _capped_attention(qb, k, v, mask: torch.Tensor, scale: float, softcap: float
     return torch.matmul(probs, v).view(num_heads, num_query, head_dim).transpose(0, 1)
 
 
+def _prefix_then_chunk(qb, k, v, num_cached: int, scale: float) -> torch.Tensor:
+    """A chunk after a cached prefix: every query sees the whole prefix and the chunk's keys up to
+    its own, so SDPA's CPU flash kernel runs twice, unmasked over the prefix and causal over the
+    chunk, and the two are merged by their log-sum-exps (SDPA with a mask materializes the scores:
+    4-5x slower for 512 queries over 2,000-4,000 keys, and so were the matmuls)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # SDPA's, with the log-sum-exp
+    o_prefix, lse_prefix = flash(qb, k[:, :, :num_cached], v[:, :, :num_cached], 0.0, False, scale=scale)
+    o_chunk, lse_chunk = flash(qb, k[:, :, num_cached:], v[:, :, num_cached:], 0.0, True, scale=scale)
+    top = torch.maximum(lse_prefix, lse_chunk)
+    w_prefix, w_chunk = torch.exp(lse_prefix - top).unsqueeze(-1), torch.exp(lse_chunk - top).unsqueeze(-1)
+    o = (o_prefix.float() * w_prefix + o_chunk.float() * w_chunk) / (w_prefix + w_chunk)  # [1, h, nq, d]
+    return o.to(qb.dtype).squeeze(0).transpose(0, 1)
+
+
 def _matmul_attention(qb, k, v, num_cached: int, scale: float) -> torch.Tensor:
-    """A chunk after a cached prefix, as two grouped matmuls (softmax in float32): with a mask,
-    SDPA's CPU kernel took ~2x as long for 64 queries over 576 keys (bench/profile_step.py).
-    Every query sees the whole prefix, so only the chunk's own keys are masked (causally)."""
+    """A few queries after a cached prefix, as two grouped matmuls (softmax in float32): up to 16
+    queries, a little faster than _prefix_then_chunk's two kernel calls. Every query sees the whole
+    prefix, so only the chunk's own keys are masked (causally)."""
     _, num_heads, num_query, head_dim = qb.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
