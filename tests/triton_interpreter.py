@@ -1,7 +1,5 @@
-"""Triton's interpreter made cheaper for the suite: a @triton.jit helper called inside a kernel
-re-patches triton.language, which the kernel's launch has already patched (a scan of the modules'
-members per call, a fifth of an interpreted forward); here it patches only what the launch did not.
-And it checks no integer overflow it could never report (see `skip_unreported_overflow_checks`)."""
+"""Triton's interpreter made cheaper for the suite, computing the same: helpers called inside a kernel
+do not re-patch triton.language, and no integer overflow is checked that could never be reported."""
 
 from __future__ import annotations
 
@@ -11,8 +9,8 @@ import dataclasses
 def skip_unreported_overflow_checks() -> None:
     """Each integer +, - and * in an interpreted kernel is computed again in int64 and compared with
     the type's bounds for a device_assert, which does nothing unless the options' debug is set; the
-    interpreter's never is (a GPU build drops the unused check too). A third of an interpreted
-    forward's time went there; without debug the check is skipped, and with it the numbers are the same."""
+    interpreter's never is (a GPU build drops the unused check too). Without debug it is skipped: the
+    same values, a third less time (docs/benchmarks.md, the 53rd VM)."""
     from triton.runtime import interpreter
 
     builder = getattr(interpreter, "interpreter_builder", None)
@@ -22,6 +20,9 @@ def skip_unreported_overflow_checks() -> None:
 
 
 def skip_repeated_patches() -> None:
+    """A @triton.jit helper called inside a kernel re-patches triton.language, which the kernel's
+    launch has already patched (a scan of the modules' members per call); here a helper patches only
+    what the launch did not."""
     from triton.runtime import interpreter
 
     needed = ("GridExecutor", "InterpretedFunction", "InterpreterError", "tl")

@@ -174,8 +174,8 @@ def _capped_attention(qb, k, v, mask: torch.Tensor, scale: float, softcap: float
 def _prefix_then_chunk(qb, k, v, num_cached: int, scale: float) -> torch.Tensor:
     """A chunk after a cached prefix: every query sees the whole prefix and the chunk's keys up to
     its own, so SDPA's CPU flash kernel runs twice, unmasked over the prefix and causal over the
-    chunk, and the two are merged by their log-sum-exps (SDPA with a mask materializes the scores:
-    4-5x slower for 512 queries over 2,000-4,000 keys, and so were the matmuls)."""
+    chunk, and the two are merged by their log-sum-exps: no scores are materialized, as SDPA with a
+    mask and the matmuls do (`python -m bench.prefix_attention`)."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # SDPA's, with the log-sum-exp
     o_prefix, lse_prefix = flash(qb, k[:, :, :num_cached], v[:, :, :num_cached], 0.0, False, scale=scale)
     o_chunk, lse_chunk = flash(qb, k[:, :, num_cached:], v[:, :, num_cached:], 0.0, True, scale=scale)
