@@ -32,6 +32,9 @@ class Counts:
     def kv(self) -> Counts:
         return self
 
+    def take_all(self) -> list[Request]:  # a drain takes the pool's requests out: none in these pools' schedulers
+        return []
+
 
 @dataclass
 class Pool:
@@ -90,6 +93,16 @@ def test_with_no_worker_they_are_held_then_taken_by_the_first_back_or_expire():
     assert before + 60 <= deadline <= time.monotonic() + 60
     assert pools.take_expired(deadline - 1) == []
     assert [r.request_id for r in pools.take_expired(deadline + 1)] == ["b"] and pools.held == {}
+
+
+def test_a_gone_workers_requests_requeued_count_those_that_had_run_as_migrations():
+    pools = WorkerPools(ModelLoras(), grace_s=60)
+    pools.add(Pool("other", max_tokens=50))
+    ran, queued, too_long = _request("ran"), _request("queued"), _request("long", num_prompt=100)
+    ran.num_migrations = too_long.num_migrations = 1  # their worker had run them (PoolLoop counts it on failure)
+    assert pools.requeue([ran, queued, too_long]) == 2
+    assert pools.get("other").added == ["ran", "queued"] and set(pools.held) == {"long"}
+    assert [r.request_id for r in pools.take_all()] == ["long"] and pools.held == {}  # a drain's end: held too
 
 
 def test_a_held_request_is_aborted_where_it_waits():

@@ -9,11 +9,16 @@ from dataclasses import dataclass, field
 
 from services.scheduler.engine_metrics import EngineMetrics
 from services.scheduler.host_tier import HostTiers
+from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.loras import ModelLoras
 from services.scheduler.pool import PoolLoop
 from services.scheduler.request import Request
+from shared.log import get_logger
 from shared.wire.images import ImageSpec
-from shared.wire.messages import EmbeddingSpec, WorkerHello
+from shared.wire.lora import LoraInfo
+from shared.wire.messages import EmbeddingSpec, ModelLimits, WorkerHello
+
+log = get_logger("scheduler")
 
 
 def worker_mismatch(peers: list[WorkerHello], hello: WorkerHello) -> str | None:
@@ -151,6 +156,20 @@ class WorkerPools:
             placed.append((request, pool))
         return placed
 
+    def requeue(self, requests: list[Request]) -> int:
+        """A gone worker's requests placed again (place): -> how many of them had run on it (migrations)."""
+        for request, taker in self.place(requests):
+            if taker is not None:
+                log.info("request_migrated", request_id=request.request_id, worker_id=taker.worker_id)
+            else:
+                log.warning("request_held", request_id=request.request_id, grace_s=self.grace_s,
+                            reason="no worker of the model can take it now")
+        return sum(1 for r in requests if r.num_migrations)
+
+    def take_all(self) -> list[Request]:
+        """Every request, out of every pool and the held ones (a drain's end)."""
+        return [r for p in self._pools.values() for r in p.scheduler.take_all()] + self.take_expired(float("inf"))
+
     def hold(self, request: Request) -> None:
         """No worker can take it yet: it waits grace_s for one (place_held), then fails."""
         self.held[request.request_id] = (request, time.monotonic() + self.grace_s)
@@ -169,6 +188,21 @@ class WorkerPools:
         return expired
 
     # ---- what the pools say together --------------------------------------------------------------
+
+    @staticmethod
+    def num_waiting_in(pools: list[PoolLoop]) -> int:
+        return sum(len(p.scheduler.waiting) for p in pools)
+
+    @staticmethod
+    def prefix_cache(pools: list[PoolLoop]) -> KVCacheManager | None:
+        """The first of `pools`' KV managers that caches prefixes (their hashes are the same), or None."""
+        return next((p.scheduler.kv for p in pools if p.scheduler.kv.enable_prefix_caching), None)
+
+    def limits(self, model: str, loras: list[LoraInfo]) -> ModelLimits:
+        """The model's limits as its workers announced them (the API reads them from the scheduler)."""
+        return ModelLimits(model=model, max_model_len=self.max_model_len if self.alive else 0, devices=self.devices,
+                           architectures=self.architectures, embedding=self.embedding, images=self.images,
+                           loras=loras)
 
     @property
     def load(self) -> int:

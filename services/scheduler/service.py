@@ -37,7 +37,6 @@ from shared.wire.messages import (
     Accepted,
     Discover,
     FinishReason,
-    ModelLimits,
     RejectCode,
     Rejected,
     Submit,
@@ -109,8 +108,7 @@ class SchedulerService:
         deadline = time.monotonic() + grace_s
         while self.num_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = [r for pool in self.pools for r in pool.scheduler.take_all()] + self.pools.take_expired(float("inf"))
-        for request in left:
+        for request in self.pools.take_all():
             await publish_error(self.nc, request, "the server shut down before the request finished")
 
     @property
@@ -176,7 +174,7 @@ class SchedulerService:
             self.clients.heard(request.client_id)
         self._routing[request.request_id] = request
         asyncio.get_running_loop().create_task(self._route(request, pools))
-        return Accepted(request_id=submit.request_id, num_waiting=sum(len(p.scheduler.waiting) for p in pools))
+        return Accepted(request_id=submit.request_id, num_waiting=self.pools.num_waiting_in(pools))
 
     def _hold_resumed(self, submit: Submit) -> Accepted | Rejected:
         """A request another leader accepted, taken over before this one's workers have said hello
@@ -195,7 +193,7 @@ class SchedulerService:
 
     async def _route(self, request: Request, pools: list[PoolLoop]) -> None:
         lookup: list[bytes] = []
-        kv0 = next((p.scheduler.kv for p in pools if p.scheduler.kv.enable_prefix_caching), None)
+        kv0 = self.pools.prefix_cache(pools)
         if self.config.enable_prefix_caching and kv0 is not None:
             kv0.update_block_hashes(request)
             lookup = request.block_hashes[:max_cacheable_blocks(request.num_tokens, kv0.block_size)]
@@ -311,11 +309,7 @@ class SchedulerService:
 
     async def publish_limits(self) -> None:
         """The model's max_model_len as its workers announced it (the API reads it from here)."""
-        alive = bool(self.pools.alive)
-        limits = ModelLimits(model=self.model, max_model_len=self.max_model_len if alive else 0, devices=self.pools.devices,
-                             architectures=self.pools.architectures, embedding=self.pools.embedding, images=self.pools.images,
-                             loras=self.served_loras)
-        await self.nc.publish(subjects.MODEL_LIMITS, encode(limits))
+        await self.nc.publish(subjects.MODEL_LIMITS, encode(self.pools.limits(self.model, self.served_loras)))
 
     async def _on_handoff(self, pool: PoolLoop, requests: list[Request]) -> None:
         """A prefill worker's requests at their first token go on on a decode worker (by the prefix
@@ -335,14 +329,7 @@ class SchedulerService:
         self.pools.remove(pool)
         self.workers.forget(pool.worker_id)
         await self.publish_limits()
-        for request, taker in self.pools.place(requeue):
-            if request.num_migrations:
-                self.num_migrations += 1
-            if taker is not None:
-                log.info("request_migrated", request_id=request.request_id, worker_id=taker.worker_id)
-            else:
-                log.warning("request_held", request_id=request.request_id, grace_s=self.config.worker_grace_s,
-                            reason=f"no worker of {self.model!r} can take it now")
+        self.num_migrations += self.pools.requeue(requeue)
 
     async def _watch(self) -> None:
         while True:
