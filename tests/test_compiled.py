@@ -22,6 +22,12 @@ from tests.test_llama_vs_hf import PROMPTS
 DECODE_STEPS = 3
 
 
+@pytest.fixture(scope="module")
+def probe_cache(tmp_path_factory):
+    """One probe for the module's compiles, as a worker's later starts on the host read its first's answer."""
+    return tmp_path_factory.mktemp("compile-probe")
+
+
 def _start(runner: ModelRunner, prompts: list[list[int]]) -> None:
     blocks_per_seq = 8
     sampling = SamplingParams(max_tokens=64, temperature=0.0)
@@ -53,7 +59,7 @@ def _decode_logits(runner: ModelRunner, num_seqs: int, next_tokens: list[int] | 
 # through 30 layers logits moved by up to ~2 at 0.2% of the entries
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization,atol,min_agreement", [("gguf", 0.0, 1.0), ("w8a8", 3.0, 0.9)])
-def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_model_path, hf_tokenizer, tmp_path,
+def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_model_path, hf_tokenizer, probe_cache,
                                                                       cpu_kernels, quantization, atol, min_agreement):
     loaded = load_model(default_model_path, ops=NATIVE_OPS)
     quantize(loaded.model, quantization, native_blocks(loaded, quantization))
@@ -66,7 +72,7 @@ def test_compiled_decode_matches_eager_with_no_compile_after_warm_up(default_mod
     compiled_runner, eager_runner = (make_runner(loaded, 256, max_model_len=4096) for _ in range(2))
     # as a worker does it: the compile runs on a thread of its own while the model serves eagerly; at the
     # test's own priority (a worker's nice 19 left it the other xdist worker's idle time: 258 s on 2 cores)
-    compiling = BackgroundCompile(model, compiled_runner.backend.kv_caches, BLOCK_SIZE, 16, tmp_path, nice=0)
+    compiling = BackgroundCompile(model, compiled_runner.backend.kv_caches, BLOCK_SIZE, 16, probe_cache, nice=0)
     assert model.layer_runner is run_layers and compiling.state == "compiling decode steps"
     _start(eager_runner, [hf_tokenizer.encode(PROMPTS[0])])
     _decode_logits(eager_runner, 1, None)
