@@ -1,10 +1,11 @@
-"""vLLM's sleep mode on the stack: /sleep frees the worker's weights and KV pool (its resident memory
-falls), a stream in flight and a request sent while asleep wait, and after /wake_up both finish
-with a lone run's greedy text."""
+"""vLLM's sleep mode on the stack: /sleep frees the worker's weights (its resident memory falls) and
+KV pool (its mapping goes), a stream in flight and a request sent while asleep wait, and after
+/wake_up both finish with a lone run's greedy text."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 import nats
@@ -25,18 +26,19 @@ async def _sleep_states(http: httpx.AsyncClient) -> dict[str, float]:
             if f.name == "vllm:engine_sleep_state" for s in f.samples}
 
 
-def _rss_mib(pid: int) -> float:
+def _mib(pid: int, field: str = "VmRSS") -> float:
+    """/proc's VmRSS (resident) or VmSize (mapped: the KV pool whole, resident or not)."""
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {field}")
 
 
 async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the_wake(
-        stack, model_name, async_openai_client):
+        stack, model_name, async_openai_client, default_model_path):
     worker = stack.service("worker-0").proc.pid
     lone = (await async_openai_client.completions.create(model=model_name, **BODY)).choices[0].text
-    awake = _rss_mib(worker)
+    awake, awake_mapped = _mib(worker), _mib(worker, "VmSize")
     stream = await async_openai_client.completions.create(model=model_name, stream=True, **BODY)
     streamed = [(await anext(stream)).choices[0].text]  # in flight when the model falls asleep
     nc = await nats.connect(stack.admin_url)
@@ -45,7 +47,7 @@ async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the
         try:
             assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
             assert await _sleep_states(http) == {"awake": 0, "weights_offloaded": 1, "discard_all": 0}
-            asleep = _rss_mib(worker)
+            asleep, asleep_mapped = _mib(worker), _mib(worker, "VmSize")
             later = asyncio.create_task(async_openai_client.completions.create(model=model_name, **BODY))
             async with asyncio.timeout(30):  # the stream's request and the new one wait in the queue
                 while (await scheduler_stats(nc, model_name)).num_waiting < 2:
@@ -58,8 +60,10 @@ async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the
         assert await _sleep_states(http) == {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
     streamed += [chunk.choices[0].text async for chunk in stream if chunk.choices]
     assert "".join(streamed) == lone and (await later).choices[0].text == lone
-    print(f"worker RSS: awake {awake:.0f} MiB, asleep {asleep:.0f} MiB, woken {_rss_mib(worker):.0f} MiB")
-    assert asleep < awake - 400  # the float32 weights alone are ~540 MB
+    print(f"worker RSS: awake {awake:.0f} MiB, asleep {asleep:.0f} MiB, woken {_mib(worker):.0f} MiB; "
+          f"mapped: awake {awake_mapped:.0f} MiB, asleep {asleep_mapped:.0f} MiB")
+    assert asleep < awake - os.path.getsize(default_model_path) / 2**20  # the weights: the GGUF's blocks, ~1x the file
+    assert asleep_mapped < awake_mapped - 0.4 * 1024  # the KV pool's mapping (--kv-cache-memory-gib 0.4), unmapped
     await nc.close()
 
 
