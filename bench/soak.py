@@ -5,7 +5,8 @@
 Starts its own stack (one worker, a locked bus), keeps `--concurrency` streamed completions in
 flight (English prompts of 16-256 tokens, 16-128 output tokens each) and prints, every
 `--sample-s`, each service's resident memory (VmRSS, MiB) with the requests done and failed so
-far. docs/benchmarks.md has the curve; flat after warm-up is the bar.
+far. docs/benchmarks.md has the curve; flat after warm-up is the bar (the worker's KV pool becomes
+resident as its blocks are first written, so the warm-up lasts until every block has been used once).
 """
 
 from __future__ import annotations
