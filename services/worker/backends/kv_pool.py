@@ -69,7 +69,7 @@ class KVSpec:
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """A zeroed tensor. In host memory it lies in an anonymous mapping, whose pages the kernel zeroes
     at their first touch: a pool of many GiB starts at once and becomes resident as its blocks are
-    first written (torch.zeros would write every page at start: ~0.35 s a GiB on 2 cores)."""
+    first written (torch.zeros writes every page at start; docs/benchmarks.md has the cost)."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if torch.device(device).type != "cpu" or nbytes == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
