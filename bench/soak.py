@@ -4,9 +4,9 @@
 
 Starts its own stack (one worker, a locked bus), keeps `--concurrency` streamed completions in
 flight (English prompts of 16-256 tokens, 16-128 output tokens each) and prints, every
-`--sample-s`, each service's resident memory (VmRSS, MiB) with the requests done and failed so
-far. docs/benchmarks.md has the curve; flat after warm-up is the bar (the worker's KV pool becomes
-resident as its blocks are first written, so the warm-up lasts until every block has been used once).
+`--sample-s`, each service's resident memory (VmRSS less the KV pool's shared memory, which becomes
+resident as its blocks are first used: bench/memory.py; MiB) with the requests done and failed so
+far. docs/benchmarks.md has the curve; flat after warm-up is the bar.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import openai
 
 from bench.faults import MODEL
+from bench.memory import private_rss_bytes
 from switchyard.launcher import Stack
 from switchyard.nats_server import NatsServer, free_port
 
@@ -28,10 +29,7 @@ WORDS = "the of and to in is was for on that with as by at from it his an were a
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return private_rss_bytes(pid) / 2**20
 
 
 async def load(client: openai.AsyncOpenAI, stop_at: float, counts: dict[str, int], seed: int) -> None:

