@@ -42,11 +42,14 @@ def random_raw(kind: str, rows: int, k: int, rng: np.random.Generator, scale: fl
     return raw.reshape(rows, -1)
 
 
-def int8_rows(x: torch.Tensor) -> torch.Tensor:
-    """Each 32 inputs as int8 times max|x| / 127 (llama.cpp's quantize_row_q8_0), back as floats."""
-    blocks = x.reshape(-1, x.shape[-1] // 32, 32)
+def int8_rows(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """Each `block` inputs as int8 times max|x| / 127 (llama.cpp's quantize_row_q8_0 at 32, q8_K at
+    256), back as floats."""
+    blocks = x.reshape(-1, x.shape[-1] // block, block)
     top = blocks.abs().amax(-1, keepdim=True)
-    q = torch.round(blocks * torch.where(top > 0, 127.0 / top, 0.0))
+    # 127 / top divided (a number over a tensor is torch's reciprocal times it: at times an ulp off,
+    # and an ulp moves an exact half, x * 127 / top = 46.5, to its other side)
+    q = torch.round(blocks * torch.where(top > 0, torch.full_like(top, 127.0) / top, 0.0))
     assert q.abs().max() <= 127
     return (q * (top / 127.0)).view_as(x)
 
@@ -208,18 +211,19 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     dense_bytes = sum(t.numel() * 4 for t in hf.state_dict().values())
     assert weight_bytes(worker.model) < 0.4 * dense_bytes
 
-    # --quant-activations int8: the 4- to 6-bit weights take rows quantized per 32 inputs (llama.cpp's
-    # Q8_0 scheme), IQ4's and Q8_0's keep float rows. The oracle, layer by layer on the inputs the model
-    # gives each: the float kernel on rows quantized by int8_rows() in torch (the model's logits are no
-    # oracle: a float32 rounding one way or the other moves a later layer's row to its next int8 step;
-    # tests/cpu_kernels/test_quant_dot.py checks each format alone)
+    # --quant-activations int8: the 4- to 6-bit weights take rows quantized to int8 as llama.cpp does
+    # (per 256 inputs for the k-quants, Q8_K's; per 32 for the others), IQ4's and Q8_0's keep float
+    # rows. The oracle, layer by layer on the inputs the model gives each: the float kernel on rows
+    # quantized by int8_rows() in torch (the model's logits are no oracle: a float32 rounding one way or
+    # the other moves a later layer's row to its next int8 step; tests/cpu_kernels/test_quant_dot.py
+    # checks each format alone)
     takers = [m for m in worker.model.modules() if isinstance(m, QuantLinear) and m.takes_int8_rows]
     float_rows = {m: QuantLinear(m.blocks, m.bias) for m in takers}
     assert int8_activations(worker.model) == len(takers) == 11
     compared = []
 
     def against_float_rows(layer, args, out):
-        want = float_rows[layer](int8_rows(args[0]))
+        want = float_rows[layer](int8_rows(args[0], layer.row_block))
         torch.testing.assert_close(out, want, rtol=0, atol=1e-5 * float(want.abs().max()))
         compared.append(layer)
 
@@ -227,7 +231,7 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
     quick = prefill_logits(make_runner(worker, num_blocks=16), ids)
     for hook in hooks:
         hook.remove()
-    assert set(compared) == set(takers)
+    assert set(compared) == set(takers) and {m.row_block for m in takers} == {32, 256}
     assert not torch.allclose(quick, ours, rtol=0, atol=1e-3 * float(ours.abs().max()))
 
 

@@ -1,7 +1,8 @@
 """quant_dot.c (--quant-activations int8) on every 4-, 5- and 6-bit format, in every variant this CPU
-runs: the rows quantized per 32 inputs as llama.cpp's Q8_0 does (here in torch), times gguf's
-dequantized weights in float64, is the oracle; a row's bits do not depend on its batch, and every
-variant, the portable one included, gives the same bits (integer sums, then the same float steps)."""
+runs: the rows quantized as llama.cpp does (here in torch: per 256 inputs, Q8_K's, for a k-quant,
+per 32, Q8_0's, else), times gguf's dequantized weights in float64, is the oracle; a row's bits do
+not depend on its batch, and every variant, the portable one included, gives the same bits (integer
+sums, then the same float steps)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def test_int8_rows_match_the_quantized_rows_matmul_in_every_variant(cpu_kernels,
     assert torch.equal(layer.blocks.q, stored.q)  # the bytes in quant_dot.c's order hold the same values
     assert not torch.equal(layer.qweight, QuantLinear(stored, None).qweight)  # ... in another order
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(3))
-    expected = int8_rows(x).double() @ weights.double().t()
+    assert layer.row_block == (256 if case.endswith("_K") else 32)
+    expected = int8_rows(x, layer.row_block).double() @ weights.double().t()
     float_rows = x.double() @ weights.double().t()
     outputs = outputs_in_every_variant(layer, x, expected)
     assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
@@ -77,33 +79,34 @@ def test_the_largest_values_times_the_largest_activations_stay_exact(cpu_kernels
         layer = QuantLinear(decode(case, raw), None)
     assert int8_activations(layer) == 1
     x = torch.full((max(ROWS), k), sign)
-    expected = int8_rows(x).double() @ weights.double().t()
+    expected = int8_rows(x, layer.row_block).double() @ weights.double().t()
     outputs = outputs_in_every_variant(layer, x, expected)
     assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_q6_k_blocks_of_two_groups_at_their_largest_stay_exact(cpu_kernels, sign):
-    """Q6_K's two groups of 16 a block of 32, added in int32 before one float step (PAIRED in
-    quant_dot.c): every value at -32, every scale at -128, every activation +-127, so each block's
-    total is +-2 * 16 * 32 * 127 * 128 = 16,646,144 (< 2^24: exact as a float). Every variant gives
-    the bits of that float step done in order, acc = fma(total, super * d, acc)."""
+def test_q6_k_super_blocks_at_their_largest_stay_exact(cpu_kernels, sign):
+    """A k-quant's groups' sums times their int8 scales, added in int32 over the super-block before one
+    float step (quant_dot.c): Q6_K with every value at -32, every scale at -128, every activation
+    +-127, so each super-block's total is +-16 * 16 * 32 * 127 * 128 = 133,169,152 (< 2^27; 127 * 2^20:
+    exact as a float). Every variant gives the bits of that float step done in order,
+    acc = fma(total, super * d, acc)."""
     n, k = 32, 512
     raw = random_raw("Q6_K", n, k, np.random.default_rng(7))
     cells = raw.reshape(n, -1, 210)
     cells[..., :192] = 0x00  # the low nibbles and high bits: every value 0 - 32
     cells[..., 192:208] = 0x80  # every group's scale -128 (the float16 super at 208 kept)
     layer = QuantLinear(decode("Q6_K", raw), None)
-    assert int8_activations(layer) == 1
+    assert int8_activations(layer) == 1 and layer.row_block == 256
     x = torch.full((max(ROWS), k), sign)
     weights = torch.from_numpy(dequantize(raw, GGMLQuantizationType["Q6_K"]).reshape(n, k))
-    outputs = outputs_in_every_variant(layer, x, int8_rows(x).double() @ weights.double().t())
-    total = 2 * 16 * (-32) * (127 * sign) * (-128)
+    outputs = outputs_in_every_variant(layer, x, int8_rows(x, 256).double() @ weights.double().t())
+    total = 16 * 16 * (-32) * (127 * sign) * (-128)
     d = np.float32(1.0) / np.float32(127.0)  # the row's scale: max |x| / 127
     supers = layer.blocks.supers[..., 0].numpy().astype(np.float32)  # [n, k / 256]
     want = np.zeros(n, dtype=np.float32)
-    for block in range(k // 32):  # fma in float64 is exact here (a 48-bit product plus acc), then rounded
-        want = (total * (supers[:, block * 32 // 256] * d).astype(np.float64) + want).astype(np.float32)
+    for block in range(k // 256):  # fma in float64 is exact here (a 51-bit product plus acc), then rounded
+        want = (total * (supers[:, block] * d).astype(np.float64) + want).astype(np.float32)
     for out in outputs.values():
         assert torch.equal(out, torch.from_numpy(want).expand_as(out))
 
@@ -119,8 +122,9 @@ def test_rows_round_their_halves_to_even_in_every_variant(cpu_kernels):
     x = torch.arange(-15.5, 16.0).repeat(max(ROWS), k // 32)  # each block -15.5, -14.5 .. 15.5
     x[:, ::32] = 127.0  # ... its first the largest: the scale is 1, so the halves stay halves
     x[1::2] *= -1
-    assert torch.equal(int8_rows(x)[0, 1:5], torch.tensor([-14.0, -14.0, -12.0, -12.0]))
-    outputs = outputs_in_every_variant(layer, x, int8_rows(x).double() @ weights.double().t())
+    rows = int8_rows(x, layer.row_block)  # per 256 inputs (Q4_K): the scale still 1
+    assert torch.equal(rows[0, 1:5], torch.tensor([-14.0, -14.0, -12.0, -12.0]))
+    outputs = outputs_in_every_variant(layer, x, rows.double() @ weights.double().t())
     assert all(torch.equal(out, outputs["portable"]) for out in outputs.values())
 
 

@@ -73,7 +73,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("perm", blocks.perm)  # GPTQ's act-order: the inputs gathered into the groups' order
         self.register_buffer("codebook", blocks.codebook)  # IQ4's: the values the 4-bit indices stand for
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        self.int8_activations = False  # rows quantized per 32 inputs, qweight in quant_dot.c's order: use_int8_rows()
+        self.int8_activations = False  # rows quantized to int8, qweight in quant_dot.c's order: use_int8_rows()
 
     @property
     def takes_int8_rows(self) -> bool:
@@ -81,9 +81,15 @@ class QuantLinear(nn.Module):
         over inputs in blocks of 32."""
         return self.bits in (4, 5, 6) and self.codebook is None and self.in_features % 32 == 0
 
+    @property
+    def row_block(self) -> int:
+        """The inputs one int8 row scale covers (quant_dot.c): a k-quant's super-block (256, llama.cpp's
+        Q8_K), else 32 (Q8_0's)."""
+        return SUPER if self.supers is not None else 32
+
     def use_int8_rows(self) -> None:
-        """--quant-activations int8: the rows quantized per 32 inputs (quant_dot.c), the weights' bytes
-        put in its order (four inputs of a column side by side: the same bytes, another order)."""
+        """--quant-activations int8: the rows quantized to int8 per `row_block` inputs (quant_dot.c), the
+        weights' bytes put in its order (four inputs of a column side by side: the same bytes, another order)."""
         if not self.takes_int8_rows:
             raise ValueError(f"no int8-activation kernel for {self.bits}-bit weights"
                              f"{' (codebook indices)' if self.codebook is not None else ''}")
@@ -266,8 +272,9 @@ class QuantEmbedding(nn.Module):
 
 
 def int8_activations(model: nn.Module) -> int:
-    """--quant-activations int8: each Linear of 4-, 5- or 6-bit blocks quantizes its rows to int8 per 32
-    inputs, as llama.cpp does (quant_dot.c); the others keep float32 rows. How many take int8 rows."""
+    """--quant-activations int8: each Linear of 4-, 5- or 6-bit blocks quantizes its rows to int8 (per 256
+    inputs for a k-quant, else 32), as llama.cpp does (quant_dot.c); the others keep float32 rows. How many
+    take int8 rows."""
     taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.takes_int8_rows]
     for module in taking:
         module.use_int8_rows()

@@ -1,14 +1,18 @@
-/* quant_linear over int8 activations (--quant-activations int8): each row quantized per 32 inputs to
- * int8 with a float32 scale (llama.cpp's Q8_0 scheme), each group's dot an exact integer sum of
+/* quant_linear over int8 activations (--quant-activations int8): each row quantized to int8 with a
+ * float32 scale per block of inputs, as llama.cpp does, each group's dot an exact integer sum of
  * unsigned weights times signed activations, for quant_linear.c's 4-, 5- and 6-bit formats.
  *
- * Row r's block b of 32 inputs: d = max|x| / 127, xq = rint(x * (127 / max|x|)) (in -127..127). For a
- * column, each group g of G inputs (a sub-block: G if G <= 32, else 32) adds, in order,
+ * Row r's block b (256 inputs, Q8_K's, for the k-quants' two-level scales; else 32, Q8_0's):
+ * d = max|x| / 127, xq = rint(x * (127 / max|x|)) (in -127..127). u is a weight's stored unsigned
+ * value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)). A column then adds, in order:
+ *   k-quants (int8 scales s_g and lows l_g times the super-block's float16 S and L), per super-block:
+ *     acc = fma(l_g * L, (float)sum_i(xq_i) * d, acc)             (each group g, formats with a low)
+ *     acc = fma((float)sum_g(s_g * sum_i(u_i * xq_i)), S * d, acc)  (the block's one integer total)
+ *   the others (float scales), per group g of G inputs (a sub-block: G if G <= 32, else 32):
  *     acc = fma((float)sum_i(u_i * xq_i), scale_g * d, acc)
- *     acc = fma(low_g, (float)sum_i(xq_i) * d, acc)              (formats with a low)
- * u the stored unsigned value (a 6-bit one is value + 32: its sum less 32 sum_i(xq_i)); groups of 16
- * with int8 scales are taken two at a time (PAIRED below). The integer sums are exact and the float
- * steps the same in every variant, so every variant gives the same bits, at every batch size.
+ *     acc = fma(low_g, (float)sum_i(xq_i) * d, acc)                (formats with a low)
+ * The integer sums are exact (a super-block's total below 2^27) and the float steps the same in
+ * every variant, so every variant gives the same bits, at every batch size.
  *
  * The weights are in panels of 16 columns as quant_linear.c's, their bytes in another order
  * (QuantLinear.use_int8_rows() puts them so), four inputs of a column side by side, as the u8 x s8
@@ -26,7 +30,7 @@
 
 #define PANEL 16
 #define SUPER 256
-#define XBLOCK 32 /* inputs an activation scale covers */
+#define XBLOCK 32 /* inputs an activation scale covers (float scales; SUPER for the k-quants) */
 #define ROWS 4    /* rows a pass over the weights serves */
 
 /* A weight format (quant_linear.c's, integer values only). */
@@ -35,21 +39,22 @@ struct qformat {
 };
 
 /* The rows quantized: q [m, k] (as fours: [k / 4, m] groups of 4 inputs, every row's side by side),
- * d [m, k / 32]; what a 6-bit group's sum less (32 sum(q) per 16 inputs, [m, k / 16]) and what a
- * group's low multiplies ((float)sum(q) * d per 16 inputs [m, k / 16] and per 32 [m, k / 32]). */
+ * d [m, k / block] (block: XBLOCK or SUPER); what a 6-bit group's sum less (32 sum(q) per 16 inputs,
+ * [m, k / 16]) and what a group's low multiplies ((float)sum(q) * d per 16 inputs [m, k / 16] and
+ * per 32 [m, k / 32]); pairs [m, k / 32], a block of 32's two sums of 16 as int16s (low, high). */
 struct qrows {
     int8_t *q;
     int32_t *fours;
     float *d;
     int32_t *offsets;
     float *low16, *low32;
-    int64_t m;
+    int32_t *pairs;
+    int64_t m, block;
 };
 
-/* Groups of 16 with int8 scales (Q6_K, Q3_K, Q2_K): a block of 32's two sums, each times its int8
- * scale, added in int32 (exact: at most 2 * 16 * 32 * 127 * 128 < 2^24, so exact as a float too), then
- * one float step, acc = fma((float)total, super * d, acc). */
-#define PAIRED(f) ((f).scale_bits == 8 && (f).group == 16)
+/* The k-quants' formats: int8 scales (and lows) times a float16 per super-block, their rows' scale
+ * one per super-block, each super-block's integer total one float step. */
+#define SUPERS(f) ((f).scale_bits == 8)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "quant_dot_x86.h"
@@ -58,22 +63,32 @@ struct qrows {
 #endif
 
 static void quantize_rows(const float *x, int64_t m, int64_t k, struct qrows *rows) {
+    const int64_t block = rows->block, blocks = k / block;
     /* a few rows on this thread: the threads' start would cost more than the work */
     _Pragma("omp parallel for schedule(static) if(m * k >= 16384)")
-    for (int64_t t = 0; t < m * (k / XBLOCK); t++) {
-        const int64_t r = t / (k / XBLOCK), b = t % (k / XBLOCK);
-        const float *in = x + r * k + b * XBLOCK;
-        int8_t *q = rows->q + r * k + b * XBLOCK;
-        int32_t sums[2];
-        const float top = quantize_block(in, q, sums);
-        rows->d[r * (k / XBLOCK) + b] = top / 127.0f;
-        for (int half = 0; half < 2; half++) {
-            rows->offsets[r * (k / 16) + b * 2 + half] = 32 * sums[half];
-            rows->low16[r * (k / 16) + b * 2 + half] = (float)sums[half] * (top / 127.0f);
+    for (int64_t t = 0; t < m * blocks; t++) {
+        const int64_t r = t / blocks, b = t % blocks;
+        const float top = block_top(x + r * k + b * block, block), d = top / 127.0f;
+        const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+        rows->d[r * blocks + b] = d;
+        for (int64_t i0 = b * block; i0 < (b + 1) * block; i0 += XBLOCK) {
+            int8_t *q = rows->q + r * k + i0;
+            int32_t sums[2];
+            quantize_32(x + r * k + i0, inv, q, sums);
+            for (int half = 0; half < 2; half++) {
+                rows->offsets[r * (k / 16) + i0 / 16 + half] = 32 * sums[half];
+                rows->low16[r * (k / 16) + i0 / 16 + half] = (float)sums[half] * d;
+            }
+            rows->low32[r * (k / XBLOCK) + i0 / XBLOCK] = (float)(sums[0] + sums[1]) * d;
+            rows->pairs[r * (k / XBLOCK) + i0 / XBLOCK] = (int32_t)((uint32_t)(uint16_t)sums[0] | (uint32_t)sums[1] << 16);
+            for (int i = 0; i < XBLOCK; i += 4) __builtin_memcpy(rows->fours + (i0 + i) / 4 * m + r, q + i, 4);
         }
-        rows->low32[r * (k / XBLOCK) + b] = (float)(sums[0] + sums[1]) * (top / 127.0f);
-        for (int i = 0; i < XBLOCK; i += 4) __builtin_memcpy(rows->fours + (b * XBLOCK + i) / 4 * m + r, q + i, 4);
     }
+}
+
+static void free_rows(struct qrows *rows) {
+    free(rows->q), free(rows->fours), free(rows->d), free(rows->offsets), free(rows->low16), free(rows->low32);
+    free(rows->pairs);
 }
 
 #define Q_FORMATS(X)                                        \
@@ -112,11 +127,13 @@ int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void 
     const panel_fn fn = panel_fn_for(bits, group, scale_bits, lows != 0);
     if (!fn || k % XBLOCK || k % group || (scale_bits == 8) != (supers != 0) || (supers && k % SUPER))
         return -1;
-    struct qrows rows = {malloc(m * k), malloc(m * k), malloc(m * (k / XBLOCK) * sizeof(float)),
+    const int64_t block = scale_bits == 8 ? SUPER : XBLOCK;
+    struct qrows rows = {malloc(m * k), malloc(m * k), malloc(m * (k / block) * sizeof(float)),
                          malloc(m * (k / 16) * sizeof(int32_t)), malloc(m * (k / 16) * sizeof(float)),
-                         malloc(m * (k / XBLOCK) * sizeof(float)), m};
-    if (!rows.q || !rows.fours || !rows.d || !rows.offsets || !rows.low16 || !rows.low32) {
-        free(rows.q), free(rows.fours), free(rows.d), free(rows.offsets), free(rows.low16), free(rows.low32);
+                         malloc(m * (k / XBLOCK) * sizeof(float)), malloc(m * (k / XBLOCK) * sizeof(int32_t)),
+                         m, block};
+    if (!rows.q || !rows.fours || !rows.d || !rows.offsets || !rows.low16 || !rows.low32 || !rows.pairs) {
+        free_rows(&rows);
         return -2;
     }
     quantize_rows(x, m, k, &rows);
@@ -133,6 +150,6 @@ int SY_KERNEL(quant_linear_q8)(const float *x, int64_t m, int64_t k, const void 
             for (int64_t r = 0; r < m; r++)
                 for (int64_t j = p * PANEL; j < (p + 1) * PANEL; j++) out[r * n + j] += bias[j];
     }
-    free(rows.q), free(rows.fours), free(rows.d), free(rows.offsets), free(rows.low16), free(rows.low32);
+    free_rows(&rows);
     return 0;
 }

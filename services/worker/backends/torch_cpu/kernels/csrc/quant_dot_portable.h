@@ -1,11 +1,15 @@
 /* quant_dot.c without x86's vectors: one column and row at a time, the same integer sums and the same
  * float steps (fmaf: the CPUs this form is for may lack an FMA instruction; libm's is exact). */
 
-/* One block of 32 inputs to int8s (rint(x * 127 / max|x|)); returns max|x|, the halves' sums in sums. */
-static inline float quantize_block(const float *in, int8_t *q, int32_t sums[2]) {
+/* max|x| over a block of n inputs */
+static inline float block_top(const float *in, int64_t n) {
     float top = 0.0f;
-    for (int i = 0; i < XBLOCK; i++) top = fmaxf(top, fabsf(in[i]));
-    const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+    for (int64_t i = 0; i < n; i++) top = fmaxf(top, fabsf(in[i]));
+    return top;
+}
+
+/* 32 inputs to int8s (rint(x * inv), inv = 127 / the block's max|x|); the halves' sums in sums. */
+static inline void quantize_32(const float *in, float inv, int8_t *q, int32_t sums[2]) {
     for (int half = 0; half < 2; half++) {
         sums[half] = 0;
         for (int i = half * 16; i < half * 16 + 16; i++) {
@@ -13,7 +17,6 @@ static inline float quantize_block(const float *in, int8_t *q, int32_t sums[2]) 
             sums[half] += q[i];
         }
     }
-    return top;
 }
 
 /* The stored unsigned value of a panel's column c at input i, in quant_dot.c's layout. */
@@ -44,18 +47,11 @@ static float half_to_float(uint16_t h) {
     return out;
 }
 
-/* A panel's column c: its group g's scale and low as float32 (two levels: the int8 times its super,
- * exact). */
-static inline __attribute__((always_inline)) void scale_low(const void *scales, const void *lows,
-                                                            const uint16_t *supers, int64_t g, int c,
+/* A panel's column c: its group g's float scale and low (float16 or float32 formats). */
+static inline __attribute__((always_inline)) void scale_low(const void *scales, const void *lows, int64_t g, int c,
                                                             const struct qformat f, float *scale, float *low) {
     const int64_t at = g * PANEL + c;
-    if (f.scale_bits == 8) {
-        const int per_super = f.has_low ? 2 : 1;
-        const uint16_t *super = supers + (g * f.group / SUPER) * per_super * PANEL + c;
-        *scale = (float)((const int8_t *)scales)[at] * half_to_float(super[0]);
-        *low = f.has_low ? (float)((const int8_t *)lows)[at] * half_to_float(super[PANEL]) : 0.0f;
-    } else if (f.scale_bits == 16) {
+    if (f.scale_bits == 16) {
         *scale = half_to_float(((const uint16_t *)scales)[at]);
         *low = f.has_low ? half_to_float(((const uint16_t *)lows)[at]) : 0.0f;
     } else {
@@ -81,29 +77,32 @@ static inline __attribute__((always_inline)) void panel_rows(const uint8_t *pane
     for (int64_t r = 0; r < m; r++)
         for (int c = 0; c < PANEL; c++) {
             float acc = 0.0f;
-            for (int64_t s0 = 0; s0 < k; s0 += XBLOCK) {
-                const float d = rows->d[r * (k / XBLOCK) + s0 / XBLOCK];
-                if (PAIRED(f)) {  /* the block's two groups' sums times their int8 scales, added in int32 */
+            if (SUPERS(f)) {  /* per super-block: the lows' float steps, then its integer total's */
+                const int per_super = f.has_low ? 2 : 1;
+                for (int64_t s0 = 0; s0 < k; s0 += SUPER) {
+                    const uint16_t *super = supers + (s0 / SUPER) * per_super * PANEL + c;
                     int32_t total = 0;
-                    for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += 16)
-                        total += group_sum(panel, k, s1, 16, rows, r, c, f) * ((const int8_t *)scales)[(s1 / 16) * PANEL + c];
-                    const int per_super = f.has_low ? 2 : 1;
-                    acc = fmaf((float)total, half_to_float(supers[(s0 / SUPER) * per_super * PANEL + c]) * d, acc);
-                    for (int64_t s1 = s0; f.has_low && s1 < s0 + XBLOCK; s1 += 16) {
-                        float scale, low;
-                        scale_low(scales, lows, supers, s1 / 16, c, f, &scale, &low);
-                        acc = fmaf(low, rows->low16[r * (k / 16) + s1 / 16], acc);
+                    for (int64_t s1 = s0; s1 < s0 + SUPER; s1 += f.group) {
+                        const int64_t at = (s1 / f.group) * PANEL + c;
+                        total += group_sum(panel, k, s1, f.group, rows, r, c, f) * ((const int8_t *)scales)[at];
+                        if (f.has_low)
+                            acc = fmaf((float)((const int8_t *)lows)[at] * half_to_float(super[PANEL]),
+                                       f.group == 16 ? rows->low16[r * (k / 16) + s1 / 16]
+                                                     : rows->low32[r * (k / XBLOCK) + s1 / XBLOCK], acc);
                     }
-                    continue;
+                    acc = fmaf((float)total, half_to_float(super[0]) * rows->d[r * (k / SUPER) + s0 / SUPER], acc);
                 }
-                for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += sub) {  /* a group at a time: its scale, its low */
-                    float scale, low;
-                    scale_low(scales, lows, supers, s1 / f.group, c, f, &scale, &low);
-                    acc = fmaf((float)group_sum(panel, k, s1, sub, rows, r, c, f), scale * d, acc);
-                    if (f.has_low)
-                        acc = fmaf(low, sub == 16 ? rows->low16[r * (k / 16) + s1 / 16] : rows->low32[r * (k / XBLOCK) + s1 / XBLOCK],
-                                   acc);
-                }
+                out[r * n + c] = acc;
+                continue;
+            }
+            for (int64_t s1 = 0; s1 < k; s1 += sub) {  /* a group at a time: its scale, its low */
+                float scale, low;
+                scale_low(scales, lows, s1 / f.group, c, f, &scale, &low);
+                const float d = rows->d[r * (k / XBLOCK) + s1 / XBLOCK];
+                acc = fmaf((float)group_sum(panel, k, s1, sub, rows, r, c, f), scale * d, acc);
+                if (f.has_low)
+                    acc = fmaf(low, sub == 16 ? rows->low16[r * (k / 16) + s1 / 16] : rows->low32[r * (k / XBLOCK) + s1 / XBLOCK],
+                               acc);
             }
             out[r * n + c] = acc;
         }

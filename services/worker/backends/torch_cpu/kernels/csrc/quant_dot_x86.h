@@ -13,26 +13,26 @@ static inline int32_t sum_lanes(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
-/* quant_dot_portable.h's quantize_block in vectors: max|x| (a NaN passed over, as fmaxf does; a
- * maximum is exact in any order), cvtps's rounding to nearest even (lrintf's), the packs in order. */
-static inline float quantize_block(const float *in, int8_t *q, int32_t sums[2]) {
+/* quant_dot_portable.h's block_top in vectors: max|x| (a NaN passed over, as fmaxf does; a maximum
+ * is exact in any order). */
+static inline float block_top(const float *in, int64_t n) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    __m256 x[4], top8 = _mm256_setzero_ps();
-    for (int j = 0; j < 4; j++) {
-        x[j] = _mm256_loadu_ps(in + 8 * j);
-        top8 = _mm256_max_ps(_mm256_and_ps(x[j], magnitude), top8);
-    }
+    __m256 top8 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) top8 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(in + i), magnitude), top8);
     __m128 t = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
     t = _mm_max_ps(t, _mm_movehl_ps(t, t));
-    const float top = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
-    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+    return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* quant_dot_portable.h's quantize_32 in vectors: cvtps's rounding to nearest even (lrintf's), the
+ * packs in order. */
+static inline void quantize_32(const float *in, float inv, int8_t *q, int32_t sums[2]) {
     __m256i v[4];
-    for (int j = 0; j < 4; j++) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x[j], inv));
+    for (int j = 0; j < 4; j++) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + 8 * j), _mm256_set1_ps(inv)));
     sums[0] = sum_lanes(_mm256_add_epi32(v[0], v[1]));
     sums[1] = sum_lanes(_mm256_add_epi32(v[2], v[3]));
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    return top;
 }
 
 static inline fcols fcols_half(const uint16_t *p) {
@@ -46,18 +46,13 @@ static inline fcols fcols_int8_times(const int8_t *p, fcols by) {
                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), by.hi)};
 }
 
-/* The panel's 16 scales and lows of group g (scale_low in quant_dot.c, one column at a time); two
- * levels: the int8s times their super-block's float16s, converted once for its groups (`super`,
- * `super_low`). */
+/* The panel's 16 scales and lows of group g, float16 or float32 formats (scale_low in
+ * quant_dot_portable.h). */
 static inline __attribute__((always_inline)) void scale_low_cols(const void *scales, const void *lows, int64_t g,
-                                                                 const struct qformat f, fcols super, fcols super_low,
-                                                                 fcols *scale, fcols *low) {
+                                                                 const struct qformat f, fcols *scale, fcols *low) {
     const int64_t at = g * PANEL;
     const fcols zero = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    if (f.scale_bits == 8) {
-        *scale = fcols_int8_times((const int8_t *)scales + at, super);
-        *low = f.has_low ? fcols_int8_times((const int8_t *)lows + at, super_low) : zero;
-    } else if (f.scale_bits == 16) {
+    if (f.scale_bits == 16) {
         *scale = fcols_half((const uint16_t *)scales + at);
         *low = f.has_low ? fcols_half((const uint16_t *)lows + at) : zero;
     } else {
@@ -111,11 +106,13 @@ static inline int steps_held(const struct qformat f, int sub) {
     return hold < sub / 8 ? hold : sub / 8;
 }
 
-/* The R rows' integer sums over inputs s0 .. s0 + sub - 1 against the panel's two halves of 8 columns
- * (6 bits: less 32 times the activations'). */
+/* The R rows' integer sums over inputs s0 .. s0 + sub - 1 against the panel's two halves of 8 columns,
+ * the int16 pairs' madd by `by` (ones, or a column's scale in both halves: the sums times it), of the
+ * stored unsigned values (6 bits: the caller takes off 32 times the activations'). */
 static inline __attribute__((always_inline)) void group_sums(const uint8_t *panel, int64_t k, int64_t s0, int sub,
                                                              const struct qrows *rows, int64_t r0, const int R,
-                                                             const struct qformat f, __m256i sums[][2]) {
+                                                             const struct qformat f, const __m256i by[2],
+                                                             __m256i sums[][2]) {
     const int hold = steps_held(f, sub);
     for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
     for (int64_t i0 = s0; i0 < s0 + sub; i0 += 8 * hold) {
@@ -137,16 +134,71 @@ static inline __attribute__((always_inline)) void group_sums(const uint8_t *pane
             }
         }
         for (int r = 0; r < R; r++) {
-            sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(held[r][0], _mm256_set1_epi16(1)));
-            sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(held[r][1], _mm256_set1_epi16(1)));
+            sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(held[r][0], by[0]));
+            sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(held[r][1], by[1]));
         }
     }
-    if (f.bits == 6)  /* values u - 32: the integer sums less 32 times the activations' (exact) */
-        for (int r = 0; r < R; r++) {
-            const __m256i off = _mm256_set1_epi32(rows->offsets[(r0 + r) * (k / 16) + s0 / 16]);
-            sums[r][0] = _mm256_sub_epi32(sums[r][0], off);
-            sums[r][1] = _mm256_sub_epi32(sums[r][1], off);
+}
+
+/* Each 32-bit lane's int8-valued int32 in both its int16 halves: a column's scale for madd. */
+static inline __m256i both_halves(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+/* A k-quant's rows r0 .. r0 + R - 1 against one panel, a super-block at a time: each group's integer
+ * sums times its int8 scales (in madd) into the block's total, each group's low a float step, then
+ * the total's. 6 bits: the total less 32 sum_g(scale_g sum(xq) over g), a madd of two groups' scales
+ * (int16 pairs) by their activations' sums (rows->pairs) a block of 32. */
+static inline __attribute__((always_inline)) void pass_supers(const uint8_t *panel, const void *scales,
+                                                              const void *lows, const uint16_t *supers, int64_t k,
+                                                              const struct qrows *rows, int64_t r0, const int R,
+                                                              float *out, int64_t n, const struct qformat f) {
+    __m256 acc[ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t s0 = 0; s0 < k; s0 += SUPER) {
+        const uint16_t *at = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
+        const fcols super = fcols_half(at), super_low = f.has_low ? fcols_half(at + PANEL) : super;
+        __m256i total[ROWS][2], offset[ROWS][2], sums[ROWS][2];
+        for (int r = 0; r < R; r++) total[r][0] = total[r][1] = offset[r][0] = offset[r][1] = _mm256_setzero_si256();
+        for (int64_t s1 = s0; s1 < s0 + SUPER; s1 += f.group) {
+            const int64_t g = s1 / f.group;
+            const int8_t *scale8 = (const int8_t *)scales + g * PANEL;
+            const __m128i s = _mm_loadu_si128((const __m128i *)scale8);
+            const __m256i by[2] = {both_halves(_mm256_cvtepi8_epi32(s)), both_halves(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8)))};
+            group_sums(panel, k, s1, f.group, rows, r0, R, f, by, sums);
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < 2; c++) total[r][c] = _mm256_add_epi32(total[r][c], sums[r][c]);
+            if (f.bits == 6 && s1 % XBLOCK == 0) {  /* groups g and g + 1's scales, column by column in int16 pairs */
+                const __m256i a = _mm256_cvtepi8_epi16(s), b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(scale8 + PANEL)));
+                const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+                const __m256i pair[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+                for (int r = 0; r < R; r++) {
+                    const __m256i q = _mm256_set1_epi32(rows->pairs[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
+                    for (int c = 0; c < 2; c++) offset[r][c] = _mm256_add_epi32(offset[r][c], _mm256_madd_epi16(pair[c], q));
+                }
+            }
+            if (f.has_low) {
+                const fcols low = fcols_int8_times((const int8_t *)lows + g * PANEL, super_low);
+                for (int r = 0; r < R; r++) {
+                    const __m256 xd = _mm256_set1_ps(f.group == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
+                                                                   : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
+                    acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
+                }
+            }
         }
+        for (int r = 0; r < R; r++) {
+            const __m256 dv = _mm256_set1_ps(rows->d[(r0 + r) * (k / SUPER) + s0 / SUPER]);
+            for (int c = 0; c < 2; c++)
+                if (f.bits == 6) total[r][c] = _mm256_sub_epi32(total[r][c], _mm256_slli_epi32(offset[r][c], 5));
+            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][0]), _mm256_mul_ps(super.lo, dv), acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][1]), _mm256_mul_ps(super.hi, dv), acc[r][1]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(out + (r0 + r) * n, acc[r][0]);
+        _mm256_storeu_ps(out + (r0 + r) * n + 8, acc[r][1]);
+    }
 }
 
 /* Rows r0 .. r0 + R - 1 against one panel. */
@@ -154,59 +206,28 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
                                                        const uint16_t *supers, int64_t k, const struct qrows *rows,
                                                        int64_t r0, const int R, float *out, int64_t n,
                                                        const struct qformat f) {
+    if (SUPERS(f)) {
+        pass_supers(panel, scales, lows, supers, k, rows, r0, R, out, n, f);
+        return;
+    }
     const int sub = f.group < XBLOCK ? f.group : XBLOCK;
+    const __m256i ones[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
     __m256 acc[ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    fcols super = {_mm256_setzero_ps(), _mm256_setzero_ps()}, super_low = super;
-    for (int64_t s0 = 0; s0 < k; s0 += XBLOCK) {
-        if (f.scale_bits == 8 && s0 % SUPER == 0) {  /* a super-block's float16s, once for its groups */
-            const uint16_t *at = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
-            super = fcols_half(at);
-            if (f.has_low) super_low = fcols_half(at + PANEL);
-        }
+    for (int64_t s1 = 0; s1 < k; s1 += sub) {  /* a group at a time: its scale, its low */
+        fcols scale, low;
         __m256i sums[ROWS][2];
-        if (PAIRED(f)) {  /* the block's two groups' sums times their int8 scales, added in int32 */
-            __m256i total[ROWS][2];
-            for (int half = 0; half < 2; half++) {
-                const __m128i s = _mm_loadu_si128((const __m128i *)((const int8_t *)scales + (s0 / 16 + half) * PANEL));
-                const __m256i scale[2] = {_mm256_cvtepi8_epi32(s), _mm256_cvtepi8_epi32(_mm_srli_si128(s, 8))};
-                group_sums(panel, k, s0 + 16 * half, 16, rows, r0, R, f, sums);
-                for (int r = 0; r < R; r++)
-                    for (int c = 0; c < 2; c++) {
-                        const __m256i scaled = _mm256_mullo_epi32(sums[r][c], scale[c]);
-                        total[r][c] = half ? _mm256_add_epi32(total[r][c], scaled) : scaled;
-                    }
-            }
-            for (int r = 0; r < R; r++) {
-                const __m256 dv = _mm256_set1_ps(rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK]);
-                acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][0]), _mm256_mul_ps(super.lo, dv), acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][1]), _mm256_mul_ps(super.hi, dv), acc[r][1]);
-            }
-            for (int half = 0; f.has_low && half < 2; half++) {
-                fcols scale, low;
-                scale_low_cols(scales, lows, s0 / 16 + half, f, super, super_low, &scale, &low);
-                for (int r = 0; r < R; r++) {
-                    const __m256 xd = _mm256_set1_ps(rows->low16[(r0 + r) * (k / 16) + s0 / 16 + half]);
-                    acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
-                    acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
-                }
-            }
-            continue;
-        }
-        for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += sub) {  /* a group at a time: its scale, its low */
-            fcols scale, low;
-            scale_low_cols(scales, lows, s1 / f.group, f, super, super_low, &scale, &low);
-            group_sums(panel, k, s1, sub, rows, r0, R, f, sums);
-            for (int r = 0; r < R; r++) {
-                const __m256 dv = _mm256_set1_ps(rows->d[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
-                acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][0]), _mm256_mul_ps(scale.lo, dv), acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][1]), _mm256_mul_ps(scale.hi, dv), acc[r][1]);
-                if (f.has_low) {
-                    const __m256 xd = _mm256_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
-                                                               : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
-                    acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
-                    acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
-                }
+        scale_low_cols(scales, lows, s1 / f.group, f, &scale, &low);
+        group_sums(panel, k, s1, sub, rows, r0, R, f, ones, sums);
+        for (int r = 0; r < R; r++) {
+            const __m256 dv = _mm256_set1_ps(rows->d[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
+            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][0]), _mm256_mul_ps(scale.lo, dv), acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][1]), _mm256_mul_ps(scale.hi, dv), acc[r][1]);
+            if (f.has_low) {
+                const __m256 xd = _mm256_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
+                                                           : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]);
+                acc[r][0] = _mm256_fmadd_ps(low.lo, xd, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(low.hi, xd, acc[r][1]);
             }
         }
     }
@@ -221,20 +242,12 @@ static inline __attribute__((always_inline)) void pass(const uint8_t *panel, con
  * dpbusd; 8 rows a pass. The float steps are pass()'s, column by column, so the bits are its. */
 #define WIDE_ROWS 8
 
-/* scale_low_cols in one register, the two levels' float16s given (the same products) */
+/* scale_low_cols in one register */
 static inline __attribute__((always_inline)) void wide_scale_low(const void *scales, const void *lows, int64_t g,
-                                                                 const struct qformat f, __m512 super16,
-                                                                 __m512 super_low16, __m512 *scale, __m512 *low) {
+                                                                 const struct qformat f, __m512 *scale, __m512 *low) {
     const int64_t at = g * PANEL;
     *low = _mm512_setzero_ps();
-    if (f.scale_bits == 8) {
-        const __m128i s = _mm_loadu_si128((const __m128i *)((const int8_t *)scales + at));
-        *scale = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s)), super16);
-        if (f.has_low) {
-            const __m128i l = _mm_loadu_si128((const __m128i *)((const int8_t *)lows + at));
-            *low = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(l)), super_low16);
-        }
-    } else if (f.scale_bits == 16) {
+    if (f.scale_bits == 16) {
         *scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)scales + at)));
         if (f.has_low) *low = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)lows + at)));
     } else {
@@ -282,56 +295,65 @@ static inline __attribute__((always_inline)) void wide_group_sums(const uint8_t 
     }
 }
 
+/* pass_supers in one register: each group's dpbusd sums times its int8 scales into the total */
+static inline __attribute__((always_inline)) void wide_pass_supers(const uint8_t *panel, const void *scales,
+                                                                   const void *lows, const uint16_t *supers, int64_t k,
+                                                                   const struct qrows *rows, int64_t r0, const int R,
+                                                                   float *out, int64_t n, const struct qformat f) {
+    __m512 acc[WIDE_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t s0 = 0; s0 < k; s0 += SUPER) {
+        const uint16_t *at = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
+        const __m512 super16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at));
+        const __m512 super_low16 = f.has_low ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(at + PANEL))) : super16;
+        __m512i total[WIDE_ROWS], sums[WIDE_ROWS];
+        for (int r = 0; r < R; r++) total[r] = _mm512_setzero_si512();
+        for (int64_t s1 = s0; s1 < s0 + SUPER; s1 += f.group) {
+            const int64_t g = s1 / f.group;
+            const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)scales + g * PANEL)));
+            wide_group_sums(panel, k, s1, f.group, rows, r0, R, f, sums);
+            for (int r = 0; r < R; r++) total[r] = _mm512_add_epi32(total[r], _mm512_mullo_epi32(sums[r], scale));
+            if (f.has_low) {
+                const __m128i l = _mm_loadu_si128((const __m128i *)((const int8_t *)lows + g * PANEL));
+                const __m512 low = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(l)), super_low16);
+                for (int r = 0; r < R; r++)
+                    acc[r] = _mm512_fmadd_ps(low, _mm512_set1_ps(f.group == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
+                                                                               : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]),
+                                             acc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float d = rows->d[(r0 + r) * (k / SUPER) + s0 / SUPER];
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r]), _mm512_mul_ps(super16, _mm512_set1_ps(d)), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_storeu_ps(out + (r0 + r) * n, acc[r]);
+}
+
 static inline __attribute__((always_inline)) void wide_pass(const uint8_t *panel, const void *scales,
                                                             const void *lows, const uint16_t *supers, int64_t k,
                                                             const struct qrows *rows, int64_t r0, const int R,
                                                             float *out, int64_t n, const struct qformat f) {
+    if (SUPERS(f)) {
+        wide_pass_supers(panel, scales, lows, supers, k, rows, r0, R, out, n, f);
+        return;
+    }
     const int sub = f.group < XBLOCK ? f.group : XBLOCK;
     __m512 acc[WIDE_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    __m512 super16 = _mm512_setzero_ps(), super_low16 = _mm512_setzero_ps();
-    for (int64_t s0 = 0; s0 < k; s0 += XBLOCK) {
-        if (f.scale_bits == 8 && s0 % SUPER == 0) {  /* a super-block's float16s, once for its groups */
-            const uint16_t *super = supers + (s0 / SUPER) * (f.has_low ? 2 : 1) * PANEL;
-            super16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)super));
-            if (f.has_low) super_low16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(super + PANEL)));
-        }
+    for (int64_t s1 = 0; s1 < k; s1 += sub) {  /* a group at a time: its scale, its low */
+        __m512 scale16, low16;
         __m512i sums[WIDE_ROWS];
-        if (PAIRED(f)) {  /* the block's two groups' sums times their int8 scales, added in int32 */
-            __m512i total[WIDE_ROWS];
-            for (int half = 0; half < 2; half++) {
-                const __m512i scale = _mm512_cvtepi8_epi32(
-                    _mm_loadu_si128((const __m128i *)((const int8_t *)scales + (s0 / 16 + half) * PANEL)));
-                wide_group_sums(panel, k, s0 + 16 * half, 16, rows, r0, R, f, sums);
-                for (int r = 0; r < R; r++) {
-                    const __m512i scaled = _mm512_mullo_epi32(sums[r], scale);
-                    total[r] = half ? _mm512_add_epi32(total[r], scaled) : scaled;
-                }
-            }
-            for (int r = 0; r < R; r++) {
-                const float d = rows->d[(r0 + r) * (k / XBLOCK) + s0 / XBLOCK];
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r]), _mm512_mul_ps(super16, _mm512_set1_ps(d)), acc[r]);
-            }
-            for (int half = 0; f.has_low && half < 2; half++) {
-                __m512 scale16, low16;
-                wide_scale_low(scales, lows, s0 / 16 + half, f, super16, super_low16, &scale16, &low16);
-                for (int r = 0; r < R; r++)
-                    acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(rows->low16[(r0 + r) * (k / 16) + s0 / 16 + half]), acc[r]);
-            }
-            continue;
-        }
-        for (int64_t s1 = s0; s1 < s0 + XBLOCK; s1 += sub) {  /* a group at a time: its scale, its low */
-            __m512 scale16, low16;
-            wide_scale_low(scales, lows, s1 / f.group, f, super16, super_low16, &scale16, &low16);
-            wide_group_sums(panel, k, s1, sub, rows, r0, R, f, sums);
-            for (int r = 0; r < R; r++) {
-                const float d = rows->d[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK];
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(scale16, _mm512_set1_ps(d)), acc[r]);
-                if (f.has_low)
-                    acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
-                                                                             : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]),
-                                             acc[r]);
-            }
+        wide_scale_low(scales, lows, s1 / f.group, f, &scale16, &low16);
+        wide_group_sums(panel, k, s1, sub, rows, r0, R, f, sums);
+        for (int r = 0; r < R; r++) {
+            const float d = rows->d[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK];
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(scale16, _mm512_set1_ps(d)), acc[r]);
+            if (f.has_low)
+                acc[r] = _mm512_fmadd_ps(low16, _mm512_set1_ps(sub == 16 ? rows->low16[(r0 + r) * (k / 16) + s1 / 16]
+                                                                         : rows->low32[(r0 + r) * (k / XBLOCK) + s1 / XBLOCK]),
+                                         acc[r]);
         }
     }
     for (int r = 0; r < R; r++)
