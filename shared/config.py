@@ -263,8 +263,8 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant-activations", choices=QUANT_ACTIVATIONS,
                         default=env_default("quant_activations", QUANT_ACTIVATIONS[0]),
                         help="cpu: what the 4-, 5- and 6-bit weights (a GGUF's k-quants, Q4_0/Q4_1, int4 "
-                             "checkpoints) multiply: float32 rows (exact to the weights), or int8 per 32 inputs "
-                             "as llama.cpp quantizes them (faster on a token or a few; docs/configuration.md)")
+                             "checkpoints) multiply: float32 rows (exact to the weights), or int8 (per 256 inputs for "
+                             "a k-quant, else 32) as llama.cpp quantizes them (faster; docs/configuration.md)")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
                         default=env_flag("deterministic", False),
                         help="batch-invariant float32: a request's tokens do not depend on what else is in its "
