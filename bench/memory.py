@@ -1,12 +1,20 @@
-"""A process's resident memory outside the host KV pool, read from /proc (the leak checks' measure)."""
+"""A process's memory as /proc/PID/status tells it, and the leak checks' measure: resident outside the KV pool."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 
+def status_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """One of /proc's memory fields in MiB (VmRSS resident, VmSize mapped, RssShmem resident shared
+    memory); 0 where the kernel does not list it. OSError when the process is gone."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def private_rss_bytes(pid: int | str = "self") -> int:
     """VmRSS less RssShmem: the KV pool lies in shared memory (services/worker/backends/kv_pool.py) and
     becomes resident as its blocks are first used, which is no leak. OSError when the process is gone."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return (int(status["VmRSS"].split()[0]) - int(status.get("RssShmem", "0 kB").split()[0])) * 1024
+    return round((status_mib(pid) - status_mib(pid, "RssShmem")) * 2**20)

@@ -11,6 +11,7 @@ import httpx
 import nats
 import pytest
 
+from bench.memory import status_mib
 from tests.bus_helpers import scheduler_stats
 
 pytestmark = pytest.mark.stack
@@ -26,19 +27,11 @@ async def _sleep_states(http: httpx.AsyncClient) -> dict[str, float]:
             if f.name == "vllm:engine_sleep_state" for s in f.samples}
 
 
-def _mib(pid: int, field: str = "VmRSS") -> float:
-    """/proc's VmRSS (resident) or VmSize (mapped: the KV pool whole, resident or not)."""
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no {field}")
-
-
 async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the_wake(
         stack, model_name, async_openai_client, default_model_path):
     worker = stack.service("worker-0").proc.pid
     lone = (await async_openai_client.completions.create(model=model_name, **BODY)).choices[0].text
-    awake, awake_mapped = _mib(worker), _mib(worker, "VmSize")
+    awake, awake_mapped = status_mib(worker), status_mib(worker, "VmSize")
     stream = await async_openai_client.completions.create(model=model_name, stream=True, **BODY)
     streamed = [(await anext(stream)).choices[0].text]  # in flight when the model falls asleep
     nc = await nats.connect(stack.admin_url)
@@ -47,7 +40,7 @@ async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the
         try:
             assert (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
             assert await _sleep_states(http) == {"awake": 0, "weights_offloaded": 1, "discard_all": 0}
-            asleep, asleep_mapped = _mib(worker), _mib(worker, "VmSize")
+            asleep, asleep_mapped = status_mib(worker), status_mib(worker, "VmSize")
             later = asyncio.create_task(async_openai_client.completions.create(model=model_name, **BODY))
             async with asyncio.timeout(30):  # the stream's request and the new one wait in the queue
                 while (await scheduler_stats(nc, model_name)).num_waiting < 2:
@@ -60,7 +53,7 @@ async def test_sleep_frees_the_workers_memory_and_what_waited_finishes_after_the
         assert await _sleep_states(http) == {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
     streamed += [chunk.choices[0].text async for chunk in stream if chunk.choices]
     assert "".join(streamed) == lone and (await later).choices[0].text == lone
-    print(f"worker RSS: awake {awake:.0f} MiB, asleep {asleep:.0f} MiB, woken {_mib(worker):.0f} MiB; "
+    print(f"worker RSS: awake {awake:.0f} MiB, asleep {asleep:.0f} MiB, woken {status_mib(worker):.0f} MiB; "
           f"mapped: awake {awake_mapped:.0f} MiB, asleep {asleep_mapped:.0f} MiB")
     assert asleep < awake - os.path.getsize(default_model_path) / 2**20  # the weights: the GGUF's blocks, ~1x the file
     assert asleep_mapped < awake_mapped - 0.4 * 1024  # the KV pool's mapping (--kv-cache-memory-gib 0.4), unmapped

@@ -105,7 +105,7 @@ def test_q6_k_super_blocks_at_their_largest_stay_exact(cpu_kernels, sign):
     d = np.float32(1.0) / np.float32(127.0)  # the row's scale: max |x| / 127
     supers = layer.blocks.supers[..., 0].numpy().astype(np.float32)  # [n, k / 256]
     want = np.zeros(n, dtype=np.float32)
-    for block in range(k // 256):  # fma in float64 is exact here (a 51-bit product plus acc), then rounded
+    for block in range(k // 256):  # fma: the 51-bit product exact in float64, its sum with acc rounded once, then to float32
         want = (total * (supers[:, block] * d).astype(np.float64) + want).astype(np.float32)
     for out in outputs.values():
         assert torch.equal(out, torch.from_numpy(want).expand_as(out))
