@@ -91,15 +91,30 @@ class QuantBlocks:
     @staticmethod
     def cat(parts: list[QuantBlocks]) -> QuantBlocks | None:
         """Fused weights' rows in order; None where their formats (or input orders) differ."""
-        if len({p.format for p in parts}) != 1:
-            return None
-        perms = [p.perm for p in parts]
-        if any(p is None for p in perms) != all(p is None for p in perms) or \
-                (perms[0] is not None and not all(torch.equal(perms[0], p) for p in perms)):
+        if not all(_joinable(parts[0], p) for p in parts[1:]):
             return None
         joined = {name: None if t is None else torch.cat([p._by_row()[name] for p in parts])
                   for name, t in parts[0]._by_row().items()}
         return dataclasses.replace(parts[0], **joined)
+
+    @staticmethod
+    def runs(parts: list[QuantBlocks]) -> list[QuantBlocks]:
+        """Fused weights' parts, each run of neighbours in one format joined: Q4_K_M's Q4_K q and k
+        beside a Q6_K v are two, so that a step calls the kernel twice, not three times."""
+        runs = [[parts[0]]]
+        for part in parts[1:]:
+            if _joinable(runs[-1][0], part):
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        return [QuantBlocks.cat(run) for run in runs]
+
+
+def _joinable(a: QuantBlocks, b: QuantBlocks) -> bool:
+    """One format and one input order (a GPTQ act-order's permutation, or none)."""
+    if a.format != b.format or (a.perm is None) != (b.perm is None):
+        return False
+    return a.perm is None or torch.equal(a.perm, b.perm)
 
 
 def parts_of(blocks: dict[str, QuantBlocks], path: str) -> list[QuantBlocks] | None:

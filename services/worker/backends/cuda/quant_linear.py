@@ -83,9 +83,9 @@ def quantize(model: nn.Module, blocks: dict[str, QuantBlocks], unloaded: frozens
             parts = parts_of(blocks, where) if isinstance(child, nn.Linear) else None
             if parts is None or not child.weight.is_meta:
                 continue
-            joined = QuantBlocks.cat(parts)
-            setattr(module, name, TritonQuantLinear(joined, child.bias) if joined is not None
-                    else TritonQuantParts(parts, child.bias))
+            runs = QuantBlocks.runs(parts)
+            setattr(module, name, TritonQuantLinear(runs[0], child.bias) if len(runs) == 1
+                    else TritonQuantParts(runs, child.bias))
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"weights left unloaded after quantizing: {left[:5]}")

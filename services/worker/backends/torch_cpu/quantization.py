@@ -209,7 +209,7 @@ def _from_high_bits(packed: torch.Tensor, width: int) -> torch.Tensor:
 
 class QuantLinearParts(nn.Module):
     """A fused Linear (wqkv, w13) whose parts the file holds in different formats (Q4_K_M's Q4_K q and
-    k beside a Q6_K v): a QuantLinear each, their outputs side by side."""
+    k beside a Q6_K v): a QuantLinear each run of one format (QuantBlocks.runs), their outputs side by side."""
 
     def __init__(self, parts: list[QuantBlocks], bias: torch.Tensor | None):
         super().__init__()
@@ -314,8 +314,8 @@ def _quantized(linear: nn.Linear, method: str, blocks: dict | None, path: str) -
         return W8A8Linear(linear)
     parts = parts_of(blocks, path) if blocks is not None and method in KEEPS_BLOCKS else None
     if parts is not None and all(fits(*p.q.shape, p.group) for p in parts):
-        joined = QuantBlocks.cat(parts)
-        return QuantLinear(joined, linear.bias) if joined is not None else QuantLinearParts(parts, linear.bias)
+        runs = QuantBlocks.runs(parts)
+        return QuantLinear(runs[0], linear.bias) if len(runs) == 1 else QuantLinearParts(runs, linear.bias)
     if method in FILES_OWN or not fits(linear.out_features, linear.in_features):
         return linear
     return QuantLinear.quantize(linear, 4 if method == "int4" and blocks is None else 8)
