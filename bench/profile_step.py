@@ -1,7 +1,7 @@
 """`python -m bench.profile_step`: time (and optionally profile) the worker's decode step in process.
 
     python -m bench.profile_step --batch 1,16,64 --context 128 --dtype float32,bfloat16 [--compile] [--profile]
-    [--torch-ops] [--model-path DIR] [--quantization auto --quant-activations int8]
+    [--torch-ops] [--small-pages] [--model-path DIR] [--quantization auto --quant-activations int8]
 
 Builds the real ModelRunner on the default model (or --model-path's) with a paged KV cache, prefills `batch`
 sequences of `context` tokens, then times decode steps: ms/step and tokens/s per setting.
@@ -18,6 +18,7 @@ from services.worker.backends.kv_pool import KVSpec
 from services.worker.backends.torch_cpu.backend import TorchCpuBackend, load_weights
 from services.worker.backends.torch_cpu.compiled import compile_decode_layers, warm_up
 from services.worker.backends.torch_cpu.dense import pack_linears
+from services.worker.backends.torch_cpu.huge_pages import move_to_huge_pages
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
 from services.worker.backends.torch_cpu.quantization import int8_activations, quantize
@@ -78,6 +79,8 @@ def main() -> None:
                    help="eager steps on torch's ops alone, not the C kernels (decode_attention.c, fused_ops.c), "
                         "as --deterministic")
     p.add_argument("--mkl", action="store_true", help="plain Linears on F.linear (MKL), not oneDNN's packed weights")
+    p.add_argument("--small-pages", action="store_true", help="leave the weights where loading put them, in 4 KiB "
+                   "pages where the host's THP mode is madvise (the worker moves them to huge pages)")
     p.add_argument("--profile", action="store_true", help="print the torch profiler's table for each setting")
     p.add_argument("--model-path", default=None, help="a GGUF or Hugging Face directory (default: the default model)")
     args = p.parse_args()
@@ -94,6 +97,8 @@ def main() -> None:
             int8_activations(loaded.model)
         if not args.compile and not args.mkl:
             pack_linears(loaded.model)
+        if not args.small_pages:
+            move_to_huge_pages(loaded.model)  # as the worker's backend does
         if args.compile:
             compile_decode_layers(loaded.model, max(batches))
             warm_up(loaded.model, decode_runner(loaded, 1, BLOCK_SIZE, 1, pool_blocks).backend.kv_caches, BLOCK_SIZE)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from services.worker import memory
 from services.worker.backends.base import BackendInfo
 from services.worker.backends.eagle3 import Eagle3Drafter
 from services.worker.backends.kv_pool import DTYPES, KVSpec, null_block
 from services.worker.backends.spec import WorkerSpec, weight_bytes
 from services.worker.backends.torch_cpu.compiled import BackgroundCompile
 from services.worker.backends.torch_cpu.dense import pack_linears
+from services.worker.backends.torch_cpu.huge_pages import move_to_huge_pages
 from services.worker.backends.torch_cpu.inputs import TorchInputs, build_inputs
 from services.worker.backends.torch_cpu.kernels.load import load as load_kernels
 from services.worker.backends.torch_cpu.ops import NATIVE_OPS, TORCH_OPS
@@ -78,12 +80,16 @@ class TorchCpuBackend:
             raise ConfigError(f"{what}: {loaded.config.architecture} is an encoder, whose layers run on torch's own "
                               "ops (models/bert.py); serve it without")
         quantize(loaded.model, spec.quantization, loaded.blocks, loaded.unloaded)
+        loaded.blocks = None  # the layers hold the weights in their own layout now
         if spec.quant_activations == "int8" and not int8_activations(loaded.model):
             raise ConfigError(f"--quant-activations int8 quantizes the rows into 4-, 5- or 6-bit weights, and this "
                               f"model has none under quantization {spec.quantization!r} (a GGUF's Q4_K ... Q6_K, "
                               "Q4_0/Q4_1, --quantization int4, an AWQ/GPTQ int4 checkpoint)")
         if not spec.compile:  # compiled layers cannot take oneDNN's packed weights (dense.py)
             pack_linears(loaded.model)
+        # the weights as the steps read them, after every repacking above; the heap's freed pages go
+        # back as they are copied (the loading's first), so that the copies raise no peak
+        move_to_huge_pages(loaded.model, then=memory.trim)
         draft = head = None
         if spec.draft_model_path and spec.draft_method == "eagle3":
             if spec.compile:
