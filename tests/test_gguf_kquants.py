@@ -134,6 +134,28 @@ LAYER_TYPES = [
 ]
 
 
+def test_a_fused_linears_neighbours_of_one_format_are_joined_and_no_others():
+    """QuantBlocks.runs: Q4_K_M's q, k (Q4_K) and v (Q6_K) are two parts, the rows of each in order;
+    one format apart (Q6_K, Q4_K, Q6_K) stays three; another input order (GPTQ's act-order) splits."""
+    import dataclasses
+
+    from services.worker.loader.quant_blocks import QuantBlocks
+
+    rng = np.random.default_rng(21)
+    q, k, v = (decode(kind, random_raw(kind, rows, 512, rng))
+               for kind, rows in (("Q4_K", 64), ("Q4_K", 32), ("Q6_K", 32)))
+    runs = QuantBlocks.runs([q, k, v])
+    assert [(r.bits, r.q.shape[0]) for r in runs] == [(4, 96), (6, 32)]
+    assert torch.equal(runs[0].dequantized, torch.cat([q.dequantized, k.dequantized]))
+    assert torch.equal(runs[1].dequantized, v.dequantized)
+    assert [r.q.shape[0] for r in QuantBlocks.runs([v, q, v])] == [32, 64, 32]
+    order = torch.randperm(512, generator=torch.Generator().manual_seed(1))
+    permuted = [dataclasses.replace(b, perm=order) for b in (q, k)]
+    assert len(QuantBlocks.runs(permuted)) == 1
+    assert len(QuantBlocks.runs([permuted[0], dataclasses.replace(k, perm=order.flip(0))])) == 2
+    assert len(QuantBlocks.runs([permuted[0], k])) == 2
+
+
 def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, monkeypatch, cpu_kernels):
     """Every Linear keeps its file's blocks (QuantLinear, the type's bits and group), its weights
     transformers' to the bit, and the logits of a 64-token prompt transformers' within float32's
