@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -10,22 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from bench.memory import mapping_kib
 from services.worker.backends.torch_cpu.huge_pages import HUGE_PAGE, move_to_huge_pages
-
-
-def _mapping(address: int) -> dict[str, int] | None:
-    """/proc/self/smaps' sizes (kB) for the mapping holding `address`; None if none does."""
-    found = None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split()
-        if not fields[0].endswith(":"):  # a mapping's first line: its address range, then its sizes
-            if found is not None:
-                return found
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            found = {} if start <= address < end else None
-        elif found is not None and fields[-1] == "kB":
-            found[fields[0][:-1]] = int(fields[1])
-    return found
 
 
 def _thp_mode() -> str:
@@ -52,14 +39,14 @@ def test_big_weights_move_small_ones_and_views_stay_and_ties_hold():
     x = torch.randn(3, 1024)
     torch.testing.assert_close(head(x), x @ want.T, rtol=0, atol=0)
 
-    mapping = _mapping(big.weight.data_ptr())
+    mapping = mapping_kib(big.weight.data_ptr())
     assert mapping["Rss"] * 1024 <= want.nbytes  # resident in its bytes, no huge page past them
     if _thp_mode() != "never":
         assert mapping["AnonHugePages"] > 0
     address = big.weight.data_ptr()
     del big, head, model
     gc.collect()
-    assert _mapping(address) is None  # unmapped with the tensor's storage
+    assert mapping_kib(address) is None  # unmapped with the tensor's storage
 
 
 def test_a_quantized_linear_computes_the_same_from_its_moved_blocks(cpu_kernels):
@@ -78,6 +65,9 @@ def test_a_quantized_linear_computes_the_same_from_its_moved_blocks(cpu_kernels)
 
 @pytest.mark.skipif(_thp_mode() == "always", reason="every anonymous mapping is in huge pages already")
 def test_a_mapping_without_the_advice_has_none():
-    """The control for the test above: the same bytes in a plain allocation are in small pages."""
-    plain = torch.ones(3 * HUGE_PAGE, dtype=torch.uint8)
-    assert _mapping(plain.data_ptr()).get("AnonHugePages", 0) == 0
+    """The control for the tests above: the same bytes in a mapping of their own without the advice are
+    in small pages. (Not a torch allocation: the heap may reuse memory numpy advised for its arrays.)"""
+    plain = torch.frombuffer(mmap.mmap(-1, 3 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
+                             dtype=torch.uint8)
+    plain.fill_(1)
+    assert mapping_kib(plain.data_ptr())["AnonHugePages"] == 0
