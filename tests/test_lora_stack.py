@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import signal
+import subprocess
+import sys
 
 import httpx
 import pytest
 import torch
 
+from switchyard.launcher import Service
+from switchyard.nats_server import free_port
 from tests.conftest import _start_stack
 
 pytestmark = pytest.mark.stack
@@ -167,3 +173,46 @@ async def test_bad_adapters_and_names_are_refused_with_their_status(lora_stack, 
                                                                   "lora_int_id": 3})
         assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "lora_int_id"
         assert "big" not in {m.id for m in (await client.models.list()).data}
+
+
+async def _until_live(url: str, gateway: Service) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=2) as http:
+        while gateway.is_running:
+            try:
+                if (await http.get("/live")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                await asyncio.sleep(0.2)
+    raise AssertionError(f"the gateway exited with {gateway.proc.returncode}")
+
+
+async def test_a_gateway_started_while_its_scheduler_is_silent_asks_again_for_an_adapter(lora_stack, expected,
+                                                                                        tmp_path):
+    """A gateway learns a model's adapters from its scheduler. Started while the scheduler does not
+    answer (stopped), it does not know `sql`: 503 engine_unavailable with Retry-After, not a 404;
+    once the scheduler answers, the same gateway serves it (the chaos schedule's restarted gateway)."""
+    port, scheduler = free_port(), lora_stack.service("scheduler").proc
+    gateway = Service("api-late", [sys.executable, "-m", "services.api", "--nats-url", lora_stack.nats_url,
+                                   *lora_stack.service_args, "--port", str(port)], log_file=tmp_path / "api-late.log")
+    url = f"http://127.0.0.1:{port}"
+    os.kill(scheduler.pid, signal.SIGSTOP)
+    try:
+        try:
+            gateway.start(lora_stack._env("api"))
+            await _until_live(url, gateway)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                refused = await http.post("/v1/completions", json={"model": "sql", "prompt": PROMPT, "max_tokens": 1})
+        finally:
+            os.kill(scheduler.pid, signal.SIGCONT)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "engine_unavailable" and refused.headers["retry-after"] == "1"
+        lora_stack.wait_ready(timeout=120)
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            assert await _complete(client, "sql") == expected["sql"]
+    finally:
+        if gateway.proc is not None:
+            gateway.proc.terminate()
+            try:
+                gateway.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                gateway.proc.kill()

@@ -6,6 +6,7 @@ request leaves out, so they go in before validation: a default is held to the sa
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypeVar
 
 import msgspec
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from services.api.context import ApiContext, ServedModel
 from services.api.errors import APIError
+from services.api.openai.generation import RETRY_AFTER_S
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -114,6 +116,9 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
         raw["model"] = model_name  # the route's model, unless the body names one of its LoRA adapters
     elif raw.get("model") in (None, "") and ctx.models:  # vLLM's rule: no name is the stack's own model
         raw["model"] = next(iter(ctx.models))
+    if (isinstance(name := raw.get("model"), str) and ctx.limits is not None and ctx.resolve(name) is None
+            and not ctx.is_pending(name)):
+        await _learn_adapters(ctx, name)
     model = served_model(ctx, raw)
     if model is not None and not model.max_model_len and ctx.limits is not None:
         await ctx.limits.refresh(model.engine)  # its workers joined before the scheduler's word reached us
@@ -123,6 +128,19 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
                        code="openai_not_enabled")
     body = validate(cls, raw, defaults_of(model) if model is not None and defaults_of else None)
     return ctx, model, body  # validation requires `model`, so model is set here
+
+
+async def _learn_adapters(ctx: ApiContext, name: str) -> None:
+    """A name we do not know may be a LoRA adapter of a model whose scheduler we have not heard from
+    (this gateway started while it was silent): ask those schedulers; 503 while any stays unknown."""
+    unknown = {m.engine for m in ctx.models.values() if not m.max_model_len}
+    if not unknown:
+        return  # every scheduler's word is in: the name is not served (404)
+    await asyncio.gather(*(ctx.limits.refresh(engine) for engine in unknown))
+    if ctx.resolve(name) is None and any(not m.max_model_len for m in ctx.models.values()):
+        raise APIError(503, f"The model `{name}` is not known to this gateway, which has not heard yet which "
+                            "adapters its engines serve; retry shortly.", param="model", code="engine_unavailable",
+                       headers={"Retry-After": RETRY_AFTER_S})
 
 
 def _adapter_of(ctx: ApiContext, name, model_name: str) -> bool:
