@@ -112,13 +112,14 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     """
     ctx: ApiContext = request.app.state.ctx
     raw = await read_json(request, ctx.server.max_body_bytes)
+    if isinstance(name := raw.get("model"), str) and name and ctx.limits is not None and ctx.resolve(name) is None \
+            and not ctx.is_pending(name):  # an adapter of a model whose scheduler we have not heard from?
+        route = ctx.resolve(model_name) if model_name is not None else None
+        await _learn_adapters(ctx, name, ctx.models.values() if model_name is None else [route] if route else [])
     if model_name is not None and not _adapter_of(ctx, raw.get("model"), model_name):
         raw["model"] = model_name  # the route's model, unless the body names one of its LoRA adapters
     elif raw.get("model") in (None, "") and ctx.models:  # vLLM's rule: no name is the stack's own model
         raw["model"] = next(iter(ctx.models))
-    if (isinstance(name := raw.get("model"), str) and ctx.limits is not None and ctx.resolve(name) is None
-            and not ctx.is_pending(name)):
-        await _learn_adapters(ctx, name)
     model = served_model(ctx, raw)
     if model is not None and not model.max_model_len and ctx.limits is not None:
         await ctx.limits.refresh(model.engine)  # its workers joined before the scheduler's word reached us
@@ -130,14 +131,14 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     return ctx, model, body  # validation requires `model`, so model is set here
 
 
-async def _learn_adapters(ctx: ApiContext, name: str) -> None:
-    """A name we do not know may be a LoRA adapter of a model whose scheduler we have not heard from
-    (this gateway started while it was silent): ask those schedulers; 503 while any stays unknown."""
-    unknown = {m.engine for m in ctx.models.values() if not m.max_model_len}
+async def _learn_adapters(ctx: ApiContext, name: str, models) -> None:
+    """A name we do not know may be a LoRA adapter of one of `models` whose scheduler we have not heard
+    from (this gateway started while it was silent): ask those schedulers; 503 while any stays unknown."""
+    unknown = [m for m in models if not m.max_model_len]
     if not unknown:
-        return  # every scheduler's word is in: the name is not served (404)
-    await asyncio.gather(*(ctx.limits.refresh(engine) for engine in unknown))
-    if ctx.resolve(name) is None and any(not m.max_model_len for m in ctx.models.values()):
+        return  # their schedulers' word is in: the name is none of their adapters
+    await asyncio.gather(*(ctx.limits.refresh(engine) for engine in {m.engine for m in unknown}))
+    if ctx.resolve(name) is None and any(not m.max_model_len for m in unknown):  # apply() sets them in place
         raise APIError(503, f"The model `{name}` is not known to this gateway, which has not heard yet which "
                             "adapters its engines serve; retry shortly.", param="model", code="engine_unavailable",
                        headers={"Retry-After": RETRY_AFTER_S})
