@@ -141,10 +141,11 @@ class QuantLinear(nn.Module):
         return self.blocks.dequantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.perm is not None:
-            x = x.index_select(-1, self.perm)
-        return torch.ops.switchyard_cpu.quant_linear(x, self.qweight, self.scales, self.lows, self.bits, self.bias,
-                                                     self.supers, self.codebook, self.int8_activations)
+        b = self._buffers  # read once: nn.Module.__getattr__ costs ~0.7 us a buffer, at 6 buffers and 121 calls a step
+        if b["perm"] is not None:
+            x = x.index_select(-1, b["perm"])
+        return torch.ops.switchyard_cpu.quant_linear(x, b["qweight"], b["scales"], b["lows"], self.bits, self.bias,
+                                                     b["supers"], b["codebook"], self.int8_activations)
 
 
 def _pairs(u: torch.Tensor, bits: int) -> torch.Tensor:
