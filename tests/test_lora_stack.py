@@ -182,7 +182,8 @@ async def _until_live(url: str, gateway: Service) -> None:
                 if (await http.get("/live")).status_code == 200:
                     return
             except httpx.TransportError:
-                await asyncio.sleep(0.2)
+                pass  # not listening yet
+            await asyncio.sleep(0.2)
     raise AssertionError(f"the gateway exited with {gateway.proc.returncode}")
 
 

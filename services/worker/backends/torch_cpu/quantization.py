@@ -141,7 +141,7 @@ class QuantLinear(nn.Module):
         return self.blocks.dequantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = self._buffers  # read once: nn.Module.__getattr__ costs ~0.7 us a buffer, at 6 buffers and 121 calls a step
+        b = self._buffers  # one read, not nn.Module.__getattr__'s lookup per buffer (docs/benchmarks.md, 57th VM)
         if b["perm"] is not None:
             x = x.index_select(-1, b["perm"])
         return torch.ops.switchyard_cpu.quant_linear(x, b["qweight"], b["scales"], b["lows"], self.bits, self.bias,
