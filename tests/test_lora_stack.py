@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -175,16 +176,18 @@ async def test_bad_adapters_and_names_are_refused_with_their_status(lora_stack, 
         assert "big" not in {m.id for m in (await client.models.list()).data}
 
 
-async def _until_live(url: str, gateway: Service) -> None:
+async def _until_live(url: str, gateway: Service, timeout: float = 60.0) -> None:
+    """Poll the new gateway's /live until it answers (it asks nothing of the stopped scheduler)."""
+    deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(base_url=url, timeout=2) as http:
-        while gateway.is_running:
+        while gateway.is_running and time.monotonic() < deadline:
             try:
                 if (await http.get("/live")).status_code == 200:
                     return
             except httpx.TransportError:
                 pass  # not listening yet
             await asyncio.sleep(0.2)
-    raise AssertionError(f"the gateway exited with {gateway.proc.returncode}")
+    raise AssertionError(f"the gateway did not answer /live (exit status {gateway.proc.poll()})")
 
 
 async def test_a_gateway_started_while_its_scheduler_is_silent_asks_again_for_an_adapter(lora_stack, expected,
