@@ -112,10 +112,11 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     """
     ctx: ApiContext = request.app.state.ctx
     raw = await read_json(request, ctx.server.max_body_bytes)
-    if isinstance(name := raw.get("model"), str) and name and ctx.limits is not None and ctx.resolve(name) is None \
+    name = raw.get("model")
+    if isinstance(name, str) and name and ctx.limits is not None and ctx.resolve(name) is None \
             and not ctx.is_pending(name):  # an adapter of a model whose scheduler we have not heard from?
-        route = ctx.resolve(model_name) if model_name is not None else None
-        await _learn_adapters(ctx, name, ctx.models.values() if model_name is None else [route] if route else [])
+        bases = list(ctx.models.values()) if model_name is None else [m for m in [ctx.resolve(model_name)] if m]
+        await _learn_adapters(ctx, name, bases)
     if model_name is not None and not _adapter_of(ctx, raw.get("model"), model_name):
         raw["model"] = model_name  # the route's model, unless the body names one of its LoRA adapters
     elif raw.get("model") in (None, "") and ctx.models:  # vLLM's rule: no name is the stack's own model
@@ -131,7 +132,7 @@ async def parse(request: Request, cls: type[Body], defaults_of=None,
     return ctx, model, body  # validation requires `model`, so model is set here
 
 
-async def _learn_adapters(ctx: ApiContext, name: str, models) -> None:
+async def _learn_adapters(ctx: ApiContext, name: str, models: list[ServedModel]) -> None:
     """A name we do not know may be a LoRA adapter of one of `models` whose scheduler we have not heard
     from (this gateway started while it was silent): ask those schedulers; 503 while any stays unknown."""
     unknown = [m for m in models if not m.max_model_len]
