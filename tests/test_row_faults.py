@@ -128,7 +128,7 @@ async def test_a_request_moves_off_a_dead_worker_at_most_max_migrations_times():
         request.output_token_ids, request.is_on_worker, request.num_computed_tokens = [7, 8], True, 4
         pool.scheduler.requests[request.request_id] = request
     worn.num_migrations = 1
-    await pool._fail_over("worker w is gone")
+    assert await pool._fail_over("worker w is gone") == ["fresh"]  # the moves it counted (worn's was refused)
     assert [r.request_id for r in handed_back] == ["fresh"]
     assert (fresh.num_migrations, fresh.num_computed_tokens, fresh.is_on_worker, fresh.output_token_ids) == \
         (1, 0, False, [7, 8])  # recomputed elsewhere from prompt + outputs so far

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.stack
 def two_worker_stack(tmp_path_factory, model_name):
     from tests.conftest import _start_stack
 
-    s = _start_stack(tmp_path_factory, "two-workers", num_workers=2, extra_args=["--enable-lora"])
+    s = _start_stack(tmp_path_factory, "two-workers", num_workers=2, extra_args=["--enable-lora", "--max-migrations", "1"])
     asyncio.run(_wait_for_workers(s.admin_url, model_name, 2))  # /health is ready with one; routing needs both
     yield s
     s.stop()
@@ -164,3 +164,45 @@ async def test_a_worker_back_after_it_was_declared_gone_drops_what_moved_away_an
         await _wait_for_workers(two_worker_stack.admin_url, model_name, 2)
         await nc.close()
 
+
+
+async def test_a_worker_paused_and_back_as_the_same_process_costs_its_requests_no_move(two_worker_stack, model_name):
+    """--max-migrations 1 (this stack's): a request moved off a worker paused past its silence, and
+    off the other one once the first was back, goes on both times. A worker back as the same process
+    was paused or cut off, not brought down by the request, so that move is given back (before, the
+    second move failed the request with a 503)."""
+    import signal
+
+    nc = await nats.connect(two_worker_stack.admin_url)
+    bus = BusClient(nc)
+    await bus.start()
+    stream = await bus.submit(model_name, [7100 + i for i in range(20)],
+                              SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True))
+    reader = stream.entries(timeout=120)
+
+    async def read_until(worker_id: str) -> None:
+        """Tokens until one comes from worker_id; none may be an error."""
+        while True:
+            entry = await reader.__anext__()
+            assert entry.error is None and entry.finish_reason is None, entry.error
+            if stream.worker_id == worker_id:
+                return
+
+    await reader.__anext__()
+    first = stream.worker_id
+    second = next(s.name for s in two_worker_stack.services if s.name.startswith("worker") and s.name != first)
+    try:
+        for victim, taker in ((first, second), (second, first)):
+            await read_until(victim)
+            two_worker_stack.service(victim).proc.send_signal(signal.SIGSTOP)
+            await _wait_for_workers(two_worker_stack.admin_url, model_name, 1, timeout_s=60)  # declared gone
+            two_worker_stack.service(victim).proc.send_signal(signal.SIGCONT)
+            await read_until(taker)  # moved
+            await _wait_for_workers(two_worker_stack.admin_url, model_name, 2, timeout_s=60)  # back: forgiven
+        await read_until(first)  # ... and went on after the second move
+        await stream.abort()
+    finally:
+        for name in (first, second):
+            two_worker_stack.service(name).proc.send_signal(signal.SIGCONT)
+        await bus.stop()
+        await nc.close()

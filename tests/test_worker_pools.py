@@ -11,7 +11,7 @@ from services.scheduler.loras import ModelLoras
 from services.scheduler.pools import WorkerPools
 from services.scheduler.request import Request
 from shared.wire.lora import LoraInfo
-from shared.wire.messages import SamplingParams
+from shared.wire.messages import BackendName, SamplingParams, WorkerHello, WorkerKind
 from shared.wire.spec_decode import Drafts
 
 
@@ -103,6 +103,24 @@ def test_a_gone_workers_requests_requeued_count_those_that_had_run_as_migrations
     assert pools.requeue([ran, queued, too_long]) == 2
     assert pools.get("other").added == ["ran", "queued"] and set(pools.held) == {"long"}
     assert [r.request_id for r in pools.take_all()] == ["long"] and pools.held == {}  # a drain's end: held too
+
+
+def test_a_worker_back_as_the_same_process_gives_back_the_moves_its_silence_cost():
+    pools = WorkerPools(ModelLoras(), grace_s=60)
+    paused, restarted = (WorkerHello(worker_id="w", model="m", backend=BackendName.TORCH_CPU, kind=WorkerKind.PAGED,
+                                     num_blocks=16, block_size=16, max_batch=4, dtype="float32", max_model_len=256,
+                                     instance=instance) for instance in ("first", "second"))
+    moved = _request("moved")
+    moved.num_migrations = 2
+    pools.place([moved])  # held: no worker
+    pools.fell_silent(paused, ["moved", "finished"])  # "finished" ended meanwhile: nothing to give back
+    pools.forgive(restarted)  # a new process: it crashed (the request may be why), the move stays counted
+    assert moved.num_migrations == 2
+    pools.fell_silent(paused, ["moved"])
+    pools.forgive(paused)  # the same process: paused or cut off
+    assert moved.num_migrations == 1
+    pools.forgive(paused)  # once per silence
+    assert moved.num_migrations == 1
 
 
 def test_a_held_request_is_aborted_where_it_waits():

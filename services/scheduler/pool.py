@@ -360,19 +360,23 @@ class PoolLoop:
                 await publish_error(self.nc, request, f"engine error: {error}")
         self.scheduler.take_dropped_ids()  # the worker already forgot them
 
-    async def _fail_over(self, reason: str) -> None:
+    async def _fail_over(self, reason: str) -> list[str]:
         """Hand back every request the worker held, to be recomputed elsewhere (its stream goes on
-        at the next offset), unless it has moved max_migrations times already."""
+        at the next offset), unless it has moved max_migrations times already. -> the ids of those
+        whose move counted (they were on the worker)."""
         log.error("worker_gone", worker_id=self.worker_id, reason=reason)
         self.is_alive = False
         self.scheduler.kv.end_transfers(ok=False)  # a Step it may not have run: its tier copies are not trusted
         requeue, self._handoffs = self._handoffs, []  # off the worker already: they move freely
+        counted = []
         for request in self.scheduler.take_all():
             # only a request the worker was computing may have brought it down: one that waited moves freely
             if request.is_on_worker and request.num_migrations >= self.max_migrations:
                 await publish_error(self.nc, request, f"{reason}; the request already moved to another worker "
                                                       f"as often as --max-migrations ({self.max_migrations}) allows")
                 continue
+            if request.is_on_worker:
+                counted.append(request.request_id)
             if request.is_on_worker or request.output_token_ids:
                 request.migrate(counted=request.is_on_worker)
                 log.info("request_migrating", request_id=request.request_id, worker_id=self.worker_id,
@@ -381,11 +385,12 @@ class PoolLoop:
         await self.nc.publish(subjects.kv_events(self.worker_id), encode(
             KvEventBatch(pool=self.worker_id, model=self.hello.model, events=[PoolCleared()])))
         await self.on_gone(self, requeue)
+        return counted
 
-    async def fail_over(self, reason: str) -> None:
+    async def fail_over(self, reason: str) -> list[str]:
         if self._task is not None:
             self._task.cancel()
-        await self._fail_over(reason)
+        return await self._fail_over(reason)
 
     # ---- KV events ---------------------------------------------------------------------------
 

@@ -71,6 +71,8 @@ class WorkerPools:
         self.held: dict[str, tuple[Request, float]] = {}  # request id -> (request, monotonic deadline)
         self.retired = RetiredCounts()
         self.tiers = HostTiers()  # the host KV tiers the workers map, by id; they outlive any one worker
+        # a worker declared gone for its silence -> (its process's instance, the requests whose move counted)
+        self._silent: dict[str, tuple[str, list[str]]] = {}
 
     # ---- membership -----------------------------------------------------------------------------
 
@@ -91,6 +93,25 @@ class WorkerPools:
     @property
     def alive(self) -> list[PoolLoop]:
         return [p for p in self._pools.values() if p.is_alive]
+
+    def fell_silent(self, hello: WorkerHello, moved: list[str]) -> None:
+        """A worker declared gone for its silence, with the requests whose move off it counted
+        against --max-migrations: kept until the worker says hello again (forgive)."""
+        if hello.instance:
+            self._silent[hello.worker_id] = (hello.instance, moved)
+
+    def forgive(self, hello: WorkerHello) -> None:
+        """A worker back as the same process was paused or cut off from the bus, not brought down by
+        a request: the moves its silence cost are given back to the requests still here. (A crash
+        comes back as a new process, whose moves stay counted.)"""
+        instance, moved = self._silent.pop(hello.worker_id, ("", []))
+        if not instance or instance != hello.instance:
+            return
+        for request_id in moved:
+            if (request := self.find(request_id)) is not None and request.num_migrations:
+                request.num_migrations -= 1
+                log.info("request_move_forgiven", request_id=request_id, worker_id=hello.worker_id,
+                         num_migrations=request.num_migrations)
 
     def mismatch(self, hello: WorkerHello) -> str | None:
         return worker_mismatch([p.hello for p in self.alive if p.worker_id != hello.worker_id], hello)
@@ -207,6 +228,11 @@ class WorkerPools:
     @property
     def load(self) -> int:
         return len(self.held) + sum(p.load for p in self.alive)
+
+    @property
+    def has_steps(self) -> bool:
+        """A live worker has a Step coming: a request, or the ids of aborted ones it must forget."""
+        return any(p.scheduler.has_work for p in self.alive)
 
     @property
     def num_running(self) -> int:

@@ -102,11 +102,12 @@ class SchedulerService:
             await pool.stop()
 
     async def drain(self, grace_s: float) -> None:
-        """SIGTERM: take no new request, let the admitted ones finish, fail what is left at the end."""
+        """SIGTERM: take no new request, let the admitted ones finish (and the workers hear which were
+        aborted: else each waits out its own drain for them), fail what is left at the end."""
         self.is_draining = True
         log.info("scheduler_draining", model=self.model, num_requests=self.num_requests, grace_s=grace_s)
         deadline = time.monotonic() + grace_s
-        while self.num_requests and time.monotonic() < deadline:
+        while (self.num_requests or self.pools.has_steps) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for request in self.pools.take_all():
             await publish_error(self.nc, request, "the server shut down before the request finished")
@@ -299,6 +300,7 @@ class SchedulerService:
                         workers=self.workers, lease=self.lease, tier=self.pools.tiers.get(hello.kv_tier),
                         on_handoff=self._on_handoff, has_decoder=self.pools.has_decoder, holds=self.holds)
         self.pools.add(pool)
+        self.pools.forgive(hello)
         pool.start()
         self.sleep.joined(pool)
         log.info("worker_joined", worker_id=hello.worker_id, backend=hello.backend.label, device=hello.device,
@@ -340,7 +342,8 @@ class SchedulerService:
             silent = set(self.workers.silent())
             for pool in self.pools:
                 if pool.is_alive and pool.worker_id in silent:
-                    await pool.fail_over(f"worker {pool.worker_id} stopped sending heartbeats")
+                    moved = await pool.fail_over(f"worker {pool.worker_id} stopped sending heartbeats")
+                    self.pools.fell_silent(pool.hello, moved)  # given back if the same process comes back
             for request in [r for r in self.pools.requests() if r.is_past_deadline(wall)]:
                 self._abort(request.request_id)
                 self.num_deadline_exceeded += 1

@@ -116,7 +116,8 @@ def main() -> None:
                         num_speculative_tokens=proposer.num_speculative_tokens if proposer else 0,
                         spec_max_batch=config.speculative_config.max_batch if proposer else 0,
                         kv_tier=tier.info() if tier else None,
-                        kv_role=config.kv_transfer_config.kv_role if config.kv_transfer_config else "kv_both")
+                        kv_role=config.kv_transfer_config.kv_role if config.kv_transfer_config else "kv_both",
+                        instance=uuid.uuid4().hex)
     del backend  # the runner holds it alone, so that sleep mode frees it
     executor = MainThreadExecutor()
 

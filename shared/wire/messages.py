@@ -330,6 +330,9 @@ class WorkerHello(msgspec.Struct, tag="hello"):
     spec_max_batch: int = 0  # ...in steps of at most this many running requests
     kv_tier: HostTierInfo | None = None  # --kv-offloading-size: its host tier (None: evicted blocks are gone)
     kv_role: str = "kv_both"  # --kv-transfer-config's: kv_producer (prefill), kv_consumer (decode) or both
+    # new at each start of the worker's process: one back after it was declared gone as the same process
+    # was paused or cut off from the bus, not crashed (the scheduler gives back the moves that cost)
+    instance: str = ""
 
 
 class WorkerHeartbeat(msgspec.Struct, tag="heartbeat"):
