@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import nats
 import pytest
 
@@ -14,8 +15,14 @@ from shared.wire import subjects
 from shared.wire.kv_events import KV_STATS_REPLY_DECODER, KvStatsRequest
 from shared.wire.lora import LORA_STATE_DECODER, LoadLora
 from shared.wire.messages import (
+    STEP_RESULT_DECODER,
+    WORKER_ANNOUNCE_DECODER,
+    Discover,
     FinishReason,
     SamplingParams,
+    Step,
+    StepResult,
+    WorkerHello,
     encode,
 )
 from tests.bus_helpers import scheduler_stats
@@ -205,4 +212,80 @@ async def test_a_worker_paused_and_back_as_the_same_process_costs_its_requests_n
         for name in (first, second):
             two_worker_stack.service(name).proc.send_signal(signal.SIGCONT)
         await bus.stop()
+        await nc.close()
+
+
+async def test_a_hello_from_a_new_process_under_a_live_workers_id_moves_what_it_held(two_worker_stack, model_name):
+    """A worker killed and started again within its 5 s of silence says hello with a new `instance`:
+    the scheduler takes that as the restart it is (before, it stepped the new process for sequences
+    it never had: a KeyError for each, and prefix hits on blocks it never computed). Here the hello is
+    one under the running worker's id with another instance; the request it held moves and gives a
+    lone run's tokens, and a hello of the real process afterwards is taken back the same way."""
+    nc = await nats.connect(two_worker_stack.admin_url)
+    hellos = await _hellos(nc)
+    bus = BusClient(nc)
+    await bus.start()
+    prompt, sampling = [7300 + i for i in range(20)], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    try:
+        stream = await bus.submit(model_name, prompt, sampling)
+        reader = stream.entries(timeout=120)
+        tokens = list((await reader.__anext__()).token_ids)
+        held_by = stream.worker_id
+        await nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=model_name)))
+        hello = await _hello_of(hellos, held_by)
+        await nc.publish(subjects.WORKERS_HELLO, encode(msgspec.structs.replace(hello, instance="another process")))
+        async for entry in reader:
+            assert entry.error is None, entry.error
+            tokens += entry.token_ids
+        assert stream.worker_id != held_by  # it moved
+        await nc.publish(subjects.WORKERS_DISCOVER, encode(Discover(model=model_name)))  # the real one's hello
+        await _wait_for_workers(two_worker_stack.admin_url, model_name, 2, timeout_s=60)
+        lone = await bus.submit(model_name, prompt, sampling)
+        assert [t async for e in lone.entries(timeout=120) for t in e.token_ids] == tokens
+    finally:
+        await bus.stop()
+        await nc.close()
+
+
+async def _hellos(nc) -> asyncio.Queue:
+    """Every worker's hello from now on."""
+    hellos: asyncio.Queue = asyncio.Queue()
+
+    async def heard(msg) -> None:
+        hellos.put_nowait(WORKER_ANNOUNCE_DECODER.decode(msg.data))
+
+    await nc.subscribe(subjects.WORKERS_HELLO, cb=heard)
+    return hellos
+
+
+async def _hello_of(hellos: asyncio.Queue, worker_id: str) -> WorkerHello:
+    while True:
+        announce = await asyncio.wait_for(hellos.get(), 30)
+        if isinstance(announce, WorkerHello) and announce.worker_id == worker_id:
+            return announce
+
+
+async def test_a_fresh_worker_refuses_a_step_meant_for_its_process_before(two_worker_stack):
+    """A new process's first Step must be a new pool's (reset): one that is not was meant for the
+    process before it under the same id, and is refused as `restarted` (the scheduler then moves what
+    it held) rather than run against sequences the new process never had."""
+    nc = await nats.connect(two_worker_stack.admin_url)
+    hellos = await _hellos(nc)
+    worker = two_worker_stack.add_worker("worker-unheard", "--model", "unheard")  # no scheduler steps it
+    try:
+        await _hello_of(hellos, "worker-unheard")
+        subject = subjects.worker_step("worker-unheard")
+
+        async def step(step_id: int, reset: bool) -> StepResult:
+            reply = await nc.request(subject, encode(Step(step_id=step_id, reset=reset)), timeout=30)
+            return STEP_RESULT_DECODER.decode(reply.data)
+
+        refused = await step(1, reset=False)
+        assert refused.restarted and "restarted" in refused.error
+        assert not (await step(2, reset=True)).restarted
+        assert (await step(3, reset=False)).error is None
+    finally:
+        worker.proc.terminate()
+        worker.proc.wait(timeout=60)
+        two_worker_stack.services.remove(worker)
         await nc.close()

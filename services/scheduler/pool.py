@@ -306,6 +306,8 @@ class PoolLoop:
             msg = await self._request(encode(step))
             self.workers.heard(self.worker_id)
             result = STEP_RESULT_DECODER.decode(msg.data)
+            if result.restarted:  # a new process under the worker's id: what we stepped is gone with the old
+                raise WorkerGone(f"worker {self.worker_id} restarted: {result.error}")
             if not result.fenced:
                 break
             refusal = f"worker {self.worker_id} refused our Step: {result.error}"

@@ -282,6 +282,10 @@ class SchedulerService:
             log.error("worker_refused", worker_id=announce.worker_id, reason=mismatch)
             return
         pool = self.pools.get(announce.worker_id)
+        restarted = isinstance(announce, WorkerHello) and pool is not None and announce.instance != pool.hello.instance
+        if restarted and pool.is_alive:  # a new process under its id, back within the silence window
+            await pool.fail_over(f"worker {announce.worker_id} restarted (a new process): what it held is gone")
+            pool = None
         if pool is not None and pool.is_alive:
             self.workers.heard(announce.worker_id)
             if isinstance(announce, WorkerHeartbeat):

@@ -57,6 +57,7 @@ class WorkerService:
         self.sent = SentTokens(runner.seqs)
         self._last_reply: tuple[int, bytes] | None = None  # (step_id, the encoded StepResult)
         self._fence = 0  # the highest scheduler lease token seen on a Step (a lower one: a deposed leader)
+        self._has_stepped = False  # a first Step must be a new pool's (reset): else it was for our predecessor
         self.media: MediaStore | None = None  # an image-text model's images (shared/bus/media.py), opened on first use
 
     async def start(self) -> None:
@@ -160,6 +161,12 @@ class WorkerService:
                 f"a scheduler with lease token {self._fence} leads; this Step carries {step.fence}"))))
             return
         self._fence = step.fence
+        if not step.reset and not self._has_stepped:  # a pool's Step for this worker's process before us
+            log.warning("step_for_another_process", step_id=step.step_id)
+            await msg.respond(encode(StepResult(step_id=step.step_id, restarted=True, error=(
+                "this worker restarted: the Step was for its process before, whose sequences are gone"))))
+            return
+        self._has_stepped = True
         if step.reset:
             self._last_reply = None
         elif self._last_reply is not None and self._last_reply[0] == step.step_id:

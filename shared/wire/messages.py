@@ -296,6 +296,8 @@ class StepResult(msgspec.Struct, tag="step_result", array_like=True):
     drafts: list[Drafts] = []  # the rows that verified draft tokens (vLLM's spec_decode metrics)
     iteration_sizes: list[int] = []  # a multi-step Step's: how many of `sampled` each iteration added
     newest_fence: int = 0  # fenced: the newest lease token the worker has seen
+    # refused: the worker's process restarted since this pool's first Step (a new one holds no sequence)
+    restarted: bool = False
 
 
 # ---- worker discovery ----------------------------------------------------------------------
