@@ -145,7 +145,7 @@ class SchedulerService:
             return self._hold_resumed(submit)
         if not pools:
             return reject(RejectCode.UNAVAILABLE, f"no worker is ready for model {self.model!r}")
-        if (invalid := submit_error(submit, self.vocab_size)
+        if (invalid := submit_error(submit, self.pools.vocab_size)
                 or images_error(submit, self.pools.images, self.config.max_num_batched_tokens)
                 or kv_transfer_error(submit.kv_transfer, [p.tier for p in pools])) is not None:
             return reject(RejectCode.INVALID, invalid)
@@ -154,14 +154,15 @@ class SchedulerService:
         num_prompt, max_tokens = len(submit.prompt_token_ids), submit.sampling.max_tokens
         if submit.resume_token_ids:
             log.info("request_resumed", request_id=submit.request_id, num_output_tokens=len(submit.resume_token_ids))
-        too_long = context_length_error(self.max_model_len, num_prompt, max_tokens)
+        too_long = context_length_error(self.pools.max_model_len, num_prompt, max_tokens)
         if too_long:
             return reject(RejectCode.INVALID, too_long)
-        num_waiting = self.num_requests - self.num_running
+        num_running = self.pools.num_running
+        num_waiting = self.num_requests - num_running
         if self.num_requests >= self.config.max_concurrent_batch_size + self.config.max_waiting:
             self.num_admission_rejections += 1
             return reject(RejectCode.QUEUE_FULL, f"the queue for {self.model!r} is full "
-                          f"({self.num_running} running, {num_waiting} waiting)")
+                          f"({num_running} running, {num_waiting} waiting)")
         if submit.lora is not None and not (pools := self.loras.pools_for(submit.lora, pools)):
             return reject(RejectCode.NOT_FOUND, f"The model `{submit.lora}` does not exist.")
         total = num_prompt + max_tokens
@@ -212,21 +213,9 @@ class SchedulerService:
         log.info("request_routed", request_id=request.request_id, worker_id=pool.worker_id)
         pool.add(request)
 
-    @property
-    def max_model_len(self) -> int:
-        return self.pools.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.pools.vocab_size
-
-    @property
-    def num_running(self) -> int:
-        return self.pools.num_running
-
     def can_run_more(self) -> bool:
         """max_concurrent_batch_size caps the requests running at once for the model, over all pools."""
-        return self.num_running < self.config.max_concurrent_batch_size
+        return self.pools.num_running < self.config.max_concurrent_batch_size
 
     async def _on_abort(self, msg: Msg) -> None:
         """An Abort ends the requests whose Submit carried its abort_key; each gets its final entry."""
