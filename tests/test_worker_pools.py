@@ -123,6 +123,22 @@ def test_a_worker_back_as_the_same_process_gives_back_the_moves_its_silence_cost
     assert moved.num_migrations == 1
 
 
+def test_a_request_is_forgiven_as_often_as_max_migrations_allows():
+    """A worker stalled by a request (Python holding the GIL) comes back as the same process as a
+    paused one does: forgiving such a request without end would let it stall workers without end."""
+    pools = WorkerPools(ModelLoras(), grace_s=60, max_migrations=1)
+    paused = WorkerHello(worker_id="w", model="m", backend=BackendName.TORCH_CPU, kind=WorkerKind.PAGED,
+                         num_blocks=16, block_size=16, max_batch=4, dtype="float32", max_model_len=256,
+                         instance="first")
+    moved = _request("moved")
+    pools.place([moved])
+    for expected in (0, 1):
+        moved.num_migrations += 1
+        pools.fell_silent(paused, ["moved"])
+        pools.forgive(paused)
+        assert (moved.num_migrations, moved.num_forgiven) == (expected, 1)
+
+
 def test_a_held_request_is_aborted_where_it_waits():
     pools = WorkerPools(ModelLoras(), grace_s=60)
     pools.place([_request("a")])

@@ -63,10 +63,12 @@ class RetiredCounts:
 
 
 class WorkerPools:
-    def __init__(self, loras: ModelLoras, grace_s: float):
-        """grace_s: how long a request whose worker is gone waits for one that can take it."""
+    def __init__(self, loras: ModelLoras, grace_s: float, max_migrations: int = 2):
+        """grace_s: how long a request whose worker is gone waits for one that can take it;
+        max_migrations: as often, too, a request's moves may be given back (forgive)."""
         self.loras = loras
         self.grace_s = grace_s
+        self.max_migrations = max_migrations
         self._pools: dict[str, PoolLoop] = {}
         self.held: dict[str, tuple[Request, float]] = {}  # request id -> (request, monotonic deadline)
         self.retired = RetiredCounts()
@@ -103,15 +105,24 @@ class WorkerPools:
     def forgive(self, hello: WorkerHello) -> None:
         """A worker back as the same process was paused or cut off from the bus, not brought down by
         a request: the moves its silence cost are given back to the requests still here. (A crash
-        comes back as a new process, whose moves stay counted.)"""
+        comes back as a new process, whose moves stay counted.) A request whose worker stalled as long
+        as a pause, and not for a pause (Python holding the GIL for it), looks the same from here: so a
+        request is forgiven at most --max-migrations times, and such a request moves on for no longer."""
         instance, moved = self._silent.pop(hello.worker_id, ("", []))
         if not instance or instance != hello.instance:
             return
         for request_id in moved:
-            if (request := self.find(request_id)) is not None and request.num_migrations:
-                request.num_migrations -= 1
-                log.info("request_move_forgiven", request_id=request_id, worker_id=hello.worker_id,
-                         num_migrations=request.num_migrations)
+            request = self.find(request_id)
+            if request is None or not request.num_migrations:
+                continue
+            if request.num_forgiven >= self.max_migrations:
+                log.warning("request_move_kept", request_id=request_id, worker_id=hello.worker_id,
+                            reason=f"forgiven {request.num_forgiven} times already (--max-migrations)")
+                continue
+            request.num_migrations -= 1
+            request.num_forgiven += 1
+            log.info("request_move_forgiven", request_id=request_id, worker_id=hello.worker_id,
+                     num_migrations=request.num_migrations)
 
     def mismatch(self, hello: WorkerHello) -> str | None:
         return worker_mismatch([p.hello for p in self.alive if p.worker_id != hello.worker_id], hello)

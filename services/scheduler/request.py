@@ -38,6 +38,7 @@ class Request:
     is_on_worker: bool = False  # the worker holds its state: send deltas only
     num_preemptions: int = 0
     num_migrations: int = 0  # times its worker died under it and it moved to another
+    num_forgiven: int = 0  # moves given back: its worker was paused, not brought down (WorkerPools.forgive)
     first_scheduled_at: float = 0.0
     deadline: float = 0.0  # wall clock; 0 = none
     client_id: str = ""  # the bus client that submitted it: its requests end when it falls silent

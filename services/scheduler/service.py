@@ -60,7 +60,7 @@ class SchedulerService:
         self.config = config
         self.model = config.model
         self.loras = ModelLoras()
-        self.pools = WorkerPools(self.loras, config.worker_grace_s)
+        self.pools = WorkerPools(self.loras, config.worker_grace_s, config.max_migrations)
         self.router = Router(nc, config.model)
         self.holds = KvHolds()  # prefill requests' blocks an outside router's decode requests will load
         self._routing: dict[str, Request] = {}  # accepted, not yet in a pool (the KV lookup is in flight)
