@@ -1,9 +1,10 @@
 """`python -m bench.agreement`: how often each CPU setting's greedy answers are the reference's.
 
-    python -m bench.agreement [--settings float32:gguf,bfloat16:gguf] [--max-tokens 48]
+    python -m bench.agreement [--settings float32:gguf,bfloat16:gguf,float32:gguf:int8] [--max-tokens 48]
 
 The 20 chat questions of bench/dataset.py, one at a time in process on the worker's own runner,
-under each dtype:quantization setting (the C kernels' fast path) and under --deterministic (torch's
+under each dtype:quantization[:activations] setting (the C kernels' fast path; activations as
+--quant-activations, float32 unless given) and under --deterministic (torch's
 ops, the weights dequantized): per setting, how many answers are the reference's token for token,
 where each first differs, and the seconds the 20 took.
 """
@@ -42,7 +43,7 @@ def answers(model: ModelRunner, prompts: list[list[int]], max_tokens: int) -> tu
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", default="float32:gguf,bfloat16:gguf,float32:none,bfloat16:none,float32:int8",
-                   help="dtype:quantization pairs, on the C kernels")
+                   help="dtype:quantization[:activations] settings, on the C kernels")
     p.add_argument("--max-tokens", type=int, default=48)
     args = p.parse_args()
     from transformers import AutoTokenizer  # the model's own chat template, as the gateway renders it
@@ -56,8 +57,9 @@ def main() -> None:
     reference, seconds = answers(runner(deterministic=True), prompts, args.max_tokens)
     print(f"--deterministic: {seconds:.1f} s", flush=True)
     for setting in args.settings.split(","):
-        dtype, quantization = setting.split(":")
-        got, seconds = answers(runner(dtype=dtype, quantization=quantization), prompts, args.max_tokens)
+        dtype, quantization, activations = (setting.split(":") + ["float32"])[:3]
+        got, seconds = answers(runner(dtype=dtype, quantization=quantization, quant_activations=activations),
+                               prompts, args.max_tokens)
         # where two answers part; one that stops early parts where it stops
         first_differs = [next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b),
                               None if len(x) == len(y) else min(len(x), len(y)))
