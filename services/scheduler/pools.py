@@ -65,7 +65,7 @@ class RetiredCounts:
 class WorkerPools:
     def __init__(self, loras: ModelLoras, grace_s: float, max_migrations: int = 2):
         """grace_s: how long a request whose worker is gone waits for one that can take it;
-        max_migrations: as often, too, a request's moves may be given back (forgive)."""
+        max_migrations: --max-migrations, which also bounds how often a request's moves are given back."""
         self.loras = loras
         self.grace_s = grace_s
         self.max_migrations = max_migrations
@@ -107,7 +107,7 @@ class WorkerPools:
         a request: the moves its silence cost are given back to the requests still here. (A crash
         comes back as a new process, whose moves stay counted.) A request whose worker stalled as long
         as a pause, and not for a pause (Python holding the GIL for it), looks the same from here: so a
-        request is forgiven at most --max-migrations times, and such a request moves on for no longer."""
+        request is forgiven at most --max-migrations times: such a request cannot move without end."""
         instance, moved = self._silent.pop(hello.worker_id, ("", []))
         if not instance or instance != hello.instance:
             return
