@@ -26,6 +26,11 @@ async def publish_events(nc: Client, model: str, worker_id: str, kv: KVManager, 
             await _publish(nc, model, tier.disk_pool_id, tier.disk.take_events())
 
 
+async def publish_cleared(nc: Client, model: str, worker_id: str) -> None:
+    """The worker's pool holds nothing now (parked for sleep, or gone)."""
+    await _publish(nc, model, worker_id, [PoolCleared()])
+
+
 async def publish_snapshot(nc: Client, model: str, worker_id: str, kv: KVManager, tier: TierIndex | None) -> None:
     """PoolCleared then everything held: how the KV index (re)learns each of them."""
     def snapshot(hashes: list[bytes], medium: str | None) -> list[KvEvent]:

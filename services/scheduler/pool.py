@@ -30,7 +30,6 @@ from shared.config import EngineConfig
 from shared.log import get_logger
 from shared.wire import subjects
 from shared.wire.hashing import root_hash
-from shared.wire.kv_events import KvEventBatch, PoolCleared
 from shared.wire.lora import LORA_STATE_DECODER, LoraOrder, LoraState
 from shared.wire.messages import (
     STEP_RESULT_DECODER,
@@ -291,8 +290,7 @@ class PoolLoop:
         self.scheduler.preempt_all()
         self.scheduler.kv.reset_prefix_cache()
         self._has_stepped = False
-        await self.nc.publish(subjects.kv_events(self.worker_id), encode(
-            KvEventBatch(pool=self.worker_id, model=self.hello.model, events=[PoolCleared()])))
+        await kv_publish.publish_cleared(self.nc, self.hello.model, self.worker_id)
         self._parked.set()
         await self._resume.wait()
         self._wake.set()
@@ -384,8 +382,7 @@ class PoolLoop:
                 log.info("request_migrating", request_id=request.request_id, worker_id=self.worker_id,
                          num_output_tokens=len(request.output_token_ids))
             requeue.append(request)
-        await self.nc.publish(subjects.kv_events(self.worker_id), encode(
-            KvEventBatch(pool=self.worker_id, model=self.hello.model, events=[PoolCleared()])))
+        await kv_publish.publish_cleared(self.nc, self.hello.model, self.worker_id)
         await self.on_gone(self, requeue)
         return counted
 
