@@ -24,16 +24,15 @@ static inline cols cols_half(const uint16_t *p) {
                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
 }
 
-static inline cols widen_int4(__m128i q, cols scale, cols low) {  /* 16 values 0..15 in bytes */
-    return (cols){_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), scale.lo, low.lo),
-                  _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), scale.hi, low.hi)};
-}
-
-/* 16 bytes: the 16 columns at an input in the low nibbles, at the next input in the high ones */
+/* 16 bytes: the 16 columns at an input in the low nibbles, at the next input in the high ones
+ * (widened once, 8 bytes a register: a byte's low nibble is its lane & 15, its high one the lane >> 4) */
 static inline void cols_int4(const uint8_t *p, cols scale, cols low, cols *at_i, cols *at_next) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
-    *at_i = widen_int4(_mm_and_si128(bytes, mask), scale, low);
-    *at_next = widen_int4(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), scale, low);
+    const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))), mask = _mm256_set1_epi32(0x0F);
+    *at_i = (cols){_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(first, mask)), scale.lo, low.lo),
+                   _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(second, mask)), scale.hi, low.hi)};
+    *at_next = (cols){_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4)), scale.lo, low.lo),
+                      _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4)), scale.hi, low.hi)};
 }
 
 static inline cols cols_int8(const int8_t *p, cols scale) {
@@ -67,4 +66,23 @@ static inline cols widen_bytes(__m128i q, cols scale, cols low, int bias) {
                 : (cols){_mm256_fmadd_ps(lo, scale.lo, low.lo), _mm256_fmadd_ps(hi, scale.hi, low.hi)};
 }
 
-#include "quant_linear_high_x86.h"
+/* 16 values of 5 or 6 bits from their nibbles and their high bits, put together in an SSE register: `width` bits at bit `shift` of each
+ * byte of `high` (column c's in byte c), the next input's at shift + width; minus `bias` (32: Q6_K's
+ * signed values), then fma(q, scale, low) (no low: q * scale, as the 8-bit form) */
+static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, int width, int bias, cols scale,
+                             cols low, cols *at_i, cols *at_next) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(0x0F);
+    const __m128i top = _mm_loadu_si128((const __m128i *)high), keep = _mm_set1_epi8(width == 1 ? 0x10 : 0x30);
+    /* bits shift.. of each byte to bits 4..: the 16-bit lanes' shifts leave those bits of each byte its own */
+    const __m128i hi_i = _mm_and_si128(_mm_sll_epi16(_mm_srl_epi16(top, _mm_cvtsi32_si128(shift)), _mm_cvtsi32_si128(4)),
+                                       keep);
+    const __m128i hi_j = _mm_and_si128(_mm_sll_epi16(_mm_srl_epi16(top, _mm_cvtsi32_si128(shift + width)),
+                                                     _mm_cvtsi32_si128(4)), keep);
+    const __m128i qi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(bytes, nibble), hi_i), _mm_set1_epi8((char)bias));
+    const __m128i qj = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), hi_j),
+                                    _mm_set1_epi8((char)bias));
+    *at_i = widen_bytes(qi, scale, low, bias);
+    *at_next = widen_bytes(qj, scale, low, bias);
+}
+
+#include "quant_linear_codebook_x86.h"

@@ -17,12 +17,12 @@ static inline void cols_store(float *p, cols v) { _mm512_storeu_ps(p, v); }
 static inline cols cols_fma(cols w, float x, cols acc) { return _mm512_fmadd_ps(w, _mm512_set1_ps(x), acc); }
 static inline cols cols_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-/* 16 bytes: the 16 columns at an input in the low nibbles, at the next input in the high ones */
+/* 16 bytes: the 16 columns at an input in the low nibbles, at the next input in the high ones
+ * (widened once: a byte's low nibble is its lane & 15, its high one the lane >> 4) */
 static inline void cols_int4(const uint8_t *p, cols scale, cols low, cols *at_i, cols *at_next) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    *at_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), scale, low);
-    *at_next = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), scale, low);
+    const __m512i lanes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *at_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(lanes, _mm512_set1_epi32(0x0F))), scale, low);
+    *at_next = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(lanes, 4)), scale, low);
 }
 
 static inline cols cols_int8(const int8_t *p, cols scale) {
@@ -48,4 +48,24 @@ static inline cols widen_bytes(__m128i q, cols scale, cols low, int bias) {
     return bias ? _mm512_mul_ps(f, scale) : _mm512_fmadd_ps(f, scale, low);
 }
 
-#include "quant_linear_high_x86.h"
+/* 16 values of 5 or 6 bits from their nibbles and their high bits: `width` bits at bit `shift` of each
+ * byte of `high` (column c's in byte c), the next input's at shift + width; minus `bias` (32: Q6_K's
+ * signed values, as fma(q, scale, -32 scale): the same real number rounded once, as (q - 32) * scale
+ * is), then fma(q, scale, low). Each byte is widened to its lane once; a field is shifted to the
+ * lane's top, then down to bits 4.., the bits below it dropped with the nibble's mask. */
+static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, int width, int bias, cols scale,
+                             cols low, cols *at_i, cols *at_next) {
+    const __m512i nibbles = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), mask = _mm512_set1_epi32(0x0F);
+    const __m512i top = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)high));
+    const __m128i down = _mm_cvtsi32_si128(28 - width);
+    const __m512i field_i = _mm512_srl_epi32(_mm512_sll_epi32(top, _mm_cvtsi32_si128(32 - shift - width)), down);
+    const __m512i field_j = _mm512_srl_epi32(_mm512_sll_epi32(top, _mm_cvtsi32_si128(32 - shift - 2 * width)), down);
+    /* 0xE4: (nibble & mask) | (field & ~mask) */
+    const __m512i qi = _mm512_ternarylogic_epi32(nibbles, field_i, mask, 0xE4);
+    const __m512i qj = _mm512_ternarylogic_epi32(_mm512_srli_epi32(nibbles, 4), field_j, mask, 0xE4);
+    const cols offset = bias ? _mm512_mul_ps(scale, _mm512_set1_ps((float)-bias)) : low;
+    *at_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), scale, offset);
+    *at_next = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qj), scale, offset);
+}
+
+#include "quant_linear_codebook_x86.h"
