@@ -44,6 +44,24 @@ async def test_entries_already_queued_and_later_ones_come_in_order(stack):
     await bus.nc.close()
 
 
+async def test_the_streams_worker_is_the_one_whose_tokens_were_read_last(stack):
+    """A worker paused and back sends tokens the request's new worker already sent: dropped, they do
+    not make it the stream's worker, nor does a batch queued and not yet read."""
+    bus = await _client(stack)
+    stream = _stream(bus, "r5")
+    for worker_id in ("worker-a", "worker-b"):  # worker-b's is the same tokens again
+        await bus.nc.publish(bus.reply_subject, encode(TokenBatch([TokenEntry("r5", 0, [5, 6])], worker_id)))
+    await bus.nc.flush()
+    await until(lambda: stream.queue.qsize() == 2)
+    reader = stream.entries(timeout=5)
+    assert (await reader.__anext__()).token_ids == [5, 6] and stream.worker_id == "worker-a"
+    await bus.nc.publish(bus.reply_subject, encode(TokenBatch(
+        [TokenEntry("r5", 2, [7], finish_reason=FinishReason.LENGTH)], "worker-c")))
+    assert [e.token_ids async for e in reader] == [[7]] and stream.worker_id == "worker-c"
+    await bus.stop()
+    await bus.nc.close()
+
+
 async def test_no_token_within_the_idle_timeout_raises_and_forgets_the_stream(stack):
     bus = await _client(stack)
     stream = _stream(bus, "r2")

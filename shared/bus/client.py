@@ -185,8 +185,7 @@ class BusClient:
         for entry in batch.entries:
             stream = self.streams.get(entry.request_id)
             if stream is not None:
-                stream.worker_id = batch.worker_id or stream.worker_id
-                stream.queue.put_nowait(entry)
+                stream.queue.put_nowait((entry, batch.worker_id))
 
     async def submit(self, model: str, prompt_token_ids: list[int], sampling: SamplingParams, *,
                      request_id: str | None = None, cache_salt: str | None = None,
@@ -273,5 +272,5 @@ class BusClient:
 
 def _fail(stream: RequestStream, error: str) -> None:
     """End a stream with an error entry (at the offset it has read to)."""
-    stream.queue.put_nowait(TokenEntry(request_id=stream.request_id, offset=stream.num_tokens, token_ids=[],
-                                       produced_at=time.time(), finish_reason=FinishReason.ERROR, error=error))
+    stream.queue.put_nowait((TokenEntry(request_id=stream.request_id, offset=stream.num_tokens, token_ids=[],
+                                        produced_at=time.time(), finish_reason=FinishReason.ERROR, error=error), ""))

@@ -51,24 +51,24 @@ class RequestStream:
         self.client = client
         self.model = model
         self.request_id = request_id
-        self.queue: asyncio.Queue[TokenEntry] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[TokenEntry, str]] = asyncio.Queue()  # each entry with its worker
         self.num_tokens = 0
         self.is_finished = False
-        self.worker_id = ""  # the worker that produced the latest tokens
+        self.worker_id = ""  # the worker that produced the latest tokens read (not one sent again)
         self.received_at = 0.0  # wall clock on the scheduler when it took the Submit (Accepted.received_at)
         self.scheduler_id = ""  # the scheduler holding it (Accepted.scheduler_id)
         self.submit: Submit | None = None  # what was submitted: sent again to resume it under a new leader
         self.token_ids: list[int] = []  # every token read so far (a resumed request starts after them)
-        self._ahead: list[TokenEntry] = []  # arrived past a gap
+        self._ahead: list[tuple[TokenEntry, str]] = []  # arrived past a gap
         self._asked_at = -1  # the offset a Resend was last asked from
 
     async def entries(self, timeout: float | None = None) -> AsyncIterator[TokenEntry]:
         try:
             while not self.is_finished:
-                entry = await self._next(timeout)
+                entry, worker_id = await self._next(timeout)
                 if not _is_verdict(entry):
                     if entry.offset > self.num_tokens:  # past a gap: wait for the gap, ask for it once
-                        self._ahead.append(entry)
+                        self._ahead.append((entry, worker_id))
                         if self._asked_at != self.num_tokens:
                             self._asked_at = self.num_tokens
                             await self.client.resend({self.request_id: self.num_tokens})
@@ -77,6 +77,7 @@ class RequestStream:
                         continue  # sent again after an outage, already read
                     if entry.offset < self.num_tokens:
                         entry = _trimmed(entry, self.num_tokens)
+                self.worker_id = worker_id or self.worker_id
                 self.num_tokens += len(entry.token_ids)
                 self.token_ids += entry.token_ids
                 self.is_finished = entry.finish_reason is not None
@@ -84,9 +85,9 @@ class RequestStream:
         finally:
             self.client.forget(self.request_id)
 
-    async def _next(self, timeout: float | None) -> TokenEntry:
-        if self._ahead and (ready := [e for e in self._ahead if e.offset <= self.num_tokens]):
-            entry = min(ready, key=lambda e: e.offset)
+    async def _next(self, timeout: float | None) -> tuple[TokenEntry, str]:
+        if self._ahead and (ready := [e for e in self._ahead if e[0].offset <= self.num_tokens]):
+            entry = min(ready, key=lambda e: e[0].offset)
             self._ahead.remove(entry)
             return entry
         if self.queue.empty():  # asyncio.timeout, not wait_for: no task per token
