@@ -189,20 +189,22 @@ async def test_a_worker_paused_and_back_as_the_same_process_costs_its_requests_n
                               SamplingParams(max_tokens=8000, temperature=0.0, ignore_eos=True))
     reader = stream.entries(timeout=120)
 
-    async def read_until(worker_id: str) -> None:
-        """Tokens until one comes from worker_id; none may be an error."""
-        while True:
+    async def read_until(worker_id: str, in_a_row: int = 1) -> None:
+        """Tokens until `in_a_row` entries in a row come from worker_id; none may be an error. (A worker
+        back from a pause publishes the rest of the Step it was running: past the other worker's tokens
+        early on, they are read as its own for a moment.)"""
+        count = 0
+        while count < in_a_row:
             entry = await reader.__anext__()
             assert entry.error is None and entry.finish_reason is None, entry.error
-            if stream.worker_id == worker_id:
-                return
+            count = count + 1 if stream.worker_id == worker_id else 0
 
     await reader.__anext__()
     first = stream.worker_id
     second = next(s.name for s in two_worker_stack.services if s.name.startswith("worker") and s.name != first)
     try:
         for victim, taker in ((first, second), (second, first)):
-            await read_until(victim)
+            await read_until(victim, in_a_row=8)  # more than a multi-step Step's tokens: on the victim alone
             two_worker_stack.service(victim).proc.send_signal(signal.SIGSTOP)
             await read_until(taker)  # moved: the victim was declared gone (not another worker's departure)
             two_worker_stack.service(victim).proc.send_signal(signal.SIGCONT)
