@@ -66,9 +66,10 @@ static inline cols widen_bytes(__m128i q, cols scale, cols low, int bias) {
                 : (cols){_mm256_fmadd_ps(lo, scale.lo, low.lo), _mm256_fmadd_ps(hi, scale.hi, low.hi)};
 }
 
-/* 16 values of 5 or 6 bits from their nibbles and their high bits, put together in an SSE register: `width` bits at bit `shift` of each
- * byte of `high` (column c's in byte c), the next input's at shift + width; minus `bias` (32: Q6_K's
- * signed values), then fma(q, scale, low) (no low: q * scale, as the 8-bit form) */
+/* 16 values of 5 or 6 bits from their nibbles and their high bits, put together in an SSE register
+ * (a lane's 16 columns are two registers here: widening first would double the work): `width` bits
+ * at bit `shift` of each byte of `high` (column c's in byte c), the next input's at shift + width;
+ * minus `bias` (32: Q6_K's signed values), then fma(q, scale, low) (no low: q * scale) */
 static inline void cols_high(const uint8_t *p, const uint8_t *high, int shift, int width, int bias, cols scale,
                              cols low, cols *at_i, cols *at_next) {
     const __m128i bytes = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(0x0F);
