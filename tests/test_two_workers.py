@@ -184,9 +184,8 @@ async def test_a_worker_paused_and_back_as_the_same_process_costs_its_requests_n
     nc = await nats.connect(two_worker_stack.admin_url)
     bus = BusClient(nc)
     await bus.start()
-    # enough tokens to outlast two silences and rejoins on the fastest CPU (~200 tokens/s)
     stream = await bus.submit(model_name, [7100 + i for i in range(20)],
-                              SamplingParams(max_tokens=8000, temperature=0.0, ignore_eos=True))
+                              SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True))
     reader = stream.entries(timeout=120)
 
     async def read_until(worker_id: str, in_a_row: int = 1) -> None:
