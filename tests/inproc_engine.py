@@ -71,6 +71,7 @@ class InProcessEngine:
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0, spec_max_batch=spec.max_batch if spec else 0)
         self.drafts: list[Drafts] = []  # every row's speculation, step by step
         self.outputs: dict[str, list[int]] = {}
+        self.logprobs: dict[str, list[float]] = {}  # each sampled token's, for requests that ask (logprobs=0)
         self.num_cached_tokens: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # requests whose row failed on the worker
         self.embeddings: dict[str, bytes] = {}  # pooling requests' outputs
@@ -88,6 +89,8 @@ class InProcessEngine:
             result.sampled += out.sampled
             result.drafts += out.drafts
             result.iteration_sizes.append(len(out.sampled))
+            for request_id, logprobs in out.logprobs.items():
+                self.logprobs.setdefault(request_id, []).extend(lp.logprob for lp in logprobs)
             self.embeddings.update(out.embeddings)
         self.scheduler.kv.end_transfers(ok=True)  # as the pool's loop does once the Step is back
         self.drafts += result.drafts

@@ -1,6 +1,7 @@
 """Batching never changes a greedy request's tokens: concurrency, prefix hits, preemption. Concurrency
 and prefix hits on --deterministic's torch ops (its promise); preemption and multi-step on the path
-`make run` serves (the C kernels; the stack tests batch them too)."""
+`make run` serves (the C kernels; the stack tests batch them too), where a request's logprobs are
+the same bits cached, chunked or batched, with float32 rows and with --quant-activations int8."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 
 import pytest
 
+from bench.dataset import CHAT_QUESTIONS
 from tests.inproc_engine import InProcessEngine
 
 
@@ -79,3 +81,49 @@ def test_multi_step_gives_the_same_tokens_in_fewer_steps(served_model, prompts, 
     assert all(len(multi[f"r{i}"]) <= max_tokens[i] for i in range(len(chosen)))
     # with room, decode runs 4 iterations a Step; under preemption, only while nothing waits
     assert multi_steps < single_steps * (0.5 if num_blocks == 256 else 1.0), (multi_steps, single_steps)
+
+
+@pytest.fixture(scope="module")
+def int8_rows_model(default_model_path, cpu_kernels):
+    """served_model with --quant-activations int8 (its own copy: the switch changes the model's Linears)."""
+    from services.worker.backends.spec import WorkerSpec
+    from services.worker.backends.torch_cpu.backend import load_as_filed
+    from services.worker.backends.torch_cpu.quantization import int8_activations
+
+    loaded = load_as_filed(default_model_path, WorkerSpec(model_path=default_model_path, kv_cache_bytes=lambda _: 0),
+                           native=True)
+    assert int8_activations(loaded.model) > 0
+    return loaded
+
+
+@pytest.mark.parametrize("rows", ["float32", "int8"])
+def test_logprobs_are_the_same_bits_cached_chunked_or_batched(request, hf_tokenizer, rows):
+    """Chat prompts (one system prompt: each after the first finds it cached) asked one by one, then
+    again (all but their last block cached), then all at once in chunks of 40 tokens: every sampled
+    token's logprob is its lone run's, to the bit. A prompt's rows are each computed as its decode
+    would be (prefill_attention), whatever was cached or beside it; int8 rows would round a last-bit
+    difference to another int8 step and change the answer."""
+    model = request.getfixturevalue("served_model" if rows == "float32" else "int8_rows_model")
+    chats = [hf_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                              tokenize=False) for q in CHAT_QUESTIONS[:6]]
+    prompts = [hf_tokenizer.encode(c, add_special_tokens=False) for c in chats]
+
+    def lone(prompt_ids):
+        engine = InProcessEngine(model, num_blocks=64)
+        engine.add("solo", prompt_ids, 8, logprobs=0)
+        engine.run()
+        return engine.logprobs["solo"]
+
+    expected = {f"{i}": lone(p) for i, p in enumerate(prompts)}
+    cached = InProcessEngine(model, num_blocks=256)
+    for again in ("", "again"):
+        for i, p in enumerate(prompts):
+            cached.add(f"{i}{again}", p, 8, logprobs=0)
+            cached.run()
+    assert cached.num_cached_tokens["1"] > 0 and all(cached.num_cached_tokens[f"{i}again"] > 0 for i in range(6))
+    chunked = InProcessEngine(model, num_blocks=256, max_num_batched_tokens=40)
+    for i, p in enumerate(prompts):
+        chunked.add(f"{i}", p, 8, logprobs=0)
+    chunked.run()
+    for i in range(6):
+        assert cached.logprobs[f"{i}"] == cached.logprobs[f"{i}again"] == chunked.logprobs[f"{i}"] == expected[f"{i}"], i

@@ -4,9 +4,12 @@ The torch backend is the reference every faster backend is tested against. The p
 block head-major, `[num_blocks, num_kv_heads, block_size, head_dim]`, so the blocks gathered for
 a sequence feed batched matmuls as they are, with no transposed copy. Decode rows (one query
 token each) are batched into grouped matmuls with a length mask, or (`native`) go to the C
-kernels' decode_attention, which reads each sequence's blocks in place. A prefill chunk with
-nothing cached before it runs causal SDPA; one after a cached prefix (a prefix-cache hit, or a later chunk
-of a chunked prefill) runs grouped matmuls with the causal mask shifted by the prefix.
+kernels' decode_attention, which reads each sequence's blocks in place. With `native`, a prefill
+chunk's rows go to prefill_attention, each computed as its token's decode would be: a row's result
+is the same bits whether its prompt hit the prefix cache, was chunked or shared the step. Otherwise
+a prefill chunk with nothing cached before it runs causal SDPA; one after a cached prefix (a
+prefix-cache hit, or a later chunk of a chunked prefill) runs grouped matmuls with the causal mask
+shifted by the prefix.
 A sliding-window layer (`window`: each query sees itself and the window - 1 keys before it, as
 transformers masks) masks the keys before the window; a soft-capped one (`softcap`: scores ->
 cap * tanh(scores / cap), Gemma 2) computes its scores as plain matmuls. Both take the grouped
@@ -75,11 +78,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out[meta.decode_token_idx] = _decode_rows(q[meta.decode_token_idx], k_cache, v_cache, meta, scale, native,
                                                   window, softcap)
     for start, num_query, num_cached, block_ids in meta.prefills:
-        out[start : start + num_query] = _prefill(
-            q[start : start + num_query], k_cache, v_cache, num_cached, block_ids, scale, window, softcap,
-            meta.bidirectional.get(start, ())
-        )
+        rows = q[start : start + num_query]
+        if _kernel_takes(native, rows, k_cache, window, softcap) and not meta.bidirectional.get(start):
+            out[start : start + num_query] = torch.ops.switchyard_cpu.prefill_attention(
+                rows, k_cache, v_cache, block_ids, num_cached, scale)
+        else:
+            out[start : start + num_query] = _prefill(rows, k_cache, v_cache, num_cached, block_ids, scale, window,
+                                                      softcap, meta.bidirectional.get(start, ()))
     return out
+
+
+def _kernel_takes(native: bool, q: torch.Tensor, k_cache: torch.Tensor, window: int | None,
+                  softcap: float | None) -> bool:
+    """The C kernels' attention takes these rows: their head size and dtype, neither a window nor a cap."""
+    return (native and window is None and softcap is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
+            and q.dtype == k_cache.dtype)
 
 
 def _decode_rows(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, native: bool, window: int | None,
@@ -87,8 +100,7 @@ def _decode_rows(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, nat
     """The decode rows' queries [num_decodes, heads, d] -> their outputs: the C kernel, or the matmuls."""
     if window is not None and not torch.compiler.is_dynamo_compiling() and meta.decode_max_context <= window:
         window = None  # every decode row sees its whole context (a compiled graph keeps the mask)
-    if (native and window is None and softcap is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
-            and q.dtype == k_cache.dtype):
+    if _kernel_takes(native, q, k_cache, window, softcap):
         return torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
                                                          meta.decode_context_lens, scale)
     return _decode(q, k_cache, v_cache, meta, scale, window, softcap)

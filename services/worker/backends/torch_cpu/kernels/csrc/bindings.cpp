@@ -1,6 +1,7 @@
 // The C kernels as torch ops (`torch.ops.switchyard_cpu.*`): their schemas, the argument checks
 // that raise before a kernel could read or write out of bounds, and the instruction-set variant
-// this CPU runs, picked when the library loads (use_variant switches it, for the tests).
+// this CPU runs, picked when the library loads (use_variant switches it, for the tests). The
+// attention ops are in attention_ops.cpp, write_kv_ in kv_write.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -9,53 +10,19 @@
 #include <vector>
 
 #include "checks.h"
-
-extern "C" {
-#if defined(__x86_64__)
-#define SY_VARIANT avx512_vnni
-#include "kernels.h"
-#undef SY_VARIANT
-#define SY_VARIANT avx512
-#include "kernels.h"
-#undef SY_VARIANT
-#define SY_VARIANT avx2
-#include "kernels.h"
-#undef SY_VARIANT
-#endif
-#define SY_VARIANT portable
-#include "kernels.h"
-#undef SY_VARIANT
-}
+#include "variants.h"
 
 namespace {
 
 using namespace sy;
-using DecodeF32 = decltype(&decode_attention_f32_64_portable);
-using DecodeBF16 = decltype(&decode_attention_bf16_64_portable);
-
-struct Variant {
-  const char *name;
-  bool (*runs_here)();
-  decltype(&quant_linear_f32_portable) quant_linear_f32;
-  decltype(&quant_linear_q8_portable) quant_linear_q8;
-  decltype(&add_rms_norm_f32_portable) add_rms_norm_f32;
-  decltype(&add_rms_norm_bf16_portable) add_rms_norm_bf16;
-  decltype(&rotary_f32_portable) rotary_f32;
-  decltype(&rotary_bf16_portable) rotary_bf16;
-  decltype(&silu_and_mul_f32_portable) silu_and_mul_f32;
-  decltype(&silu_and_mul_bf16_portable) silu_and_mul_bf16;
-  decltype(&lora_add_f32_portable) lora_add_f32;
-  decltype(&lora_add_bf16_portable) lora_add_bf16;
-  DecodeF32 decode_f32_64, decode_f32_128;
-  DecodeBF16 decode_bf16_64, decode_bf16_128;
-};
-
 #define SY_ENTRY(V, RUNS)                                                                            \
   Variant {                                                                                          \
     #V, RUNS, quant_linear_f32_##V, quant_linear_q8_##V, add_rms_norm_f32_##V, add_rms_norm_bf16_##V, rotary_f32_##V,     \
         rotary_bf16_##V, silu_and_mul_f32_##V, silu_and_mul_bf16_##V, lora_add_f32_##V,             \
         lora_add_bf16_##V, decode_attention_f32_64_##V,                                                \
-        decode_attention_f32_128_##V, decode_attention_bf16_64_##V, decode_attention_bf16_128_##V    \
+        decode_attention_f32_128_##V, decode_attention_bf16_64_##V, decode_attention_bf16_128_##V,   \
+        prefill_attention_f32_64_##V, prefill_attention_f32_128_##V, prefill_attention_bf16_64_##V,   \
+        prefill_attention_bf16_128_##V                                                                \
   }
 
 #if defined(__x86_64__)
@@ -81,7 +48,11 @@ const Variant *best_variant() {
   return &VARIANTS[std::size(VARIANTS) - 1];
 }
 
-const Variant *current = best_variant();
+}  // namespace
+
+const sy::Variant *sy::current = best_variant();
+
+namespace {
 
 std::string variant() { return current->name; }
 
@@ -195,11 +166,6 @@ at::Tensor quant_linear(const at::Tensor &x, const at::Tensor &qweight, const at
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-template <typename T>
-T *data(const at::Tensor &t) {
-  return reinterpret_cast<T *>(t.data_ptr());
-}
-
 // (weight * rms_norm(x + residual), x + residual) over the last dimension
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor &x, const at::Tensor &residual,
                                                 const at::Tensor &weight, double eps) {
@@ -307,56 +273,6 @@ void lora_add_(at::Tensor &y, const at::Tensor &x, const at::Tensor &a, const at
   TORCH_CHECK(status == 0, "lora_add ran out of memory");
 }
 
-// q: [B, heads, d] (d 64 or 128); caches: [blocks, kv heads, block size, d] of q's dtype;
-// block_tables: [B, max blocks] int64, every id a block of the caches; context_lens: [B] int64,
-// each within its table
-at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
-                            const at::Tensor &block_tables, const at::Tensor &context_lens, double scale) {
-  check_float(q, "q");
-  TORCH_CHECK(q.dim() == 3, "q must be [seqs, heads, head_dim], got ", q.sizes());
-  const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128, got ", head_dim);
-  for (const auto *t : {&k_cache, &v_cache}) {
-    check_cpu(*t, "the caches");
-    check_same_dtype(q, *t, "the caches");
-    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->size(3) == head_dim,
-                "the caches must be contiguous [blocks, kv heads, block size, ", head_dim, "], got ", t->sizes());
-  }
-  check_shape(v_cache, k_cache.sizes(), "v_cache");
-  const int64_t num_blocks = k_cache.size(0), num_kv_heads = k_cache.size(1), block_size = k_cache.size(2);
-  TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, num_heads, " query heads cannot share ",
-              num_kv_heads, " KV heads");
-  for (const auto *t : {&block_tables, &context_lens}) {
-    check_cpu(*t, "block_tables and context_lens");
-    TORCH_CHECK(t->scalar_type() == at::kLong, "block_tables and context_lens must be int64, got ", t->scalar_type());
-  }
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs, "block_tables must be [", num_seqs,
-              ", max blocks], got ", block_tables.sizes());
-  check_shape(context_lens, {num_seqs}, "context_lens");
-  const at::Tensor qc = q.contiguous(), tables = block_tables.contiguous(), lens = context_lens.contiguous();
-  const int64_t max_blocks = tables.size(1), *table = tables.data_ptr<int64_t>(), *len = lens.data_ptr<int64_t>();
-  for (int64_t s = 0; s < num_seqs; s++) {
-    TORCH_CHECK(len[s] >= 1 && len[s] <= max_blocks * block_size, "context_lens[", s, "] = ", len[s],
-                " does not fit its ", max_blocks, " blocks of ", block_size);
-    for (int64_t j = 0; j < (len[s] + block_size - 1) / block_size; j++)
-      TORCH_CHECK(table[s * max_blocks + j] >= 0 && table[s * max_blocks + j] < num_blocks, "block_tables[", s,
-                  ", ", j, "] = ", table[s * max_blocks + j], " is not one of the ", num_blocks, " blocks");
-  }
-  at::Tensor out = at::empty_like(qc);
-  const float sc = static_cast<float>(scale);
-  int status;
-  if (q.scalar_type() == at::kFloat)
-    status = (head_dim == 64 ? current->decode_f32_64 : current->decode_f32_128)(
-        data<float>(qc), data<float>(k_cache), data<float>(v_cache), table, len, data<float>(out), num_seqs,
-        num_heads, num_kv_heads, block_size, max_blocks, sc);
-  else
-    status = (head_dim == 64 ? current->decode_bf16_64 : current->decode_bf16_128)(
-        data<uint16_t>(qc), data<uint16_t>(k_cache), data<uint16_t>(v_cache), table, len, data<uint16_t>(out),
-        num_seqs, num_heads, num_kv_heads, block_size, max_blocks, sc);
-  TORCH_CHECK(status == 0, "decode_attention ran out of memory");
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY(switchyard_cpu, m) {
@@ -366,8 +282,6 @@ TORCH_LIBRARY(switchyard_cpu, m) {
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
   m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor a, Tensor b, Tensor slots, int[] out_sizes) -> ()");
-  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
-        "float scale) -> Tensor");
   m.def("variant() -> str", &variant);
   m.def("variants() -> str[]", &variants);
   m.def("use_variant(str name) -> str", &use_variant);
@@ -379,5 +293,4 @@ TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {
   m.impl("rotary", &rotary);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("lora_add_", &lora_add_);
-  m.impl("decode_attention", &decode_attention);
 }

@@ -1,5 +1,5 @@
-// The argument checks the ops' bindings share (bindings.cpp, kv_write.cpp): each raises before a
-// kernel could read or write out of bounds.
+// The argument checks the ops' bindings share (bindings.cpp, attention_ops.cpp, kv_write.cpp): each
+// raises before a kernel could read or write out of bounds; and a tensor's data as a kernel takes it.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,6 +22,12 @@ inline void check_same_dtype(const at::Tensor &a, const at::Tensor &b, const cha
 
 inline void check_shape(const at::Tensor &t, at::IntArrayRef shape, const char *what) {
   TORCH_CHECK(t.sizes() == shape, what, " must have shape ", shape, ", got ", t.sizes());
+}
+
+// a contiguous tensor's elements as the C kernels' type (bfloat16 as uint16_t)
+template <typename T>
+T *data(const at::Tensor &t) {
+  return reinterpret_cast<T *>(t.data_ptr());
 }
 
 }  // namespace sy

@@ -1,10 +1,10 @@
-/* decode_attention.c's AVX-512 form: the query heads of a KV head share each 16-key tile, whose 16
- * dot products are summed across lanes together; the next block is prefetched while one is read. */
+/* decode_attention.c's AVX-512 form: the queries of a KV head (slots: the heads of a row, or of several
+ * rows) share each 16-key tile, whose 16 dot products are summed across lanes together; the next block
+ * is prefetched while one is read. */
 #include <immintrin.h>
 
-#define AHEAD 1                         /* blocks prefetched ahead of the one being read */
-#define MAX_HEADS 4                     /* query heads per pass over the blocks, at most */
-#define HEADS_PER_PASS(HD) (256 / (HD)) /* so that their accumulators fill 16 registers */
+#define AHEAD 1      /* blocks prefetched ahead of the one being read */
+#define MAX_SLOTS 64 /* queries per pass over the blocks, at most */
 
 /* A tile's 16 rows of head_dim floats: float32 rows as they are, bfloat16 rows widened into buf. */
 static inline const float *f32_tile(const float *rows, float *buf, int64_t count) {
@@ -41,87 +41,82 @@ static inline void prefetch_block(const void *block, int64_t bytes) {
     for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch((const char *)block + offset);
 }
 
-/* NAME##_pass: `heads` (a constant once inlined) query heads over one KV head's blocks; q, out: those
- * heads' rows; scores: heads x len. NAME##_tiles: the group in passes of HEADS_PER_PASS heads. */
-#define DEFINE_TILES(NAME, T, LOAD, TILE, STORE, HD)                                                   \
-static inline __attribute__((always_inline)) void NAME##_pass(                                         \
-        const T *q, const T *k_cache, const T *v_cache, const int64_t *table, int64_t len,             \
-        int64_t kv_head, int64_t num_kv_heads, int64_t block_size, const int heads, float scale,       \
-        float *scores, T *out) {                                                                       \
+/* NAME##_slots: `count` (<= MAX_SLOTS) queries over one KV head's blocks, query s seeing the first
+ * lens[s] keys; q[s], out[s]: its head_dim values. Each query's sums are in one order whatever the
+ * other slots are: its scores tile by tile, its softmax over its own row of `scores` (count rows of
+ * `stride` floats, 64-byte aligned), its values key by key. The accumulators live in L1 between tiles,
+ * so that any number of queries share a tile's loads. */
+#define DEFINE_SLOTS(NAME, T, LOAD, TILE, STORE, HD)                                                   \
+static __attribute__((noinline)) void NAME##_slots(                                                    \
+        const T *const *q, T *const *out, const int64_t *lens, int count, const T *k_cache,             \
+        const T *v_cache, const int64_t *table, int64_t kv_head, int64_t num_kv_heads,                 \
+        int64_t block_size, float scale, float *scores, int64_t stride) {                              \
     enum { C = HD / 16 };                                                                              \
     const int64_t row_stride = block_size * HD, block_bytes = row_stride * (int64_t)sizeof(T);         \
-    float tile[16 * HD] __attribute__((aligned(64))), qf[MAX_HEADS][HD] __attribute__((aligned(64)));  \
-    __m512 max[MAX_HEADS], acc[MAX_HEADS][C];                                                          \
-    for (int g = 0; g < heads; g++) {                                                                  \
-        for (int d = 0; d < HD; d++) qf[g][d] = LOAD(q + g * HD + d) * scale;                          \
-        max[g] = _mm512_set1_ps(-INFINITY);                                                            \
-        for (int c = 0; c < C; c++) acc[g][c] = _mm512_setzero_ps();                                   \
+    float tile[16 * HD] __attribute__((aligned(64))), qf[MAX_SLOTS][HD] __attribute__((aligned(64)));  \
+    float acc[MAX_SLOTS][HD] __attribute__((aligned(64))), total[MAX_SLOTS];                           \
+    __m512 max[MAX_SLOTS];                                                                             \
+    int64_t longest = 0;                                                                               \
+    for (int s = 0; s < count; s++) {                                                                  \
+        for (int d = 0; d < HD; d++) qf[s][d] = LOAD(q[s] + d) * scale;                                \
+        for (int d = 0; d < HD; d++) acc[s][d] = 0.f;                                                  \
+        max[s] = _mm512_set1_ps(-INFINITY);                                                            \
+        longest = lens[s] > longest ? lens[s] : longest;                                               \
     }                                                                                                  \
-    for (int64_t first = 0; first < len; first += block_size) {                                        \
-        const int64_t j = first / block_size, n = len - first < block_size ? len - first : block_size;  \
-        const T *block = k_cache + block_start(table, j, num_kv_heads, kv_head, row_stride);               \
-        if (first + AHEAD * block_size < len)                                                          \
+    for (int64_t first = 0; first < longest; first += block_size) {                                    \
+        const int64_t j = first / block_size, n = longest - first < block_size ? longest - first : block_size; \
+        const T *block = k_cache + block_start(table, j, num_kv_heads, kv_head, row_stride);           \
+        if (first + AHEAD * block_size < longest)                                                      \
             prefetch_block(k_cache + block_start(table, j + AHEAD, num_kv_heads, kv_head, row_stride), block_bytes); \
-        for (int64_t i0 = 0; i0 < n; i0 += 16) {  /* rows past n are in the block, unused */           \
+        for (int64_t i0 = 0; i0 < n; i0 += 16) {  /* rows past a query's keys are in the block, unused */ \
             const float *k = TILE(block + i0 * HD, tile, 16 * HD);                                     \
-            const __mmask16 valid = n - i0 >= 16 ? 0xffff : (__mmask16)((1u << (n - i0)) - 1);          \
-            for (int g = 0; g < heads; g++) {                                                          \
+            for (int s = 0; s < count; s++) {                                                          \
+                const int64_t seen = lens[s] - first - i0;  /* of this tile's keys */                  \
+                if (seen <= 0) continue;                                                               \
+                const __mmask16 valid = seen >= 16 ? 0xffff : (__mmask16)((1u << seen) - 1);           \
                 __m512 part[16];                                                                       \
                 for (int i = 0; i < 16; i++) {                                                         \
-                    part[i] = _mm512_mul_ps(_mm512_loadu_ps(k + i * HD), _mm512_load_ps(qf[g]));       \
+                    part[i] = _mm512_mul_ps(_mm512_loadu_ps(k + i * HD), _mm512_load_ps(qf[s]));       \
                     for (int c = 1; c < C; c++)                                                        \
                         part[i] = _mm512_fmadd_ps(_mm512_loadu_ps(k + i * HD + 16 * c),                \
-                                                  _mm512_load_ps(qf[g] + 16 * c), part[i]);            \
+                                                  _mm512_load_ps(qf[s] + 16 * c), part[i]);            \
                 }                                                                                      \
-                const __m512 s = lane_sums(part);                                                      \
-                _mm512_mask_storeu_ps(scores + g * len + first + i0, valid, s);                        \
-                max[g] = _mm512_mask_max_ps(max[g], valid, max[g], s);                                 \
+                const __m512 sums = lane_sums(part);                                                   \
+                _mm512_mask_storeu_ps(scores + s * stride + first + i0, valid, sums);                  \
+                max[s] = _mm512_mask_max_ps(max[s], valid, max[s], sums);                              \
             }                                                                                          \
         }                                                                                              \
     }                                                                                                  \
-    float total[MAX_HEADS];                                                                            \
-    for (int g = 0; g < heads; g++) {                                                                  \
-        float *row = scores + g * len, sum = 0.f;                                                      \
-        const float top = _mm512_reduce_max_ps(max[g]);                                               \
-        for (int64_t t = 0; t < len; t++) { row[t] = exp_clamped(row[t] - top); sum += row[t]; }   \
-        total[g] = sum;                                                                                \
+    for (int s = 0; s < count; s++) {                                                                  \
+        float *row = scores + s * stride, sum = 0.f;                                                   \
+        const float top = _mm512_reduce_max_ps(max[s]);                                                \
+        for (int64_t t = 0; t < lens[s]; t++) { row[t] = exp_clamped(row[t] - top); sum += row[t]; }   \
+        total[s] = sum;                                                                                \
     }                                                                                                  \
-    for (int64_t first = 0; first < len; first += block_size) {                                        \
-        const int64_t j = first / block_size, n = len - first < block_size ? len - first : block_size;  \
-        const T *block = v_cache + block_start(table, j, num_kv_heads, kv_head, row_stride);               \
-        if (first + AHEAD * block_size < len)                                                          \
+    for (int64_t first = 0; first < longest; first += block_size) {                                    \
+        const int64_t j = first / block_size, n = longest - first < block_size ? longest - first : block_size; \
+        const T *block = v_cache + block_start(table, j, num_kv_heads, kv_head, row_stride);           \
+        if (first + AHEAD * block_size < longest)                                                      \
             prefetch_block(v_cache + block_start(table, j + AHEAD, num_kv_heads, kv_head, row_stride), block_bytes); \
         for (int64_t i0 = 0; i0 < n; i0 += 16) {                                                       \
             const float *v = TILE(block + i0 * HD, tile, 16 * HD);                                     \
-            const int64_t rows = n - i0 < 16 ? n - i0 : 16;                                            \
-            for (int64_t i = 0; i < rows; i++)                                                         \
-                for (int g = 0; g < heads; g++) {                                                      \
-                    const __m512 p = _mm512_set1_ps(scores[g * len + first + i0 + i]);                 \
+            for (int s = 0; s < count; s++) {                                                          \
+                const int64_t seen = lens[s] - first - i0, rows = seen < 16 ? seen : 16;               \
+                if (seen <= 0) continue;                                                               \
+                const float *p = scores + s * stride + first + i0;                                     \
+                __m512 a[C];                                                                           \
+                for (int c = 0; c < C; c++) a[c] = _mm512_load_ps(acc[s] + 16 * c);                    \
+                for (int64_t i = 0; i < rows; i++)                                                     \
                     for (int c = 0; c < C; c++)                                                        \
-                        acc[g][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + i * HD + 16 * c), acc[g][c]); \
-                }                                                                                      \
+                        a[c] = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), _mm512_loadu_ps(v + i * HD + 16 * c), a[c]); \
+                for (int c = 0; c < C; c++) _mm512_store_ps(acc[s] + 16 * c, a[c]);                    \
+            }                                                                                          \
         }                                                                                              \
     }                                                                                                  \
-    for (int g = 0; g < heads; g++) {                                                                  \
+    for (int s = 0; s < count; s++) {                                                                  \
         float row[HD] __attribute__((aligned(64)));                                                    \
         for (int c = 0; c < C; c++)                                                                    \
-            _mm512_store_ps(row + 16 * c, _mm512_div_ps(acc[g][c], _mm512_set1_ps(total[g])));          \
-        for (int d = 0; d < HD; d++) out[g * HD + d] = STORE(row[d]);                                  \
-    }                                                                                                  \
-}                                                                                                      \
-static void NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *table, int64_t len,   \
-                 int64_t kv_head, int64_t num_kv_heads, int64_t block_size, int64_t group, float scale, \
-                 float *scores, T *out) {                                                              \
-    for (int64_t g0 = 0; g0 < group; g0 += HEADS_PER_PASS(HD)) {                                       \
-        const int64_t left = group - g0, heads = left < HEADS_PER_PASS(HD) ? left : HEADS_PER_PASS(HD); \
-        const T *qh = q + g0 * HD;                                                                     \
-        float *sh = scores + g0 * len;                                                                 \
-        T *oh = out + g0 * HD;                                                                         \
-        switch (heads) {  /* each count its own loop nest, unrolled, accumulators in registers */      \
-        case 1: NAME##_pass(qh, k_cache, v_cache, table, len, kv_head, num_kv_heads, block_size, 1, scale, sh, oh); break; \
-        case 2: NAME##_pass(qh, k_cache, v_cache, table, len, kv_head, num_kv_heads, block_size, 2, scale, sh, oh); break; \
-        case 3: NAME##_pass(qh, k_cache, v_cache, table, len, kv_head, num_kv_heads, block_size, 3, scale, sh, oh); break; \
-        default: NAME##_pass(qh, k_cache, v_cache, table, len, kv_head, num_kv_heads, block_size, 4, scale, sh, oh); \
-        }                                                                                              \
+            _mm512_store_ps(row + 16 * c, _mm512_div_ps(_mm512_load_ps(acc[s] + 16 * c), _mm512_set1_ps(total[s]))); \
+        for (int d = 0; d < HD; d++) out[s][d] = STORE(row[d]);                                        \
     }                                                                                                  \
 }

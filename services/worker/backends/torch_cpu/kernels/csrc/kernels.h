@@ -56,3 +56,13 @@ SY_DECODE_ATTENTION(float, decode_attention_f32_128)
 SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_64)
 SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_128)
 #undef SY_DECODE_ATTENTION
+/* decode_attention.c: a prefill chunk's rows after num_cached keys, each as its decode would be */
+#define SY_PREFILL_ATTENTION(T, NAME)                                                                \
+    int SY_KERNEL(NAME)(const T *q, const T *k_cache, const T *v_cache, const int64_t *table,       \
+                        int64_t num_cached, T *out, int64_t num_query, int64_t num_heads,            \
+                        int64_t num_kv_heads, int64_t block_size, float scale);
+SY_PREFILL_ATTENTION(float, prefill_attention_f32_64)
+SY_PREFILL_ATTENTION(float, prefill_attention_f32_128)
+SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_64)
+SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_128)
+#undef SY_PREFILL_ATTENTION
