@@ -1,20 +1,25 @@
-"""`python -m bench.prefix_attention`: one layer's attention for a chunk after a cached prefix, both ways.
+"""`python -m bench.prefix_attention`: one layer's attention for a prefill chunk after a cached prefix, three ways.
 
-    python -m bench.prefix_attention [--queries 1,4,16,64,256,512 --cached 64,512,2048,4096 --threads 2]
+    python -m bench.prefix_attention [--queries 1,4,16,64,256,512 --cached 0,64,512,2048,4096 --threads 2]
 
-The torch CPU backend's two paths (services/worker/backends/torch_cpu/attention.py): grouped matmuls
-over materialized scores, and SDPA's flash kernel over the prefix and over the chunk merged by
-log-sum-exp; milliseconds a call, at SmolLM2's heads by default (9 query, 3 KV, 64 wide).
+The torch CPU backend's paths (services/worker/backends/torch_cpu/attention.py): the reference's
+grouped matmuls over materialized scores, and SDPA's flash kernel over the prefix and over the chunk
+merged by log-sum-exp (causal SDPA alone with nothing cached); and the C kernels' prefill_attention,
+each row as its decode (what the fast path runs); milliseconds a call, at SmolLM2's heads by default
+(9 query, 3 KV, 64 wide).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
+import torch.nn.functional as F
 
 from services.worker.backends.torch_cpu.attention import _matmul_attention, _prefix_then_chunk
+from services.worker.backends.torch_cpu.kernels.load import load
 
 
 def per_call_ms(fn, *args, calls: int) -> float:
@@ -25,10 +30,22 @@ def per_call_ms(fn, *args, calls: int) -> float:
     return (time.perf_counter() - started) / calls * 1e3
 
 
+def paged(k: torch.Tensor, v: torch.Tensor, block_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[1, h_kv, ctx, d] keys and values -> the pool's [blocks, h_kv, block_size, d] caches and their block ids."""
+    pad = -k.shape[2] % block_size
+    k, v = (F.pad(x[0], (0, 0, 0, pad)).unflatten(1, (-1, block_size)).transpose(0, 1).contiguous() for x in (k, v))
+    return k, v, torch.arange(k.shape[0])
+
+
+def prefill_attention(qb, k_cache, v_cache, block_ids, num_cached: int, scale: float) -> torch.Tensor:
+    q = qb[0].transpose(0, 1)  # [nq, h, d], as the model passes it (the op copies it contiguous)
+    return torch.ops.switchyard_cpu.prefill_attention(q, k_cache, v_cache, block_ids, num_cached, scale)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queries", default="1,4,16,64,256,512")
-    p.add_argument("--cached", default="64,512,2048,4096")
+    p.add_argument("--cached", default="0,64,512,2048,4096")
     p.add_argument("--heads", type=int, default=9)
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
@@ -39,7 +56,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype, cached = getattr(torch, args.dtype), [int(c) for c in args.cached.split(",")]
-    print(f"ms a call, matmuls / flash merged; {args.heads} heads over {args.kv_heads} KV heads of {args.head_dim}, "
+    if not load().loaded:
+        raise SystemExit(load().reason)
+    print(f"ms a call, matmuls / flash merged (causal SDPA with nothing cached) / prefill_attention; {args.heads} heads over {args.kv_heads} KV heads of {args.head_dim}, "
           f"{args.dtype}, {torch.get_num_threads()} threads")
     print("| queries \\ cached keys | " + " | ".join(f"{c:,}" for c in cached) + " |")
     print("|---|" + "---|" * len(cached))
@@ -49,8 +68,11 @@ def main() -> None:
             q = torch.randn(1, args.heads, num_query, args.head_dim, dtype=dtype)
             k, v = (torch.randn(1, args.kv_heads, num_cached + num_query, args.head_dim, dtype=dtype) for _ in range(2))
             scale = args.head_dim ** -0.5
+            flash = (functools.partial(F.scaled_dot_product_attention, is_causal=True, scale=scale, enable_gqa=True)
+                     if num_cached == 0 else functools.partial(_prefix_then_chunk, num_cached=num_cached, scale=scale))
             cells.append(f"{per_call_ms(_matmul_attention, q, k, v, num_cached, scale, calls=args.calls):.3f} / "
-                         f"{per_call_ms(_prefix_then_chunk, q, k, v, num_cached, scale, calls=args.calls):.3f}")
+                         f"{per_call_ms(flash, q, k, v, calls=args.calls):.3f} / "
+                         f"{per_call_ms(prefill_attention, q, *paged(k, v), num_cached, scale, calls=args.calls):.3f}")
         print(f"| {num_query} | " + " | ".join(cells) + " |")
 
 
