@@ -24,8 +24,8 @@ def sequence(context: int, num_kv_heads: int, head_dim: int, dtype, block_size: 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 20, 64)])
-@pytest.mark.parametrize("block_size", [16, 8, 32])
-@pytest.mark.parametrize("num_cached,num_query", [(0, 1), (0, 37), (5, 40), (100, 3), (33, 130)])
+@pytest.mark.parametrize("block_size", [16, 8])
+@pytest.mark.parametrize("num_cached,num_query", [(0, 37), (5, 40), (100, 3), (33, 130)])
 def test_each_row_is_its_decode(variant, dtype, num_kv_heads, group, head_dim, block_size, num_cached, num_query):
     """Row i is decode_attention's answer for a sequence of num_cached + i + 1 keys, to the bit: the
     rows share each key tile's loads (AVX-512, blocks of 16 keys and more: up to 16 queries a pass,
