@@ -80,7 +80,3 @@ def _register_fakes() -> None:
     @torch.library.register_fake(lib + "decode_attention")
     def _(q, k_cache, v_cache, block_tables, context_lens, scale):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-    @torch.library.register_fake(lib + "prefill_attention")
-    def _(q, k_cache, v_cache, block_ids, num_cached, scale):
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
