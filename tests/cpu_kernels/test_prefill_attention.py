@@ -23,14 +23,14 @@ def sequence(context: int, num_kv_heads: int, head_dim: int, dtype, block_size: 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 20, 64)])
+@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64)])
 @pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("num_cached,num_query", [(0, 37), (5, 40), (100, 3), (33, 130)])
 def test_each_row_is_its_decode(variant, dtype, num_kv_heads, group, head_dim, block_size, num_cached, num_query):
     """Row i is decode_attention's answer for a sequence of num_cached + i + 1 keys, to the bit: the
-    rows share each key tile's loads (AVX-512, blocks of 16 keys and more: up to 16 queries a pass,
-    so a group of 20 heads takes two) but each sums its own keys in a decode's order. Blocks of 8
-    take the portable loops, row by row."""
+    rows share each key tile's loads (AVX-512, blocks of 16 keys and more: up to 64 queries a pass,
+    so a row's group of 72 heads takes two) but each sums its own keys in a decode's order. Blocks
+    of 8 take the portable loops, row by row."""
     torch.manual_seed(0)
     k_cache, v_cache, ids = sequence(num_cached + num_query, num_kv_heads, head_dim, dtype, block_size)
     q = torch.randn(num_query, num_kv_heads * group, head_dim).to(dtype)
