@@ -116,9 +116,17 @@ async def test_a_model_name_with_dots_or_wildcards_is_one_token_the_permissions_
     api, api_errors = await _connect_as(locked, "api")
     mine, other = await scheduler.subscribe(subjects.submit(model)), await scheduler.subscribe(subjects.submit("x"))
     await scheduler.flush()
-    await api.publish(subjects.submit(model), b"hello")
-    await api.flush()
-    assert (await mine.next_msg(timeout=5)).data == b"hello"
+    # nats-server 2.9.10 (Debian's) misses about 1 in 4,000 first messages to a subscription in a
+    # locked account flushed a moment before (docs/architecture.md, "A locked bus"), without an
+    # error either side: a second copy is sent if the first has not come. A refusal would be an error.
+    for attempt in range(3):
+        await api.publish(subjects.submit(model), b"hello")
+        await api.flush()
+        try:
+            assert (await mine.next_msg(timeout=5)).data == b"hello"
+            break
+        except nats.errors.TimeoutError:
+            assert attempt < 2 and scheduler_errors == api_errors == [], (scheduler_errors, api_errors)
     with pytest.raises(nats.errors.TimeoutError):
         await other.next_msg(timeout=0.2)
     await scheduler.close()
