@@ -56,9 +56,9 @@ REAL = {  # name: (config class, model class, the real config's geometry; width,
 }
 
 
-def _saved(tmp_path_factory, name: str, window: int | None = None):
-    """(transformers' model, ours) for one family, written by save_pretrained and loaded back; with
-    `window`, the window shrunk (and Gemma 2's caps lowered)."""
+def _saved(tmp_path_factory, name: str, window: int | None = None, ops=TORCH_OPS):
+    """(transformers' model, ours) for one family, written by save_pretrained and loaded back on `ops`;
+    with `window`, the window shrunk (and Gemma 2's caps lowered)."""
     config_cls, model_cls, geometry = REAL[name]
     fields = dict(geometry, vocab_size=VOCAB, intermediate_size=512, initializer_range=0.08)
     fields.setdefault("num_hidden_layers", len(GEMMA3_LAYERS))
@@ -75,7 +75,7 @@ def _saved(tmp_path_factory, name: str, window: int | None = None):
                     p.normal_(0, 0.1)
     folder = tmp_path_factory.mktemp(name)
     theirs.save_pretrained(folder, safe_serialization=True)
-    return theirs, load_model(str(folder), ops=TORCH_OPS)
+    return theirs, load_model(str(folder), ops=ops)
 
 
 @pytest.fixture(scope="module", params=["gemma-3-1b-it", "gemma-3-4b-it", "gemma-2-2b-it"])
@@ -110,6 +110,44 @@ def test_greedy_tokens_match_transformers_past_the_window(small_window):
 
 def test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_tokens(small_window):
     check_batched_as_alone(small_window[-1], VOCAB)
+
+
+@pytest.mark.parametrize("name", ["gemma-3-1b-it", "gemma-2-2b-it", "Mistral-7B-v0.1"])
+def test_on_the_c_kernels_every_logprob_is_a_lone_runs_bits(tmp_path_factory, cpu_kernels, name):
+    """The fast path (the C kernels' attention, here with 8-bit weights on quant_linear, whose rows are
+    each their own sums): windowed and soft-capped layers of head sizes 256 and 128 too. Prompts
+    sharing 40 tokens, alone, then one after another (the shared blocks cached), then all at once in
+    chunks of 32 tokens: every sampled token's logprob the lone run's to the bit, past the window of
+    24 in prefill chunks and decode steps; and the greedy tokens transformers' (fast path, float32)."""
+    from services.worker.backends.torch_cpu.ops import NATIVE_OPS
+    from services.worker.backends.torch_cpu.quantization import quantize
+    from tests.inproc_engine import InProcessEngine
+
+    theirs, ours = _saved(tmp_path_factory, name, window=24, ops=NATIVE_OPS)
+    assert greedy_generate(make_runner(ours, num_blocks=8), list(range(5, 45)), 16) == \
+        transformers_greedy(theirs, list(range(5, 45)), 16)
+    quantize(ours.model, "int8")
+    gen = torch.Generator().manual_seed(5)
+    shared = torch.randint(0, VOCAB, (40,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, VOCAB, (20 + 9 * i,), generator=gen).tolist() for i in range(4)]
+
+    def lone(prompt):
+        engine = InProcessEngine(ours, num_blocks=16)
+        engine.add("solo", prompt, 12, logprobs=0, min_tokens=12)
+        engine.run()
+        return engine.logprobs["solo"]
+
+    expected = [lone(p) for p in prompts]
+    cached = InProcessEngine(ours, num_blocks=64)
+    for i, p in enumerate(prompts):
+        cached.add(f"{i}", p, 12, logprobs=0, min_tokens=12)
+        cached.run()
+    assert all(cached.num_cached_tokens[f"{i}"] >= 32 for i in range(1, 4))
+    chunked = InProcessEngine(ours, num_blocks=64, max_num_batched_tokens=32)
+    for i, p in enumerate(prompts):
+        chunked.add(f"{i}", p, 12, logprobs=0, min_tokens=12)
+    chunked.run()
+    assert [cached.logprobs[f"{i}"] for i in range(4)] == [chunked.logprobs[f"{i}"] for i in range(4)] == expected
 
 
 # Gemma normalizes after attention and after the MLP too: its names for the four norms

@@ -12,8 +12,9 @@ BLOCK_SIZE = 16
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-def kernel(q, k_cache, v_cache, block_tables, context_lens, scale):
-    return torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+def kernel(q, k_cache, v_cache, block_tables, context_lens, scale, window=0, softcap=0.0):
+    return torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window,
+                                                     softcap)
 
 
 def ragged_batch(lengths, num_kv_heads, group, head_dim, dtype, block_size=BLOCK_SIZE):
@@ -36,7 +37,7 @@ def ragged_batch(lengths, num_kv_heads, group, head_dim, dtype, block_size=BLOCK
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64)])
+@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64), (2, 2, 256)])
 @pytest.mark.parametrize("block_size", [BLOCK_SIZE, 8, 32])
 def test_the_kernel_matches_the_matmuls(variant, dtype, num_kv_heads, group, head_dim, block_size):
     """Blocks of 16 keys and more take the AVX-512 tiles in that variant; blocks of 8 the portable
@@ -93,17 +94,24 @@ def test_tables_and_lengths_that_would_read_outside_the_cache_are_refused(cpu_ke
             kernel(q, k_cache, v_cache, bad_tables, bad_lens, 0.125)
     with pytest.raises(RuntimeError, match="must be contiguous"):
         kernel(q, k_cache.transpose(1, 2), v_cache, tables, lens, 0.125)
-    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+    with pytest.raises(RuntimeError, match="head_dim must be 64, 128 or 256"):
         kernel(q[..., :32], k_cache[..., :32].contiguous(), v_cache[..., :32].contiguous(), tables, lens, 0.125)
 
 
-@pytest.mark.parametrize("window", [300, 40])  # past every context: the C kernel; within some: the masked matmuls
-def test_a_sliding_window_layer_on_the_native_path(variant, window):
-    """paged_attention(native=True) for a windowed layer: the kernel where no row outgrows the
-    window (its contexts known on the host), the window's mask where one does; either way the
-    reference's numbers."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap", [(300, None), (40, None), (1, None), (None, 5.0), (40, 5.0)])
+@pytest.mark.parametrize("block_size", [BLOCK_SIZE, 8])
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_a_windowed_or_capped_layer_on_the_native_path(variant, dtype, window, softcap, block_size, head_dim):
+    """paged_attention(native=True) for a sliding-window layer (a window past every context, within
+    some, of one key) or a soft-capped one (Gemma 2): the kernel, within the tolerance of the
+    reference's masked matmuls."""
     torch.manual_seed(2)
-    q, k_cache, v_cache, meta = ragged_batch([1, 16, 17, 40, 300 if window == 40 else 200], 3, 3, 64, torch.float32)
+    q, k_cache, v_cache, meta = ragged_batch([1, 16, 17, 40, 300], 3, 3, head_dim, dtype, block_size)
+    q = q * 3  # scores of several units: the cap bends them
     meta.decode_max_context = int(meta.decode_context_lens.max())
-    got = paged_attention(q, k_cache, v_cache, meta, 0.125, native=True, window=window)
-    torch.testing.assert_close(got, _decode(q, k_cache, v_cache, meta, 0.125, window), atol=1e-5, rtol=0)
+    got = paged_attention(q, k_cache, v_cache, meta, 0.125, native=True, window=window, softcap=softcap)
+    assert torch.equal(got, kernel(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, 0.125,
+                                   window or 0, softcap or 0.0))
+    expected = _decode(q.float(), k_cache.float(), v_cache.float(), meta, 0.125, window, softcap)
+    torch.testing.assert_close(got.float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])

@@ -1,5 +1,6 @@
 """prefill_attention (decode_attention.c): a prefill chunk's rows, each the bits its token's decode
-gives, whatever chunk or cached prefix it comes with; and close to the torch reference's SDPA."""
+gives, whatever chunk or cached prefix it comes with, with or without a sliding window and a soft cap;
+and close to the torch reference's SDPA and matmuls."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from services.worker.backends.torch_cpu.attention import AttentionMetadata, _pre
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-def kernel(q, k_cache, v_cache, block_ids, num_cached, scale):
-    return torch.ops.switchyard_cpu.prefill_attention(q, k_cache, v_cache, block_ids, num_cached, scale)
+def kernel(q, k_cache, v_cache, block_ids, num_cached, scale, window=0, softcap=0.0):
+    return torch.ops.switchyard_cpu.prefill_attention(q, k_cache, v_cache, block_ids, num_cached, scale, window,
+                                                      softcap)
 
 
 def sequence(context: int, num_kv_heads: int, head_dim: int, dtype, block_size: int = 16):
@@ -23,7 +25,7 @@ def sequence(context: int, num_kv_heads: int, head_dim: int, dtype, block_size: 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64)])
+@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64), (2, 2, 256)])
 @pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("num_cached,num_query", [(0, 37), (5, 40), (100, 3), (33, 130)])
 def test_each_row_is_its_decode(variant, dtype, num_kv_heads, group, head_dim, block_size, num_cached, num_query):
@@ -46,6 +48,31 @@ def test_each_row_is_its_decode(variant, dtype, num_kv_heads, group, head_dim, b
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap", [(24, 0.0), (1, 0.0), (0, 30.0), (40, 2.0)])
+@pytest.mark.parametrize("block_size", [16, 8])
+@pytest.mark.parametrize("num_cached,num_query", [(0, 37), (50, 20), (3, 130)])
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_a_windowed_or_capped_row_is_its_decode(variant, dtype, window, softcap, block_size, num_cached, num_query,
+                                                head_dim):
+    """A sliding window (row i sees its last `window` keys; a window of 1, itself alone) and a soft cap
+    (Gemma 2's cap * tanh(score / cap)): each row still its decode's bits, and within the tolerance of
+    the reference's masked SDPA or capped matmuls."""
+    torch.manual_seed(3)
+    k_cache, v_cache, ids = sequence(num_cached + num_query, 2, head_dim, dtype, block_size)
+    q = (torch.randn(num_query, 6, head_dim) * 3).to(dtype)  # scores of several units: the cap bends them
+
+    out = kernel(q, k_cache, v_cache, ids, num_cached, 0.125, window, softcap)
+
+    lens = torch.arange(num_cached + 1, num_cached + num_query + 1)
+    decoded = torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, ids.expand(num_query, -1).contiguous(),
+                                                        lens, 0.125, window, softcap)
+    assert torch.equal(out, decoded)
+    expected = _prefill(q.float(), k_cache.float(), v_cache.float(), num_cached, ids, 0.125, window or None,
+                        softcap or None)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
 def test_a_row_is_the_same_whatever_chunk_it_comes_in(variant):
     """A prompt of 150 tokens prefilled at once, or in three chunks (each after the keys before it, as a
     chunked prefill or a prefix-cache hit runs): the same bits in every row."""
@@ -58,8 +85,8 @@ def test_a_row_is_the_same_whatever_chunk_it_comes_in(variant):
 
 
 def test_paged_attention_takes_the_kernel_for_prefills_where_it_can(cpu_kernels):
-    """With `native`, a prefill chunk goes through the kernel; a dtype it was not built for (float16),
-    a sliding window, a soft cap or an image's two-way span stay on the reference's SDPA and matmuls."""
+    """With `native`, a prefill chunk goes through the kernel, a sliding window's and a soft cap's too; a
+    dtype it was not built for (float16) or an image's two-way span stay on the reference's SDPA and matmuls."""
     torch.manual_seed(2)
     k_cache, v_cache, ids = sequence(60, 3, 64, torch.float32)
     q = torch.randn(20, 9, 64)
@@ -73,7 +100,7 @@ def test_paged_attention_takes_the_kernel_for_prefills_where_it_can(cpu_kernels)
     assert torch.equal(paged_attention(*half, meta, 0.125, native=True), _prefill(*half, 40, ids, 0.125))
     for window, softcap in ((16, None), (None, 30.0)):
         assert torch.equal(paged_attention(q, k_cache, v_cache, meta, 0.125, native=True, window=window, softcap=softcap),
-                           _prefill(q, k_cache, v_cache, 40, ids, 0.125, window, softcap))
+                           kernel(q, k_cache, v_cache, ids, 40, 0.125, window or 0, softcap or 0.0))
     meta.bidirectional = {0: [(42, 50)]}
     assert torch.equal(paged_attention(q, k_cache, v_cache, meta, 0.125, native=True),
                        _prefill(q, k_cache, v_cache, 40, ids, 0.125, spans=[(42, 50)]))
@@ -92,3 +119,7 @@ def test_block_ids_that_would_read_outside_the_cache_are_refused(cpu_kernels):
     ]:
         with pytest.raises(RuntimeError, match=message):
             kernel(q, k_cache, v_cache, bad_ids, num_cached, 0.125)
+    for window, softcap, message in [(-1, 0.0, "window must be"), (0, -1.0, "softcap must be"),
+                                     (0, float("inf"), "softcap must be")]:
+        with pytest.raises(RuntimeError, match=message):
+            kernel(q, k_cache, v_cache, ids, 40, 0.125, window, softcap)

@@ -12,8 +12,8 @@ prefix-cache hit, or a later chunk of a chunked prefill) runs grouped matmuls wi
 shifted by the prefix.
 A sliding-window layer (`window`: each query sees itself and the window - 1 keys before it, as
 transformers masks) masks the keys before the window; a soft-capped one (`softcap`: scores ->
-cap * tanh(scores / cap), Gemma 2) computes its scores as plain matmuls. Both take the grouped
-matmuls for decode rows. In a prefill, an image's tokens (Gemma 3's) also see its later tokens.
+cap * tanh(scores / cap), Gemma 2) computes its scores as plain matmuls; the C kernels take both.
+In a prefill, an image's tokens (Gemma 3's) also see its later tokens (the reference's paths).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-HEAD_DIMS = (64, 128)  # the head sizes the C kernel is built for
+HEAD_DIMS = (64, 128, 256)  # the head sizes the C kernels are built for
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the C kernels take
 # a prefill chunk after a cached prefix of at most this many queries (a speculative verification, a
 # small chunk) runs as plain matmuls while its float32 scores (heads x queries x context) stay this
@@ -69,8 +69,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     scale: float, native: bool = False, window: int | None = None,
                     softcap: float | None = None) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]. `native`: the decode
-    rows run the C kernels' decode_attention where it takes their head size and dtype (and neither a
-    window nor a soft cap)."""
+    rows run the C kernels' decode_attention, the prefill rows prefill_attention, where they take the
+    head size and dtype (and, for a prefill, no image's two-way span)."""
     if not meta.prefills:  # every row decodes, in order: no gather, no scatter
         return _decode_rows(q, k_cache, v_cache, meta, scale, native, window, softcap)
     out = torch.empty_like(q)
@@ -79,30 +79,28 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                                   window, softcap)
     for start, num_query, num_cached, block_ids in meta.prefills:
         rows = q[start : start + num_query]
-        if _kernel_takes(native, rows, k_cache, window, softcap) and not meta.bidirectional.get(start):
+        if _kernel_takes(native, rows, k_cache) and not meta.bidirectional.get(start):
             out[start : start + num_query] = torch.ops.switchyard_cpu.prefill_attention(
-                rows, k_cache, v_cache, block_ids, num_cached, scale)
+                rows, k_cache, v_cache, block_ids, num_cached, scale, window or 0, softcap or 0.0)
         else:
             out[start : start + num_query] = _prefill(rows, k_cache, v_cache, num_cached, block_ids, scale, window,
                                                       softcap, meta.bidirectional.get(start, ()))
     return out
 
 
-def _kernel_takes(native: bool, q: torch.Tensor, k_cache: torch.Tensor, window: int | None,
-                  softcap: float | None) -> bool:
-    """The C kernels' attention takes these rows: their head size and dtype, neither a window nor a cap."""
-    return (native and window is None and softcap is None and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES
-            and q.dtype == k_cache.dtype)
+def _kernel_takes(native: bool, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """The C kernels' attention takes these rows: their head size and dtype."""
+    return native and q.shape[-1] in HEAD_DIMS and q.dtype in NATIVE_DTYPES and q.dtype == k_cache.dtype
 
 
 def _decode_rows(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, native: bool, window: int | None,
                  softcap: float | None) -> torch.Tensor:
     """The decode rows' queries [num_decodes, heads, d] -> their outputs: the C kernel, or the matmuls."""
+    if _kernel_takes(native, q, k_cache):
+        return torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
+                                                         meta.decode_context_lens, scale, window or 0, softcap or 0.0)
     if window is not None and not torch.compiler.is_dynamo_compiling() and meta.decode_max_context <= window:
         window = None  # every decode row sees its whole context (a compiled graph keeps the mask)
-    if _kernel_takes(native, q, k_cache, window, softcap):
-        return torch.ops.switchyard_cpu.decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
-                                                         meta.decode_context_lens, scale)
     return _decode(q, k_cache, v_cache, meta, scale, window, softcap)
 
 

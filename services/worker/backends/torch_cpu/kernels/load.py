@@ -78,5 +78,5 @@ def _register_fakes() -> None:
         return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
     @torch.library.register_fake(lib + "decode_attention")
-    def _(q, k_cache, v_cache, block_tables, context_lens, scale):
+    def _(q, k_cache, v_cache, block_tables, context_lens, scale, window=0, softcap=0.0):
         return torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <cmath>
+
 #include "checks.h"
 #include "variants.h"
 
@@ -10,13 +12,15 @@ namespace {
 
 using namespace sy;
 
-// q: [rows, heads, d], d 64 or 128; the caches [blocks, kv heads, block size, d], contiguous, of q's
-// dtype, their kv heads shared evenly by q's heads. Returns d.
-int64_t check_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache) {
+// q: [rows, heads, d], d one of HEAD_DIMS; the caches [blocks, kv heads, block size, d], contiguous, of
+// q's dtype, their kv heads shared evenly by q's heads. Returns d's index in HEAD_DIMS.
+int check_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache) {
   check_float(q, "q");
   TORCH_CHECK(q.dim() == 3, "q must be [rows, heads, head_dim], got ", q.sizes());
   const int64_t num_heads = q.size(1), head_dim = q.size(2);
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128, got ", head_dim);
+  int index = 0;
+  while (index < 3 && HEAD_DIMS[index] != head_dim) index++;
+  TORCH_CHECK(index < 3, "head_dim must be 64, 128 or 256, got ", head_dim);
   for (const auto *t : {&k_cache, &v_cache}) {
     check_cpu(*t, "the caches");
     check_same_dtype(q, *t, "the caches");
@@ -26,15 +30,24 @@ int64_t check_attention(const at::Tensor &q, const at::Tensor &k_cache, const at
   check_shape(v_cache, k_cache.sizes(), "v_cache");
   TORCH_CHECK(k_cache.size(1) > 0 && num_heads % k_cache.size(1) == 0, num_heads, " query heads cannot share ",
               k_cache.size(1), " KV heads");
-  return head_dim;
+  return index;
 }
 
-// q: [B, heads, d] (d 64 or 128); caches: [blocks, kv heads, block size, d] of q's dtype;
+// window: a query sees its last `window` keys (0: every key); softcap: its scores s become
+// softcap * tanh(s / softcap) (0: not capped)
+void check_mask(int64_t window, double softcap) {
+  TORCH_CHECK(window >= 0, "window must be 0 (none) or a number of keys, got ", window);
+  TORCH_CHECK(softcap >= 0 && std::isfinite(softcap), "softcap must be 0 (none) or positive, got ", softcap);
+}
+
+// q: [B, heads, d] (d 64, 128 or 256); caches: [blocks, kv heads, block size, d] of q's dtype;
 // block_tables: [B, max blocks] int64, every id a block of the caches; context_lens: [B] int64,
-// each within its table
+// each within its table; window, softcap: as check_mask's
 at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
-                            const at::Tensor &block_tables, const at::Tensor &context_lens, double scale) {
-  const int64_t head_dim = check_attention(q, k_cache, v_cache);
+                            const at::Tensor &block_tables, const at::Tensor &context_lens, double scale,
+                            int64_t window, double softcap) {
+  const int head = check_attention(q, k_cache, v_cache);
+  check_mask(window, softcap);
   const int64_t num_seqs = q.size(0), num_heads = q.size(1);
   const int64_t num_blocks = k_cache.size(0), num_kv_heads = k_cache.size(1), block_size = k_cache.size(2);
   for (const auto *t : {&block_tables, &context_lens}) {
@@ -54,25 +67,27 @@ at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, cons
                   ", ", j, "] = ", table[s * max_blocks + j], " is not one of the ", num_blocks, " blocks");
   }
   at::Tensor out = at::empty_like(qc);
-  const float sc = static_cast<float>(scale);
+  const float sc = static_cast<float>(scale), cap = static_cast<float>(softcap);
   int status;
   if (q.scalar_type() == at::kFloat)
-    status = (head_dim == 64 ? current->decode_f32_64 : current->decode_f32_128)(
+    status = current->decode_f32[head](
         data<float>(qc), data<float>(k_cache), data<float>(v_cache), table, len, data<float>(out), num_seqs,
-        num_heads, num_kv_heads, block_size, max_blocks, sc);
+        num_heads, num_kv_heads, block_size, max_blocks, sc, window, cap);
   else
-    status = (head_dim == 64 ? current->decode_bf16_64 : current->decode_bf16_128)(
+    status = current->decode_bf16[head](
         data<uint16_t>(qc), data<uint16_t>(k_cache), data<uint16_t>(v_cache), table, len, data<uint16_t>(out),
-        num_seqs, num_heads, num_kv_heads, block_size, max_blocks, sc);
+        num_seqs, num_heads, num_kv_heads, block_size, max_blocks, sc, window, cap);
   TORCH_CHECK(status == 0, "decode_attention ran out of memory");
   return out;
 }
 
-// q: [rows, heads, d] (d 64 or 128), a prefill chunk's queries; caches as decode_attention's;
-// block_ids: [blocks] int64, the sequence's, holding num_cached + rows keys
+// q: [rows, heads, d] (d 64, 128 or 256), a prefill chunk's queries; caches as decode_attention's;
+// block_ids: [blocks] int64, the sequence's, holding num_cached + rows keys; window, softcap: as check_mask's
 at::Tensor prefill_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
-                             const at::Tensor &block_ids, int64_t num_cached, double scale) {
-  const int64_t head_dim = check_attention(q, k_cache, v_cache);
+                             const at::Tensor &block_ids, int64_t num_cached, double scale, int64_t window,
+                             double softcap) {
+  const int head = check_attention(q, k_cache, v_cache);
+  check_mask(window, softcap);
   const int64_t num_query = q.size(0), num_heads = q.size(1), num_blocks = k_cache.size(0);
   const int64_t num_kv_heads = k_cache.size(1), block_size = k_cache.size(2);
   check_cpu(block_ids, "block_ids");
@@ -87,16 +102,16 @@ at::Tensor prefill_attention(const at::Tensor &q, const at::Tensor &k_cache, con
                 num_blocks, " blocks");
   at::Tensor out = at::empty_like(qc);
   if (num_query == 0) return out;
-  const float sc = static_cast<float>(scale);
+  const float sc = static_cast<float>(scale), cap = static_cast<float>(softcap);
   int status;
   if (q.scalar_type() == at::kFloat)
-    status = (head_dim == 64 ? current->prefill_f32_64 : current->prefill_f32_128)(
+    status = current->prefill_f32[head](
         data<float>(qc), data<float>(k_cache), data<float>(v_cache), table, num_cached, data<float>(out), num_query,
-        num_heads, num_kv_heads, block_size, sc);
+        num_heads, num_kv_heads, block_size, sc, window, cap);
   else
-    status = (head_dim == 64 ? current->prefill_bf16_64 : current->prefill_bf16_128)(
+    status = current->prefill_bf16[head](
         data<uint16_t>(qc), data<uint16_t>(k_cache), data<uint16_t>(v_cache), table, num_cached,
-        data<uint16_t>(out), num_query, num_heads, num_kv_heads, block_size, sc);
+        data<uint16_t>(out), num_query, num_heads, num_kv_heads, block_size, sc, window, cap);
   TORCH_CHECK(status == 0, "prefill_attention ran out of memory");
   return out;
 }
@@ -105,9 +120,9 @@ at::Tensor prefill_attention(const at::Tensor &q, const at::Tensor &k_cache, con
 
 TORCH_LIBRARY_FRAGMENT(switchyard_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
-        "float scale) -> Tensor");
+        "float scale, int window=0, float softcap=0.0) -> Tensor");
   m.def("prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_ids, int num_cached, "
-        "float scale) -> Tensor");
+        "float scale, int window=0, float softcap=0.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(switchyard_cpu, CPU, m) {

@@ -1,5 +1,5 @@
 /* Scalar helpers the C kernels share, written so that loops over them vectorize: bfloat16 to and
- * from float32 (round to nearest even, as torch), and an exponential (Cephes' expf, ~1 ulp). */
+ * from float32 (round to nearest even, as torch), and an exponential (Cephes' expf, ~1 ulp) and a soft cap from it. */
 #ifndef SWITCHYARD_CPU_MATH_H
 #define SWITCHYARD_CPU_MATH_H
 
@@ -41,6 +41,13 @@ static inline float exp_clamped(float x) {
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return y * scale;
+}
+
+/* cap * tanh(x / cap) (Gemma 2's soft cap on attention scores), tanh from exp_clamped:
+ * (1 - e) / (1 + e) with e = exp(-2|x|), its sign restored. */
+static inline float soft_capped(float x, float cap) {
+    const float a = fabsf(x / cap), e = exp_clamped(-2.f * a), t = (1.f - e) / (1.f + e);
+    return cap * (x < 0.f ? -t : t);
 }
 
 #endif

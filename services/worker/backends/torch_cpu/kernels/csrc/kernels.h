@@ -46,23 +46,30 @@ int SY_KERNEL(lora_add_bf16)(const uint16_t *x, uint16_t *y, const uint16_t *a, 
                              const int64_t *slots, int64_t tokens, int64_t in, int64_t out, int64_t width,
                              int64_t num_slots, const int64_t *offsets, int64_t num_slices);
 
-/* decode_attention.c: one query token per sequence over the paged KV cache; 0, or -2 out of memory */
+/* decode_attention.c: one query token per sequence over the paged KV cache; window: a query sees its last
+ * `window` keys (0: all); softcap: scores -> softcap * tanh(scores / softcap) (0: none); 0, or -2 out of memory */
 #define SY_DECODE_ATTENTION(T, NAME)                                                                 \
     int SY_KERNEL(NAME)(const T *q, const T *k_cache, const T *v_cache, const int64_t *block_tables, \
                         const int64_t *context_lens, T *out, int64_t num_seqs, int64_t num_heads,     \
-                        int64_t num_kv_heads, int64_t block_size, int64_t max_blocks, float scale);
+                        int64_t num_kv_heads, int64_t block_size, int64_t max_blocks, float scale,    \
+                        int64_t window, float softcap);
 SY_DECODE_ATTENTION(float, decode_attention_f32_64)
 SY_DECODE_ATTENTION(float, decode_attention_f32_128)
 SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_64)
 SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_128)
+SY_DECODE_ATTENTION(float, decode_attention_f32_256)
+SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_256)
 #undef SY_DECODE_ATTENTION
 /* decode_attention.c: a prefill chunk's rows after num_cached keys, each as its decode would be */
 #define SY_PREFILL_ATTENTION(T, NAME)                                                                \
     int SY_KERNEL(NAME)(const T *q, const T *k_cache, const T *v_cache, const int64_t *table,       \
                         int64_t num_cached, T *out, int64_t num_query, int64_t num_heads,            \
-                        int64_t num_kv_heads, int64_t block_size, float scale);
+                        int64_t num_kv_heads, int64_t block_size, float scale, int64_t window,      \
+                        float softcap);
 SY_PREFILL_ATTENTION(float, prefill_attention_f32_64)
 SY_PREFILL_ATTENTION(float, prefill_attention_f32_128)
 SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_64)
 SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_128)
+SY_PREFILL_ATTENTION(float, prefill_attention_f32_256)
+SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_256)
 #undef SY_PREFILL_ATTENTION

@@ -28,6 +28,8 @@ using DecodeBF16 = decltype(&decode_attention_bf16_64_portable);
 using PrefillF32 = decltype(&prefill_attention_f32_64_portable);
 using PrefillBF16 = decltype(&prefill_attention_bf16_64_portable);
 
+constexpr int64_t HEAD_DIMS[3] = {64, 128, 256};  // the head sizes the attention kernels are built for
+
 struct Variant {
   const char *name;
   bool (*runs_here)();
@@ -41,10 +43,11 @@ struct Variant {
   decltype(&silu_and_mul_bf16_portable) silu_and_mul_bf16;
   decltype(&lora_add_f32_portable) lora_add_f32;
   decltype(&lora_add_bf16_portable) lora_add_bf16;
-  DecodeF32 decode_f32_64, decode_f32_128;
-  DecodeBF16 decode_bf16_64, decode_bf16_128;
-  PrefillF32 prefill_f32_64, prefill_f32_128;
-  PrefillBF16 prefill_bf16_64, prefill_bf16_128;
+  // the attention kernels, one per head size of HEAD_DIMS
+  DecodeF32 decode_f32[3];
+  DecodeBF16 decode_bf16[3];
+  PrefillF32 prefill_f32[3];
+  PrefillBF16 prefill_bf16[3];
 };
 
 extern const Variant *current;  // the variant the ops call (bindings.cpp; use_variant switches it)
