@@ -8,7 +8,9 @@
  *
  * Decode: q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_blocks, num_kv_heads,
  * block_size, head_dim]; block_tables: [num_seqs, max_blocks]; context_lens: [num_seqs]. Prefill: q,
- * out: [num_query, num_heads, head_dim]; table: the sequence's blocks. All contiguous.
+ * out: [num_query, num_heads, head_dim]; table: the sequence's blocks. All contiguous. head_dim 64,
+ * 128 or 256. window > 0: a row sees its last `window` keys (Mistral's, Gemma's sliding layers);
+ * softcap > 0: its scores s become softcap * tanh(s / softcap) before the softmax (Gemma 2).
  */
 #include <omp.h>
 #include <stdlib.h>
