@@ -339,3 +339,16 @@ def test_the_upload_checks_the_architectures_the_worker_implements():
     from shared.models.architectures import GGUF_ARCHITECTURES, HF_ARCHITECTURES
 
     assert set(_REGISTRY) == HF_ARCHITECTURES and set(GGUF_ARCHITECTURES.values()) <= HF_ARCHITECTURES
+
+
+def test_an_eos_id_past_the_vocabulary_is_dropped_not_fatal(tmp_path):
+    """Phi3Config's default EOS (32000) beside a smaller vocabulary: min_tokens' ban of EOS once
+    indexed past the logits and failed every such request (token -1, an IndexError)."""
+    config = transformers.Phi3Config(vocab_size=VOCAB, intermediate_size=512, num_hidden_layers=2,
+                                     **{k: v for k, v in PHI3.items() if k != "eos_token_id"})
+    assert config.eos_token_id == 32000
+    transformers.Phi3ForCausalLM(config).eval().save_pretrained(tmp_path, safe_serialization=True)
+    ours = load_model(str(tmp_path), ops=TORCH_OPS)
+    assert ours.config.eos_token_ids == []
+    tokens = greedy_generate(make_runner(ours, num_blocks=8), list(range(5, 25)), 4)
+    assert len(tokens) == 4 and all(0 <= t < VOCAB for t in tokens)

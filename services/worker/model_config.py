@@ -235,6 +235,11 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     # (three positions per token; a text token's three are equal); empty: one position
     mrope_section: list[int] = []
 
+    def __post_init__(self) -> None:
+        # an EOS id past the vocabulary (Phi3Config's default 32000 beside a smaller one) is never
+        # sampled; kept, min_tokens' ban of EOS would index past the logits and fail every such request
+        self.eos_token_ids = [i for i in self.eos_token_ids if 0 <= i < self.vocab_size]
+
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelConfig:
         raw = json.loads(Path(path).read_text())
