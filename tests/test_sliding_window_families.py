@@ -53,6 +53,10 @@ REAL = {  # name: (config class, model class, the real config's geometry; width,
     "Mistral-7B-v0.1": ("MistralConfig", "MistralForCausalLM", dict(
         hidden_size=256, num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=4096,
         rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=32768, num_hidden_layers=2)),
+    "Phi-3-mini-4k-instruct": ("Phi3Config", "Phi3ForCausalLM", dict(  # heads of 96
+        hidden_size=384, num_attention_heads=4, num_key_value_heads=4, sliding_window=2047, rope_theta=10000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=4096, num_hidden_layers=2, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 
@@ -112,10 +116,10 @@ def test_batching_prefix_cache_chunked_prefill_and_preemption_give_a_lone_runs_t
     check_batched_as_alone(small_window[-1], VOCAB)
 
 
-@pytest.mark.parametrize("name", ["gemma-3-1b-it", "gemma-2-2b-it", "Mistral-7B-v0.1"])
+@pytest.mark.parametrize("name", ["gemma-3-1b-it", "gemma-2-2b-it", "Mistral-7B-v0.1", "Phi-3-mini-4k-instruct"])
 def test_on_the_c_kernels_every_logprob_is_a_lone_runs_bits(tmp_path_factory, cpu_kernels, name):
     """The fast path (the C kernels' attention, here with 8-bit weights on quant_linear, whose rows are
-    each their own sums): windowed and soft-capped layers of head sizes 256 and 128 too. Prompts
+    each their own sums): windowed and soft-capped layers of head sizes 256, 128 and 96 too. Prompts
     sharing 40 tokens, alone, then one after another (the shared blocks cached), then all at once in
     chunks of 32 tokens: every sampled token's logprob the lone run's to the bit, past the window of
     24 in prefill chunks and decode steps; and the greedy tokens transformers' (fast path, float32)."""

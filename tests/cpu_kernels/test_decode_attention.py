@@ -37,7 +37,7 @@ def ragged_batch(lengths, num_kv_heads, group, head_dim, dtype, block_size=BLOCK
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64), (2, 2, 256)])
+@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64), (2, 2, 256), (2, 3, 96)])
 @pytest.mark.parametrize("block_size", [BLOCK_SIZE, 8, 32])
 def test_the_kernel_matches_the_matmuls(variant, dtype, num_kv_heads, group, head_dim, block_size):
     """Blocks of 16 keys and more take the AVX-512 tiles in that variant; blocks of 8 the portable
@@ -94,14 +94,14 @@ def test_tables_and_lengths_that_would_read_outside_the_cache_are_refused(cpu_ke
             kernel(q, k_cache, v_cache, bad_tables, bad_lens, 0.125)
     with pytest.raises(RuntimeError, match="must be contiguous"):
         kernel(q, k_cache.transpose(1, 2), v_cache, tables, lens, 0.125)
-    with pytest.raises(RuntimeError, match="head_dim must be 64, 128 or 256"):
+    with pytest.raises(RuntimeError, match="head_dim must be 64, 96, 128 or 256"):
         kernel(q[..., :32], k_cache[..., :32].contiguous(), v_cache[..., :32].contiguous(), tables, lens, 0.125)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window,softcap", [(300, None), (40, None), (1, None), (None, 5.0), (40, 5.0)])
 @pytest.mark.parametrize("block_size", [BLOCK_SIZE, 8])
-@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 256])
 def test_a_windowed_or_capped_layer_on_the_native_path(variant, dtype, window, softcap, block_size, head_dim):
     """paged_attention(native=True) for a sliding-window layer (a window past every context, within
     some, of one key) or a soft-capped one (Gemma 2): the kernel, within the tolerance of the

@@ -25,7 +25,7 @@ def sequence(context: int, num_kv_heads: int, head_dim: int, dtype, block_size: 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64), (2, 2, 256)])
+@pytest.mark.parametrize("num_kv_heads,group,head_dim", [(3, 3, 64), (2, 4, 128), (4, 1, 64), (1, 72, 64), (2, 2, 256), (2, 3, 96)])
 @pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("num_cached,num_query", [(0, 37), (5, 40), (100, 3), (33, 130)])
 def test_each_row_is_its_decode(variant, dtype, num_kv_heads, group, head_dim, block_size, num_cached, num_query):
@@ -52,7 +52,7 @@ def test_each_row_is_its_decode(variant, dtype, num_kv_heads, group, head_dim, b
 @pytest.mark.parametrize("window,softcap", [(24, 0.0), (1, 0.0), (0, 30.0), (40, 2.0)])
 @pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("num_cached,num_query", [(0, 37), (50, 20), (3, 130)])
-@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 256])
 def test_a_windowed_or_capped_row_is_its_decode(variant, dtype, window, softcap, block_size, num_cached, num_query,
                                                 head_dim):
     """A sliding window (row i sees its last `window` keys; a window of 1, itself alone) and a soft cap

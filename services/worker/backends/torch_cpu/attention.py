@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-HEAD_DIMS = (64, 128, 256)  # the head sizes the C kernels are built for
+HEAD_DIMS = (64, 96, 128, 256)  # the head sizes the C kernels are built for
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the C kernels take
 # a prefill chunk after a cached prefix of at most this many queries (a speculative verification, a
 # small chunk) runs as plain matmuls while its float32 scores (heads x queries x context) stay this

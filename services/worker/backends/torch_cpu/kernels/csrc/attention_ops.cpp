@@ -19,8 +19,8 @@ int check_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Te
   TORCH_CHECK(q.dim() == 3, "q must be [rows, heads, head_dim], got ", q.sizes());
   const int64_t num_heads = q.size(1), head_dim = q.size(2);
   int index = 0;
-  while (index < 3 && HEAD_DIMS[index] != head_dim) index++;
-  TORCH_CHECK(index < 3, "head_dim must be 64, 128 or 256, got ", head_dim);
+  while (index < 4 && HEAD_DIMS[index] != head_dim) index++;
+  TORCH_CHECK(index < 4, "head_dim must be 64, 96, 128 or 256, got ", head_dim);
   for (const auto *t : {&k_cache, &v_cache}) {
     check_cpu(*t, "the caches");
     check_same_dtype(q, *t, "the caches");
@@ -40,7 +40,7 @@ void check_mask(int64_t window, double softcap) {
   TORCH_CHECK(softcap >= 0 && std::isfinite(softcap), "softcap must be 0 (none) or positive, got ", softcap);
 }
 
-// q: [B, heads, d] (d 64, 128 or 256); caches: [blocks, kv heads, block size, d] of q's dtype;
+// q: [B, heads, d] (d one of HEAD_DIMS); caches: [blocks, kv heads, block size, d] of q's dtype;
 // block_tables: [B, max blocks] int64, every id a block of the caches; context_lens: [B] int64,
 // each within its table; window, softcap: as check_mask's
 at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
@@ -81,7 +81,7 @@ at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k_cache, cons
   return out;
 }
 
-// q: [rows, heads, d] (d 64, 128 or 256), a prefill chunk's queries; caches as decode_attention's;
+// q: [rows, heads, d] (d one of HEAD_DIMS), a prefill chunk's queries; caches as decode_attention's;
 // block_ids: [blocks] int64, the sequence's, holding num_cached + rows keys; window, softcap: as check_mask's
 at::Tensor prefill_attention(const at::Tensor &q, const at::Tensor &k_cache, const at::Tensor &v_cache,
                              const at::Tensor &block_ids, int64_t num_cached, double scale, int64_t window,

@@ -20,10 +20,14 @@ using namespace sy;
     #V, RUNS, quant_linear_f32_##V, quant_linear_q8_##V, add_rms_norm_f32_##V, add_rms_norm_bf16_##V, rotary_f32_##V,     \
         rotary_bf16_##V, silu_and_mul_f32_##V, silu_and_mul_bf16_##V, lora_add_f32_##V,             \
         lora_add_bf16_##V,                                                                           \
-        {decode_attention_f32_64_##V, decode_attention_f32_128_##V, decode_attention_f32_256_##V},     \
-        {decode_attention_bf16_64_##V, decode_attention_bf16_128_##V, decode_attention_bf16_256_##V},  \
-        {prefill_attention_f32_64_##V, prefill_attention_f32_128_##V, prefill_attention_f32_256_##V},  \
-        {prefill_attention_bf16_64_##V, prefill_attention_bf16_128_##V, prefill_attention_bf16_256_##V} \
+        {decode_attention_f32_64_##V, decode_attention_f32_96_##V, decode_attention_f32_128_##V,        \
+         decode_attention_f32_256_##V},                                                               \
+        {decode_attention_bf16_64_##V, decode_attention_bf16_96_##V, decode_attention_bf16_128_##V,     \
+         decode_attention_bf16_256_##V},                                                              \
+        {prefill_attention_f32_64_##V, prefill_attention_f32_96_##V, prefill_attention_f32_128_##V,     \
+         prefill_attention_f32_256_##V},                                                              \
+        {prefill_attention_bf16_64_##V, prefill_attention_bf16_96_##V, prefill_attention_bf16_128_##V,  \
+         prefill_attention_bf16_256_##V}                                                              \
   }
 
 #if defined(__x86_64__)

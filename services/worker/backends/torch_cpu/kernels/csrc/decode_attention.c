@@ -9,7 +9,7 @@
  * Decode: q, out: [num_seqs, num_heads, head_dim]; k_cache, v_cache: [num_blocks, num_kv_heads,
  * block_size, head_dim]; block_tables: [num_seqs, max_blocks]; context_lens: [num_seqs]. Prefill: q,
  * out: [num_query, num_heads, head_dim]; table: the sequence's blocks. All contiguous. head_dim 64,
- * 128 or 256. window > 0: a row sees its last `window` keys (Mistral's, Gemma's sliding layers);
+ * 96, 128 or 256. window > 0: a row sees its last `window` keys (Mistral's, Gemma's sliding layers);
  * softcap > 0: its scores s become softcap * tanh(s / softcap) before the softmax (Gemma 2).
  */
 #include <omp.h>
@@ -72,6 +72,8 @@ DEFINE_PORTABLE(decode_attention_bf16_64_loops, uint16_t, bf16_load, bf16_store,
 DEFINE_PORTABLE(decode_attention_f32_128_loops, float, F32_LOAD, F32_STORE, 128)
 DEFINE_PORTABLE(decode_attention_bf16_128_loops, uint16_t, bf16_load, bf16_store, 128)
 DEFINE_PORTABLE(decode_attention_f32_256_loops, float, F32_LOAD, F32_STORE, 256)
+DEFINE_PORTABLE(decode_attention_f32_96_loops, float, F32_LOAD, F32_STORE, 96)
+DEFINE_PORTABLE(decode_attention_bf16_96_loops, uint16_t, bf16_load, bf16_store, 96)
 DEFINE_PORTABLE(decode_attention_bf16_256_loops, uint16_t, bf16_load, bf16_store, 256)
 
 #if defined(__AVX512F__)
@@ -81,6 +83,8 @@ DEFINE_SLOTS(decode_attention_bf16_64, uint16_t, bf16_load, bf16_tile, bf16_stor
 DEFINE_SLOTS(decode_attention_f32_128, float, F32_LOAD, f32_tile, F32_STORE, 128)
 DEFINE_SLOTS(decode_attention_bf16_128, uint16_t, bf16_load, bf16_tile, bf16_store, 128)
 DEFINE_SLOTS(decode_attention_f32_256, float, F32_LOAD, f32_tile, F32_STORE, 256)
+DEFINE_SLOTS(decode_attention_f32_96, float, F32_LOAD, f32_tile, F32_STORE, 96)
+DEFINE_SLOTS(decode_attention_bf16_96, uint16_t, bf16_load, bf16_tile, bf16_store, 96)
 DEFINE_SLOTS(decode_attention_bf16_256, uint16_t, bf16_load, bf16_tile, bf16_store, 256)
 #define FAST_PATH(block_size) ((block_size) % 16 == 0)
 #define ROWS_PER_ITEM(group) ((group) < MAX_SLOTS ? MAX_SLOTS / (group) : 1)
@@ -100,6 +104,8 @@ DEFINE_NO_SLOTS(decode_attention_bf16_64, uint16_t)
 DEFINE_NO_SLOTS(decode_attention_f32_128, float)
 DEFINE_NO_SLOTS(decode_attention_bf16_128, uint16_t)
 DEFINE_NO_SLOTS(decode_attention_f32_256, float)
+DEFINE_NO_SLOTS(decode_attention_f32_96, float)
+DEFINE_NO_SLOTS(decode_attention_bf16_96, uint16_t)
 DEFINE_NO_SLOTS(decode_attention_bf16_256, uint16_t)
 #define FAST_PATH(block_size) 0
 #define ROWS_PER_ITEM(group) 1
@@ -200,10 +206,14 @@ DEFINE_DECODE(decode_attention_bf16_64, uint16_t, 64)
 DEFINE_DECODE(decode_attention_f32_128, float, 128)
 DEFINE_DECODE(decode_attention_bf16_128, uint16_t, 128)
 DEFINE_DECODE(decode_attention_f32_256, float, 256)
+DEFINE_DECODE(decode_attention_f32_96, float, 96)
+DEFINE_DECODE(decode_attention_bf16_96, uint16_t, 96)
 DEFINE_DECODE(decode_attention_bf16_256, uint16_t, 256)
 DEFINE_PREFILL(prefill_attention_f32_64, decode_attention_f32_64, float, 64)
 DEFINE_PREFILL(prefill_attention_bf16_64, decode_attention_bf16_64, uint16_t, 64)
 DEFINE_PREFILL(prefill_attention_f32_128, decode_attention_f32_128, float, 128)
 DEFINE_PREFILL(prefill_attention_bf16_128, decode_attention_bf16_128, uint16_t, 128)
 DEFINE_PREFILL(prefill_attention_f32_256, decode_attention_f32_256, float, 256)
+DEFINE_PREFILL(prefill_attention_f32_96, decode_attention_f32_96, float, 96)
+DEFINE_PREFILL(prefill_attention_bf16_96, decode_attention_bf16_96, uint16_t, 96)
 DEFINE_PREFILL(prefill_attention_bf16_256, decode_attention_bf16_256, uint16_t, 256)

@@ -58,6 +58,8 @@ SY_DECODE_ATTENTION(float, decode_attention_f32_128)
 SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_64)
 SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_128)
 SY_DECODE_ATTENTION(float, decode_attention_f32_256)
+SY_DECODE_ATTENTION(float, decode_attention_f32_96)
+SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_96)
 SY_DECODE_ATTENTION(uint16_t, decode_attention_bf16_256)
 #undef SY_DECODE_ATTENTION
 /* decode_attention.c: a prefill chunk's rows after num_cached keys, each as its decode would be */
@@ -71,5 +73,7 @@ SY_PREFILL_ATTENTION(float, prefill_attention_f32_128)
 SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_64)
 SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_128)
 SY_PREFILL_ATTENTION(float, prefill_attention_f32_256)
+SY_PREFILL_ATTENTION(float, prefill_attention_f32_96)
+SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_96)
 SY_PREFILL_ATTENTION(uint16_t, prefill_attention_bf16_256)
 #undef SY_PREFILL_ATTENTION

@@ -28,7 +28,7 @@ using DecodeBF16 = decltype(&decode_attention_bf16_64_portable);
 using PrefillF32 = decltype(&prefill_attention_f32_64_portable);
 using PrefillBF16 = decltype(&prefill_attention_bf16_64_portable);
 
-constexpr int64_t HEAD_DIMS[3] = {64, 128, 256};  // the head sizes the attention kernels are built for
+constexpr int64_t HEAD_DIMS[4] = {64, 96, 128, 256};  // the head sizes the attention kernels are built for
 
 struct Variant {
   const char *name;
@@ -44,10 +44,10 @@ struct Variant {
   decltype(&lora_add_f32_portable) lora_add_f32;
   decltype(&lora_add_bf16_portable) lora_add_bf16;
   // the attention kernels, one per head size of HEAD_DIMS
-  DecodeF32 decode_f32[3];
-  DecodeBF16 decode_bf16[3];
-  PrefillF32 prefill_f32[3];
-  PrefillBF16 prefill_bf16[3];
+  DecodeF32 decode_f32[4];
+  DecodeBF16 decode_bf16[4];
+  PrefillF32 prefill_f32[4];
+  PrefillBF16 prefill_bf16[4];
 };
 
 extern const Variant *current;  // the variant the ops call (bindings.cpp; use_variant switches it)
