@@ -109,7 +109,6 @@ def test_a_windowed_or_capped_layer_on_the_native_path(variant, dtype, window, s
     torch.manual_seed(2)
     q, k_cache, v_cache, meta = ragged_batch([1, 16, 17, 40, 300], 3, 3, head_dim, dtype, block_size)
     q = q * 3  # scores of several units: the cap bends them
-    meta.decode_max_context = int(meta.decode_context_lens.max())
     got = paged_attention(q, k_cache, v_cache, meta, 0.125, native=True, window=window, softcap=softcap)
     assert torch.equal(got, kernel(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, 0.125,
                                    window or 0, softcap or 0.0))

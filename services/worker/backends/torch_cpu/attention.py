@@ -45,7 +45,7 @@ class AttentionMetadata:
     # prefill chunks: (first row, num query tokens, num cached tokens before them, block ids)
     prefills: list[tuple[int, int, int, torch.Tensor]]
     # the longest decode context, known on the host: a sliding window no decode row outgrows
-    # changes nothing, so those rows keep the C kernel (unknown: every window is applied)
+    # changes nothing, so the reference's matmuls skip its mask (unknown: every window is applied)
     decode_max_context: int = 2**62
     # image tokens that see each other both ways (Gemma 3): a prefill's first row -> its images'
     # [start, end) positions, each wholly inside the prefill's context

@@ -50,10 +50,11 @@ static inline void prefetch_block(const void *block, int64_t bytes) {
 }
 
 /* NAME##_slots: `count` (<= MAX_SLOTS) queries over one KV head's blocks, query s seeing keys
- * first_key(lens[s], window) .. lens[s] - 1, its scores soft-capped where softcap > 0; q[s], out[s]: its head_dim values. Each query's sums are in one order whatever the
- * other slots are: its scores tile by tile, its softmax over its own row of `scores` (count rows of
- * `stride` floats, 64-byte aligned), its values key by key. The accumulators live in L1 between tiles,
- * so that any number of queries share a tile's loads. */
+ * first_key(lens[s], window) .. lens[s] - 1, its scores soft-capped where softcap > 0; q[s], out[s]:
+ * its head_dim values. Each query's sums are in one order whatever the other slots are: its scores
+ * tile by tile, its softmax over its own row of `scores` (count rows of `stride` floats, 64-byte
+ * aligned), its values key by key. The accumulators live in L1 between tiles, so that any number of
+ * queries share a tile's loads. */
 #define DEFINE_SLOTS(NAME, T, LOAD, TILE, STORE, HD)                                                   \
 static __attribute__((noinline)) void NAME##_slots(                                                    \
         const T *const *q, T *const *out, const int64_t *lens, int count, const T *k_cache,             \
