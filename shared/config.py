@@ -24,6 +24,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", 
 # model file's own (shared/engine_defaults.py); awq, gptq, compressed-tensors: a checkpoint's own, as
 # vLLM names them (a checkpoint of another kind is refused)
 CHECKPOINT_QUANTIZATIONS = ("awq", "gptq", "compressed-tensors")
+FILES_OWN = ("gguf", *CHECKPOINT_QUANTIZATIONS)  # a file's own blocks or integers, kept (gguf: auto's pick, never asked)
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "mxfp6", *CHECKPOINT_QUANTIZATIONS)
 KV_CACHE_DTYPES_REFUSED = ("fp8_e5m2", "int8")  # known, but no backend here has them
 QUANTIZATIONS_REFUSED = ("fp8", "bitsandbytes", "gguf")

@@ -77,8 +77,7 @@ def pick_for_host(config, model_path: str, *, dtype: str, compile: bool | None, 
                   kernels: str | None) -> EngineDefaults:
     """`pick` for the model file at `model_path`, with the worker's --dtype and --compile and the
     engine's config (quantization, num_scheduler_steps)."""
-    types = read_fields(model_path)["__tensor_types__"] if config.load_format != "dummy" and is_gguf(model_path) else {}
-    return pick(types, kernels=kernels, dtype=dtype, quantization=config.quantization, compile=compile,
+    return pick(gguf_types(model_path, config.load_format), kernels=kernels, dtype=dtype, quantization=config.quantization, compile=compile,
                 num_scheduler_steps=config.num_scheduler_steps, deterministic=deterministic,
                 checkpoint=None if config.load_format == "dummy" else checkpoint_quantization(model_path))
 
@@ -88,6 +87,22 @@ def _dtype(asked: str) -> Choice:
         return Choice(asked, "asked for")
     return Choice(CPU_AUTO_DTYPE, "every CPU: the fast path computes what --deterministic computes, its sums in "
                              "another order; bfloat16 rows changed 14 of 20 greedy answers (--dtype bfloat16)")
+
+
+def gguf_types(model_path: str, load_format: str) -> dict[str, int]:
+    """A GGUF's tensor types and their counts ({}: not a GGUF, or dummy weights)."""
+    return read_fields(model_path)["__tensor_types__"] if load_format != "dummy" and is_gguf(model_path) else {}
+
+
+def own_quantization(model_path: str, load_format: str) -> str | None:
+    """What the file keeps quantized as it is, for a backend that computes with it: a checkpoint's own
+    format (awq, gptq, compressed-tensors), or gguf where a GGUF holds tensors of the kept types."""
+    if load_format == "dummy":
+        return None
+    own = checkpoint_quantization(model_path)
+    if own in CHECKPOINT_QUANTIZATIONS:
+        return own
+    return "gguf" if any(t in KEPT_GGUF_TYPES for t in gguf_types(model_path, load_format)) else None
 
 
 def checkpoint_quantization(model_path: str) -> str | None:

@@ -99,3 +99,17 @@ def test_the_dtype_flags_help_says_what_auto_picks():
     text = " ".join(next(a for a in parser._actions if a.dest == "dtype").help.split())
     assert f"auto: {pick(Q4_1_FILE, kernels=None).dtype.value} on the cpu backend, on every CPU" in text
     assert "AMX" not in text and "bfloat16 where" not in text
+
+
+@pytest.mark.parametrize(("quantization", "expected"), [("auto", "gguf"), ("none", "none")])
+def test_a_cuda_worker_keeps_a_ggufs_blocks_unless_told_none(default_model_path, monkeypatch, quantization, expected):
+    """On --device cuda (no CPU defaults) auto keeps the file's own: a GGUF's blocks on the Triton GEMM, as
+    a checkpoint's integers are kept (tests/kernels/test_quant_gemm.py runs them); none dequantizes."""
+    import sys
+
+    from services.worker.__main__ import parse_args, worker_spec
+    from services.worker.settings import resolve
+
+    monkeypatch.setattr(sys, "argv", ["worker", "--model-path", default_model_path, "--device", "cuda",
+                                      "--quantization", quantization])
+    assert worker_spec(resolve(parse_args())).quantization == expected

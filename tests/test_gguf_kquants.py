@@ -156,17 +156,14 @@ def test_a_fused_linears_neighbours_of_one_format_are_joined_and_no_others():
     assert len(QuantBlocks.runs([permuted[0], k])) == 2
 
 
-def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, monkeypatch, cpu_kernels):
-    """Every Linear keeps its file's blocks (QuantLinear, the type's bits and group), its weights
-    transformers' to the bit, and the logits of a 64-token prompt transformers' within float32's
-    rounding: the same weights, sums in another order."""
-    transformers = pytest.importorskip("transformers")
-    from services.worker.backends.torch_cpu.ops import TORCH_OPS
-    from services.worker.loader import load_model
-    from tests import gguf_writer
-    from tests.model_helpers import make_runner, prefill_logits
+def mixed_llama(tmp_path) -> tuple[object, str, dict[str, torch.Tensor]]:
+    """A 2-layer Llama whose tensors are random blocks of LAYER_TYPES' types (the head Q6_K, the
+    embedding Q4_K), written with gguf's writer: (transformers' model on the same weights, the file,
+    its state dict)."""
+    import transformers
 
-    monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
+    from tests import gguf_writer
+
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -198,6 +195,20 @@ def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, m
         writer.add_tensor(out, np.ascontiguousarray(raw), raw_dtype=GGMLQuantizationType[qtype])
     gguf_writer.finish(writer)
     hf.load_state_dict(state)
+    return hf, path, state
+
+
+def test_a_llama_of_mixed_blocks_keeps_each_and_matches_transformers(tmp_path, monkeypatch, cpu_kernels):
+    """Every Linear keeps its file's blocks (QuantLinear, the type's bits and group), its weights
+    transformers' to the bit, and the logits of a 64-token prompt transformers' within float32's
+    rounding: the same weights, sums in another order."""
+    pytest.importorskip("transformers")
+    from services.worker.backends.torch_cpu.ops import TORCH_OPS
+    from services.worker.loader import load_model
+    from tests.model_helpers import make_runner, prefill_logits
+
+    monkeypatch.setenv("SWITCHYARD_CACHE", str(tmp_path / "cache"))
+    hf, path, state = mixed_llama(tmp_path)
 
     loaded = load_model(path, ops=TORCH_OPS)
     blocks = native_blocks(loaded, "gguf")

@@ -103,10 +103,11 @@ def _ops():
 
 
 def test_auto_picks_the_checkpoints_own_format_and_a_wrong_name_is_refused(tmp_path):
-    from shared.engine_defaults import checkpoint_quantization, pick
+    from shared.engine_defaults import checkpoint_quantization, own_quantization, pick
 
     folder = qc.awq(qc.tiny_llama(), tmp_path / "awq")
     assert checkpoint_quantization(str(folder)) == "awq"
+    assert own_quantization(str(folder), "auto") == "awq" and own_quantization(str(folder), "dummy") is None
     picked = pick({}, kernels=None, checkpoint="awq").quantization
     assert picked.value == "awq" and "kept as they are" in picked.reason
     assert pick({}, kernels=None, quantization="awq", checkpoint="awq").quantization.value == "awq"

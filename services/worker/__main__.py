@@ -32,14 +32,13 @@ from shared import log as sylog
 from shared.bus import connect
 from shared.bus.lifecycle import serve
 from shared.config import (
-    CHECKPOINT_QUANTIZATIONS,
     ConfigError,
     add_engine_args,
     add_nats_arg,
     add_worker_args,
     resolve_max_model_len,
 )
-from shared.engine_defaults import EngineDefaults, checkpoint_quantization, pick_for_host
+from shared.engine_defaults import EngineDefaults, own_quantization, pick_for_host
 from shared.models.model_files import cache_root, resolve_model_path
 from shared.models.tokenizer import load_tokenizer
 from shared.wire.messages import WorkerHello, WorkerKind
@@ -203,9 +202,10 @@ def worker_spec(settings: WorkerSettings, defaults: EngineDefaults | None = None
     """The backend's settings; `defaults` (the CPU backend) settles those left on auto."""
     config = settings.config
     quantization = config.quantization
-    if quantization == "auto":  # other backends: a checkpoint's own integers on cuda, else none (dequantized)
-        own = checkpoint_quantization(settings.model_path) if config.load_format != "dummy" else None
-        quantization = own if settings.device == "cuda" and own in CHECKPOINT_QUANTIZATIONS else "none"
+    if quantization == "auto":  # other backends: on cuda the file's own integers (a checkpoint's, a GGUF's
+        # blocks), else none (dequantized)
+        own = own_quantization(settings.model_path, config.load_format) if settings.device == "cuda" else None
+        quantization = own or "none"
     return WorkerSpec(
         model_path=settings.model_path, load_format=config.load_format,
         dtype=defaults.dtype.value if defaults else settings.dtype,

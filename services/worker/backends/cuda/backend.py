@@ -27,7 +27,7 @@ from services.worker.loader import LoadedModel, load_model, refuse_encoder
 from services.worker.logits_processors import SampleRow
 from services.worker.models.eagle3 import load_eagle3
 from services.worker.mrope import mrope_positions
-from shared.config import CHECKPOINT_QUANTIZATIONS, ConfigError
+from shared.config import FILES_OWN, ConfigError
 from shared.control.deploy_config import FP8_KV_CACHE_DTYPES
 from shared.engine_defaults import checkpoint_quantization, refuse_other_checkpoint
 from shared.log import get_logger
@@ -67,7 +67,7 @@ class CudaBackend:
     def create(cls, spec: WorkerSpec) -> CudaBackend:
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: this machine has no CUDA GPU that torch can use")
-        if spec.quantization not in ("none", *CHECKPOINT_QUANTIZATIONS):
+        if spec.quantization not in ("none", *FILES_OWN):
             raise ConfigError(f"quantization {spec.quantization!r} runs on the torch CPU backend only")
         refuse_other_checkpoint(spec.quantization, checkpoint_quantization(spec.model_path))
         if spec.kv_cache_dtype == "mxint8":
@@ -77,7 +77,7 @@ class CudaBackend:
         device = torch.device("cuda", torch.cuda.current_device())
         dtype = spec.torch_dtype
         kv_dtype = torch.float8_e4m3fn if spec.kv_cache_dtype in FP8_KV_CACHE_DTYPES else spec.kv_torch_dtype  # e4m3, scale 1
-        keeps = spec.quantization in CHECKPOINT_QUANTIZATIONS  # the checkpoint's integers, not floats
+        keeps = spec.quantization in FILES_OWN  # the file's integers (a checkpoint's, a GGUF's blocks), not floats
         loaded = _load(spec.model_path, spec, device, keeps)
         refuse_encoder(loaded, "cuda")
         head = draft = None  # loaded before the profile: their weights count

@@ -1,5 +1,5 @@
 """A file's quantized Linears on the CUDA backend (a GGUF's blocks, an AWQ / GPTQ / compressed-tensors
-checkpoint's integers): kept in about the file's bytes, computed by kernels/quant_gemm.py."""
+checkpoint's integers or FP8 codes): kept in about the file's bytes, computed by kernels/quant_gemm.py."""
 
 from __future__ import annotations
 
@@ -11,37 +11,58 @@ from services.worker.loader.quant_blocks import QuantBlocks, linears_kept, parts
 
 
 class TritonQuantLinear(nn.Module):
-    """One weight's blocks: 4-bit values two to a byte along the inputs (or int8), float32 scales and
-    lows per group; GPTQ's act-order gathers the inputs into the groups' order first."""
+    """One weight's blocks: 4-bit values (or IQ4's indices into its codebook) two to a byte along the
+    inputs, else a byte a value (int8, a k-quant's 5- or 6-bit values, FP8's e4m3 codes); scales and
+    lows per group in float32 (float16 where the file's are), or a k-quant's two levels as the file has
+    them (int8 per group, float32 d and dmin per 256 inputs); GPTQ's act-order gathers the inputs into
+    the groups' order first."""
 
     def __init__(self, blocks: QuantBlocks, bias: torch.Tensor | None):
         super().__init__()
-        blocks = blocks.flat()  # a k-quant's two levels of scales as one (float32 products), Q5_K's in 8 bits
         q = blocks.q
+        self.fp8 = q.dtype == torch.float8_e4m3fn
+        if self.fp8:
+            q = q.view(torch.uint8)
         if blocks.bits == 4:
             q = q[:, 0::2] | (q[:, 1::2] << 4)
-        self.bits, self.group = blocks.bits, blocks.group
+        self.bits, self.group = (4 if blocks.bits == 4 else 8), blocks.group
         self.out_features, self.in_features = blocks.q.shape
+        two_levels = blocks.supers is not None
+        kept = torch.int8 if two_levels else torch.float16 if blocks.scale_dtype == torch.float16 else torch.float32
+
+        def level(t: torch.Tensor) -> torch.Tensor:  # exact: each value is one of `kept`
+            return t.to(kept).contiguous()
+
         self.register_buffer("qweight", q.contiguous())
-        self.register_buffer("scales", blocks.scale.float().contiguous())
-        self.register_buffer("lows", None if blocks.low is None else blocks.low.float().contiguous())
+        self.register_buffer("codebook", blocks.codebook)
+        self.register_buffer("scales", level(blocks.scale))
+        self.register_buffer("lows", None if blocks.low is None else level(blocks.low))
+        self.register_buffer("d", blocks.supers[..., 0].contiguous() if two_levels else None)
+        self.register_buffer("dl", blocks.supers[..., 1].contiguous() if two_levels and blocks.low is not None
+                             else None)
         self.register_buffer("perm", blocks.perm)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     @property
     def dequantized(self) -> torch.Tensor:
         """[out, in] float32: the weights the kernel computes with."""
-        q = self.qweight
+        q = self.qweight.cpu()
         if self.bits == 4:
             q = torch.stack([q & 0x0F, q >> 4], dim=-1).reshape(self.out_features, self.in_features)
-        blocks = QuantBlocks(q.cpu(), self.scales.cpu(), None if self.lows is None else self.lows.cpu(), self.bits,
-                             self.group, torch.float32, None if self.perm is None else self.perm.cpu())
+        if self.fp8:
+            q = q.view(torch.float8_e4m3fn)
+        supers = None if self.d is None else torch.stack([t.cpu() for t in (self.d, self.dl) if t is not None], -1)
+        level = (lambda t: t.cpu()) if supers is not None else (lambda t: t.cpu().float())
+        blocks = QuantBlocks(q, level(self.scales), None if self.lows is None else level(self.lows), self.bits,
+                             self.group, torch.float32, None if self.perm is None else self.perm.cpu(), supers,
+                             None if self.codebook is None else self.codebook.cpu())
         return blocks.dequantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        out = quant_gemm(x, self.qweight, self.scales, self.lows, self.bits, self.group)
+        out = quant_gemm(x, self.qweight, self.scales, self.lows, self.bits, self.group, self.fp8,
+                         None if self.d is None else (self.d, self.dl), self.codebook)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
 
@@ -63,11 +84,9 @@ class TritonQuantParts(nn.Module):
 
 
 def _fits(blocks: QuantBlocks) -> bool:
-    """Integers in groups a tile of inputs fits (kernels/quant_gemm.py's block_k); FP8's float codes are
-    dequantized here."""
-    return (blocks.q.dtype != torch.float8_e4m3fn and blocks.q.shape[1] % blocks.group == 0
-            and block_k(8 if blocks.codebook is not None or blocks.bits in (5, 6) else blocks.bits,  # flat()'s
-                        blocks.group) is not None)
+    """Integers (or FP8 codes) in groups a tile of inputs fits (kernels/quant_gemm.py's block_k)."""
+    return (blocks.q.shape[1] % blocks.group == 0
+            and block_k(4 if blocks.bits == 4 else 8, blocks.group) is not None)
 
 
 def kept_linears(blocks: dict[str, QuantBlocks]) -> frozenset[str]:

@@ -174,7 +174,7 @@ def load_weights(path: str, load_format: str, dtype: torch.dtype, native: bool, 
 
 def load_as_filed(path: str, spec: WorkerSpec, native: bool) -> LoadedModel:
     """A model as its file holds it, run eagerly: a GGUF's or a quantized checkpoint's blocks kept on
-    the C kernels (quantization `gguf`: every file's own, quantization.FILES_OWN), float weights
+    the C kernels (quantization `gguf`: every file's own, shared.config.FILES_OWN), float weights
     packed as they are; on torch's ops (not native) dequantized."""
     method = "gguf" if native else "none"
     loaded = load_weights(path, spec.load_format, spec.torch_dtype, native, method)

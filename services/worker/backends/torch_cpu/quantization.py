@@ -9,10 +9,9 @@ from torch import nn
 from services.worker.backends.torch_cpu.w8a8 import W8A8Linear
 from services.worker.loader import gguf_blocks, hf_dir
 from services.worker.loader.quant_blocks import BLOCK, GROUPS, SUPER, QuantBlocks, linears_kept, parts_of
-from shared.config import CHECKPOINT_QUANTIZATIONS
+from shared.config import FILES_OWN
 
 PANEL = 16  # output columns the kernel reads side by side (quant_linear.c)
-FILES_OWN = ("gguf", *CHECKPOINT_QUANTIZATIONS)  # the file's blocks kept, its float weights left as they are
 KEEPS_BLOCKS = ("int4", *FILES_OWN)  # the quantizations that keep a file's blocks
 SMALLEST_SCALE = 2.0**-24  # float16's smallest
 

@@ -1,6 +1,6 @@
-"""The GEMM over a quantized checkpoint's weights (AWQ, GPTQ, compressed-tensors int4/int8, a GGUF's
-blocks): each tile decoded from the file's integers, w = q * scale + low per group of inputs, into the
-activations' dtype, then tl.dot; decode's few rows split the inputs across programs (split-K)."""
+"""The GEMM over a quantized checkpoint's weights (AWQ, GPTQ, compressed-tensors int4/int8/FP8, a
+GGUF's blocks): each tile decoded from the file's codes, w = q * scale + low per group of inputs, into
+the activations' dtype, then tl.dot; decode's few rows split the inputs across programs (split-K)."""
 
 from __future__ import annotations
 
@@ -28,12 +28,37 @@ def _per_group(ptr, n, nmask, stride, k0, K, WIDTH: tl.constexpr, GROUP: tl.cons
 
 
 @triton.jit
-def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, out_ptr, M, N, K, K_SPLIT, stride_x, stride_q, stride_s, stride_o,
-                stride_split, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_LOW: tl.constexpr, IEEE: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _e4m3(byte):
+    """float8 e4m3fn codes, loaded as uint8, as float32: exactly torch's values, subnormals included
+    (integer ops alone: any GPU, and the interpreter; the NaN codes, never a weight, read as +-480)."""
+    b = byte.to(tl.int32)
+    magnitude = b & 0x7F
+    normal = ((magnitude << 20) + (120 << 23)).to(tl.float32, bitcast=True)  # the exponent rebiased 7 -> 127
+    value = tl.where(magnitude < 8, magnitude.to(tl.float32) * 0.001953125, normal)  # subnormal: m * 2^-9
+    return tl.where(b >= 128, -value, value)
+
+
+@triton.jit
+def _scale(s_ptr, d_ptr, n, nmask, stride_s, stride_d, k0, K, WIDTH: tl.constexpr, GROUP: tl.constexpr,
+           BLOCK_K: tl.constexpr, SUPERS: tl.constexpr):
+    """The tile's scales (or lows), float32 [BLOCK_N, WIDTH or 1]: as stored, or (SUPERS, a k-quant's two
+    levels) each group's int8 times its super-block's float32 d: the product flat() would store, exactly."""
+    scale = _per_group(s_ptr, n, nmask, stride_s, k0, K, WIDTH, GROUP, BLOCK_K).to(tl.float32)
+    if SUPERS:
+        scale = scale * _per_group(d_ptr, n, nmask, stride_d, k0, K, WIDTH, 256, BLOCK_K)
+    return scale
+
+
+@triton.jit
+def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, d_ptr, dl_ptr, cb_ptr, out_ptr, M, N, K, K_SPLIT, stride_x, stride_q,
+                stride_s, stride_d, stride_o, stride_split, BITS: tl.constexpr, GROUP: tl.constexpr,
+                HAS_LOW: tl.constexpr, SUPERS: tl.constexpr, CODEBOOK: tl.constexpr, FP8: tl.constexpr,
+                IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[split, m, n] = sum over this split's k of x[m, k] * (q[n, k] * s[n, k / GROUP] + l[n, k / GROUP]).
     4 bits: q packed two inputs a byte (input 2j in byte j's low nibble, 2j + 1 in its high one), each
-    byte loaded once and its nibbles met by the even and the odd inputs; 8 bits: int8."""
+    byte loaded once and its nibbles met by the even and the odd inputs (CODEBOOK: indices into IQ4's
+    16 int8 values); 8 bits: a byte each (int8, a k-quant's 5- or 6-bit values, or (FP8) e4m3 codes as
+    uint8). Scales and lows float32 or float16; SUPERS: int8, times d and dl per 256 inputs."""
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
@@ -45,11 +70,14 @@ def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, out_ptr, M, N, K, K_SPLIT, stride_x,
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # the tile's bytes; inputs 2j and 2j + 1
             jmask = 2 * j < K
             byte = tl.load(q_ptr + n[:, None] * stride_q + j[None, :], mask=nmask[:, None] & jmask[None, :], other=0)
-            scale = _per_group(s_ptr, n, nmask, stride_s, k0, K, BLOCK_K // 2, GROUP, BLOCK_K)
-            w_even = (byte & 0xF).to(tl.float32) * scale
-            w_odd = (byte >> 4).to(tl.float32) * scale
+            scale = _scale(s_ptr, d_ptr, n, nmask, stride_s, stride_d, k0, K, BLOCK_K // 2, GROUP, BLOCK_K, SUPERS)
+            even, odd = byte & 0xF, byte >> 4
+            if CODEBOOK:
+                even, odd = tl.load(cb_ptr + even.to(tl.int32)), tl.load(cb_ptr + odd.to(tl.int32))
+            w_even = even.to(tl.float32) * scale
+            w_odd = odd.to(tl.float32) * scale
             if HAS_LOW:
-                low = _per_group(l_ptr, n, nmask, stride_s, k0, K, BLOCK_K // 2, GROUP, BLOCK_K)
+                low = _scale(l_ptr, dl_ptr, n, nmask, stride_s, stride_d, k0, K, BLOCK_K // 2, GROUP, BLOCK_K, SUPERS)
                 w_even += low
                 w_odd += low
             xmask = mmask[:, None] & jmask[None, :]
@@ -61,9 +89,10 @@ def _quant_gemm(x_ptr, q_ptr, s_ptr, l_ptr, out_ptr, M, N, K, K_SPLIT, stride_x,
             k = k0 + tl.arange(0, BLOCK_K)
             kmask = k < K
             q = tl.load(q_ptr + n[:, None] * stride_q + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
-            w = q.to(tl.float32) * _per_group(s_ptr, n, nmask, stride_s, k0, K, BLOCK_K, GROUP, BLOCK_K)
+            w = (_e4m3(q) if FP8 else q.to(tl.float32)) * _scale(s_ptr, d_ptr, n, nmask, stride_s, stride_d, k0, K,
+                                                                  BLOCK_K, GROUP, BLOCK_K, SUPERS)
             if HAS_LOW:
-                w += _per_group(l_ptr, n, nmask, stride_s, k0, K, BLOCK_K, GROUP, BLOCK_K)
+                w += _scale(l_ptr, dl_ptr, n, nmask, stride_s, stride_d, k0, K, BLOCK_K, GROUP, BLOCK_K, SUPERS)
             x = tl.load(x_ptr + m[:, None] * stride_x + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             acc += dot(x, tl.trans(w.to(x.dtype)), IEEE)
     tl.store(out_ptr + split * stride_split + m[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -86,9 +115,12 @@ def _programs(device: torch.device) -> int:
 
 
 def quant_gemm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor | None, bits: int,
-               group: int) -> torch.Tensor:
-    """x [..., K] times the weight q [N, K / 2] (4 bits) or [N, K] (8 bits) with float32 scales and lows
-    [N, K / group] transposed -> [..., N] in x's dtype."""
+               group: int, fp8: bool = False, supers: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+               codebook: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] times the weight q [N, K / 2] (4 bits: values, or indices into `codebook`) or [N, K]
+    (8 bits; fp8: e4m3 codes viewed as uint8) with scales and lows [N, K / group] transposed -> [..., N]
+    in x's dtype. Scales and lows are float32 or float16, or int8 with `supers`: float32 [N, K / 256]
+    (d, and dl for the lows) they multiply."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     m, k = rows.shape
     n = q.shape[0]
@@ -101,9 +133,11 @@ def quant_gemm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: tor
     splits = triton.cdiv(k, k_split)
     out = torch.empty(splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m), n_tiles, splits)
-    _quant_gemm[grid](rows, q, scales, scales if lows is None else lows, out, m, n, k, k_split, rows.stride(0),
-                      q.stride(0), scales.stride(0), out.stride(1), out.stride(0), BITS=bits, GROUP=group,
-                      HAS_LOW=lows is not None, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n,
-                      BLOCK_K=tile_k)
+    d, dl = supers if supers is not None else (scales, None)
+    _quant_gemm[grid](rows, q, scales, scales if lows is None else lows, d, d if dl is None else dl,
+                      q if codebook is None else codebook, out, m, n, k, k_split, rows.stride(0), q.stride(0),
+                      scales.stride(0), d.stride(0), out.stride(1), out.stride(0), BITS=bits, GROUP=group,
+                      HAS_LOW=lows is not None, SUPERS=supers is not None, CODEBOOK=codebook is not None, FP8=fp8,
+                      IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=tile_k)
     out = out[0] if splits == 1 else out.sum(0).to(x.dtype)
     return out.reshape(*x.shape[:-1], n)
