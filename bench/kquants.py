@@ -1,5 +1,6 @@
 """`python -m bench.kquants`: GGUFs as llama.cpp's own tools write them, served from their blocks:
-each type's resident weights against its file, and its logits against transformers on the same file.
+each type's resident weights against its file (the CPU worker's, and the CUDA worker's as it loads
+them in bfloat16, built here on the CPU), and its logits against transformers on the same file.
 
     python -m bench.kquants                                  # a 62M random Llama, the common types
     python -m bench.kquants --hidden 2048 --layers 16 --intermediate 8192 --types Q4_K_M   # ~1.2B
@@ -83,6 +84,20 @@ def random_llama(folder: Path, hidden: int, layers: int, intermediate: int) -> N
     tokenizer.save_pretrained(folder)
 
 
+def cuda_resident(path: Path) -> int:
+    """The CUDA worker's weights for the file (its blocks on the Triton GEMM, the rest bfloat16), as it
+    loads them; built on the CPU (nothing runs)."""
+    import torch
+
+    from services.worker.backends.cuda.ops import TritonOps
+    from services.worker.backends.cuda.quant_linear import kept_linears, quantize
+    from services.worker.backends.spec import weight_bytes
+    from services.worker.loader import load_model
+
+    loaded = load_model(str(path), dtype=torch.bfloat16, ops=TritonOps(), keep=kept_linears)
+    return weight_bytes(quantize(loaded.model, loaded.blocks, loaded.unloaded))
+
+
 def measure(path: Path) -> dict:
     """Our worker's load (the file's blocks kept) against transformers on the same GGUF."""
     import collections
@@ -113,6 +128,7 @@ def measure(path: Path) -> dict:
         theirs = hf(torch.tensor([ids])).logits[0]
     return {"types": ", ".join(f"{n} {t}" for t, n in types.most_common()), "file_mb": path.stat().st_size / 1e6,
             "resident_mb": resident / 1e6, "ratio": resident / path.stat().st_size, "dense_linears": dense,
+            "cuda_ratio": cuda_resident(path) / path.stat().st_size,
             "max_diff": float((logits - theirs).abs().max()), "max_logit": float(theirs.abs().max()),
             "argmax": float((logits.argmax(-1) == theirs.argmax(-1)).float().mean())}
 
@@ -133,8 +149,8 @@ def main() -> None:
     if not f16.exists():
         subprocess.run([sys.executable, "convert_hf_to_gguf.py", str(cache / name), "--outtype", "f16", "--outfile",
                         str(f16)], cwd=tree, env=converter_env(cache), check=True, capture_output=True)
-    print("| type | tensors | file MB | resident MB | resident / file | Linears left dense | max abs logit diff "
-          "(of max) | argmax agreement |\n|---|---|---|---|---|---|---|---|")
+    print("| type | tensors | file MB | resident MB | resident / file | CUDA resident / file | Linears left dense | "
+          "max abs logit diff (of max) | argmax agreement |\n|---|---|---|---|---|---|---|---|---|")
     for kind in args.types:
         out = cache / f"{name}-{kind}.gguf"
         if not out.exists():
@@ -142,7 +158,8 @@ def main() -> None:
                            capture_output=True)
         m = measure(out)
         print(f"| {kind} | {m['types']} | {m['file_mb']:.1f} | {m['resident_mb']:.1f} | {m['ratio']:.3f} | "
-              f"{m['dense_linears']} | {m['max_diff']:.2e} ({m['max_logit']:.2f}) | {m['argmax']:.3f} |", flush=True)
+              f"{m['cuda_ratio']:.3f} | {m['dense_linears']} | {m['max_diff']:.2e} ({m['max_logit']:.2f}) | "
+              f"{m['argmax']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,9 @@ def test_a_fused_linears_neighbours_of_one_format_are_joined_and_no_others():
     assert torch.equal(runs[0].dequantized, torch.cat([q.dequantized, k.dequantized]))
     assert torch.equal(runs[1].dequantized, v.dequantized)
     assert [r.q.shape[0] for r in QuantBlocks.runs([v, q, v])] == [32, 64, 32]
+    two, three = (decode(kind, random_raw(kind, 16, 512, rng)) for kind in ("Q2_K", "Q3_K"))
+    joined, = QuantBlocks.runs([two, three])  # Q3_K's 4-bit form (its -4d fits float16): Q2_K's format
+    assert (two.span, three.span, joined.span) == (2, 3, 3)  # the CUDA backend packs 3 bits, not Q2_K's 2
     order = torch.randperm(512, generator=torch.Generator().manual_seed(1))
     permuted = [dataclasses.replace(b, perm=order) for b in (q, k)]
     assert len(QuantBlocks.runs(permuted)) == 1

@@ -34,7 +34,7 @@ def decode(kind: str, raw: np.ndarray) -> QuantBlocks:
         scale_dtype = torch.int8 if supers is not None else torch.float16 if f.half else torch.float32
         codebook = None if f.codebook is None else torch.from_numpy(f.codebook.copy())
         return QuantBlocks(torch.from_numpy(f.q), torch.from_numpy(f.scale), low, f.bits, f.group, scale_dtype,
-                           supers=supers, codebook=codebook)
+                           supers=supers, codebook=codebook, span=f.span)
     if kind == "Q8_0":
         blocks = raw.reshape(rows, -1, 2 + BLOCK)
         d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)

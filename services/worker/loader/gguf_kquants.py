@@ -31,6 +31,7 @@ class Decoded:
     half: bool = False  # every scale exact in float16 (kept as such)
     supers: np.ndarray | None = None  # [rows, k / 256, 1 or 2] float32: d (and -dmin), exact in float16
     codebook: np.ndarray | None = None  # [16] int8: the values q's 4-bit indices stand for (IQ4's), or None
+    span: int = 0  # the bits q's values span where fewer than `bits` (Q2_K's 2, Q3_K's 3), else 0
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -109,7 +110,7 @@ def q3_k(raw: np.ndarray) -> Decoded:
     if np.abs(d).max(initial=0.0) > FOUR_D_FITS:  # -4d past float16: the values as they are, in 8 bits
         return Decoded(_flat(u.astype(np.int8) - np.int8(4)), _subs(sc), None, 8, 16, supers=_supers(d))
     # w = d sc (u - 4) = u (d sc) + sc (-4 d): 4 bits with a low, its super -4d (exact: a power of two)
-    return Decoded(_flat(u).astype(np.uint8), _subs(sc), _subs(sc), 4, 16, supers=_supers(d, -4 * d))
+    return Decoded(_flat(u).astype(np.uint8), _subs(sc), _subs(sc), 4, 16, supers=_supers(d, -4 * d), span=3)
 
 
 def q2_k(raw: np.ndarray) -> Decoded:
@@ -117,7 +118,8 @@ def q2_k(raw: np.ndarray) -> Decoded:
     sc = b[..., 0:16]
     d, dmin = _f16(b[..., 80:82])[..., None], _f16(b[..., 82:84])[..., None]
     q = (b[..., 16:80].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
-    return Decoded(_flat(q).astype(np.uint8), _subs(sc & 0x0F), _subs(sc >> 4), 4, 16, supers=_supers(d, -dmin))
+    return Decoded(_flat(q).astype(np.uint8), _subs(sc & 0x0F), _subs(sc >> 4), 4, 16, supers=_supers(d, -dmin),
+                   span=2)
 
 
 def iq4_nl(raw: np.ndarray) -> Decoded:

@@ -37,6 +37,9 @@ class QuantBlocks:
     supers: torch.Tensor | None = None
     # a codebook (IQ4's): [16] int8, the values q's 4-bit indices stand for; None: q holds the values
     codebook: torch.Tensor | None = None
+    # the bits q's values span where fewer than `bits` (Q2_K's 2 and Q3_K's 3, kept in 4), else 0: not part
+    # of the format (the CPU's kernel reads them as 4), a tighter packing's licence (the CUDA backend's)
+    span: int = 0
 
     def __post_init__(self):
         if not self.bits:
@@ -95,7 +98,8 @@ class QuantBlocks:
             return None
         joined = {name: None if t is None else torch.cat([p._by_row()[name] for p in parts])
                   for name, t in parts[0]._by_row().items()}
-        return dataclasses.replace(parts[0], **joined)
+        spans = [p.span or p.bits for p in parts]
+        return dataclasses.replace(parts[0], **joined, span=max(spans) if max(spans) < parts[0].bits else 0)
 
     @staticmethod
     def runs(parts: list[QuantBlocks]) -> list[QuantBlocks]:

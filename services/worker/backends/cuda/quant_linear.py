@@ -11,11 +11,11 @@ from services.worker.loader.quant_blocks import QuantBlocks, linears_kept, parts
 
 
 class TritonQuantLinear(nn.Module):
-    """One weight's blocks: 4-bit values (or IQ4's indices into its codebook) two to a byte along the
-    inputs, else a byte a value (int8, a k-quant's 5- or 6-bit values, FP8's e4m3 codes); scales and
-    lows per group in float32 (float16 where the file's are), or a k-quant's two levels as the file has
-    them (int8 per group, float32 d and dmin per 256 inputs); GPTQ's act-order gathers the inputs into
-    the groups' order first."""
+    """One weight's blocks: values packed along the inputs, two to a byte (4 bits: Q4's, AWQ's, IQ4's
+    indices into its codebook), four (2 bits: Q2_K's), or one (8 bits: int8, FP8's e4m3 codes); Q5_K's,
+    Q6_K's and Q3_K's bits above those in a plane of their own. Scales and lows per group in float32
+    (float16 where the file's are), or a k-quant's two levels as the file has them (int8 per group,
+    float32 d and dmin per 256 inputs); GPTQ's act-order gathers the inputs into the groups' order first."""
 
     def __init__(self, blocks: QuantBlocks, bias: torch.Tensor | None):
         super().__init__()
@@ -23,10 +23,18 @@ class TritonQuantLinear(nn.Module):
         self.fp8 = q.dtype == torch.float8_e4m3fn
         if self.fp8:
             q = q.view(torch.uint8)
-        if blocks.bits == 4:
-            q = q[:, 0::2] | (q[:, 1::2] << 4)
-        self.bits, self.group = (4 if blocks.bits == 4 else 8), blocks.group
         self.out_features, self.in_features = blocks.q.shape
+        width = blocks.span or blocks.bits  # the bits the values span
+        self.bits = 8 if blocks.bits == 8 else 2 if width < 4 else 4  # packed in the bytes the kernel reads
+        self.high = 0 if self.bits == 8 else width - self.bits  # bits above those, in the plane
+        self.offset = 32 if blocks.bits == 6 else 0  # Q6_K's values are signed: kept as value + 32
+        above = None
+        if self.high:
+            q = (q.to(torch.int16) + self.offset).to(torch.uint8)
+            q, above = q & ((1 << self.bits) - 1), _plane(q >> self.bits, self.high)
+        if self.bits < 8:
+            q = _plane(q, self.bits)
+        self.group = blocks.group
         two_levels = blocks.supers is not None
         kept = torch.int8 if two_levels else torch.float16 if blocks.scale_dtype == torch.float16 else torch.float32
 
@@ -34,6 +42,7 @@ class TritonQuantLinear(nn.Module):
             return t.to(kept).contiguous()
 
         self.register_buffer("qweight", q.contiguous())
+        self.register_buffer("above", above)
         self.register_buffer("codebook", blocks.codebook)
         self.register_buffer("scales", level(blocks.scale))
         self.register_buffer("lows", None if blocks.low is None else level(blocks.low))
@@ -47,14 +56,20 @@ class TritonQuantLinear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         """[out, in] float32: the weights the kernel computes with."""
         q = self.qweight.cpu()
-        if self.bits == 4:
-            q = torch.stack([q & 0x0F, q >> 4], dim=-1).reshape(self.out_features, self.in_features)
+        if self.bits < 8:
+            q = _unplane(q, self.bits, self.in_features)
+        if self.high:
+            q = (q.int() | (_unplane(self.above.cpu(), self.high, self.in_features) << self.bits)) - self.offset
+            q = q.to(torch.int8 if self.offset else torch.uint8)
         if self.fp8:
             q = q.view(torch.float8_e4m3fn)
         supers = None if self.d is None else torch.stack([t.cpu() for t in (self.d, self.dl) if t is not None], -1)
-        level = (lambda t: t.cpu()) if supers is not None else (lambda t: t.cpu().float())
-        blocks = QuantBlocks(q, level(self.scales), None if self.lows is None else level(self.lows), self.bits,
-                             self.group, torch.float32, None if self.perm is None else self.perm.cpu(), supers,
+
+        def level(t: torch.Tensor | None) -> torch.Tensor | None:  # the int8 of two levels, else float32
+            return None if t is None else t.cpu() if supers is not None else t.cpu().float()
+
+        blocks = QuantBlocks(q, level(self.scales), level(self.lows), 8 if self.high else self.bits, self.group,
+                             torch.float32, None if self.perm is None else self.perm.cpu(), supers,
                              None if self.codebook is None else self.codebook.cpu())
         return blocks.dequantized
 
@@ -62,8 +77,24 @@ class TritonQuantLinear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         out = quant_gemm(x, self.qweight, self.scales, self.lows, self.bits, self.group, self.fp8,
-                         None if self.d is None else (self.d, self.dl), self.codebook)
+                         None if self.d is None else (self.d, self.dl), self.codebook,
+                         (self.above, self.high, self.offset) if self.high else None)
         return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+def _plane(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[out, in] values of `width` bits -> [out, in * width / 8] uint8, 8 / width inputs a byte from the lowest
+    bits up (4 bits: input 2j in byte j's low nibble, 2j + 1 in its high one)."""
+    per = 8 // width
+    shifted = values.reshape(values.shape[0], -1, per).int() << (torch.arange(per, device=values.device) * width)
+    return shifted.sum(-1).to(torch.uint8)
+
+
+def _unplane(packed: torch.Tensor, width: int, k: int) -> torch.Tensor:
+    """_plane's inverse: [out, k] uint8."""
+    per = 8 // width
+    values = (packed[..., None].int() >> (torch.arange(per) * width)) & ((1 << width) - 1)
+    return values.reshape(packed.shape[0], k).to(torch.uint8)
 
 
 class TritonQuantParts(nn.Module):
@@ -86,7 +117,7 @@ class TritonQuantParts(nn.Module):
 def _fits(blocks: QuantBlocks) -> bool:
     """Integers (or FP8 codes) in groups a tile of inputs fits (kernels/quant_gemm.py's block_k)."""
     return (blocks.q.shape[1] % blocks.group == 0
-            and block_k(4 if blocks.bits == 4 else 8, blocks.group) is not None)
+            and block_k(4 if blocks.bits in (4, 5, 6) else 8, blocks.group) is not None)
 
 
 def kept_linears(blocks: dict[str, QuantBlocks]) -> frozenset[str]:
