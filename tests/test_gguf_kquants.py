@@ -13,9 +13,9 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
+from services.worker.backends.quant_embedding import QuantEmbedding
 from services.worker.backends.spec import weight_bytes
 from services.worker.backends.torch_cpu.quantization import (
-    QuantEmbedding,
     QuantLinear,
     int8_activations,
     kept_weights,

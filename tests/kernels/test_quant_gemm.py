@@ -143,12 +143,13 @@ def test_an_fp8_checkpoint_on_the_cuda_backend_keeps_its_codes_and_the_cpu_backe
 def test_a_gguf_of_mixed_blocks_on_the_cuda_backend_keeps_them_and_transformers_logits(tmp_path, monkeypatch):
     """llama.cpp's types side by side (tests/test_gguf_kquants.py's mixed Llama: Q4_K, Q6_K, Q5_K, Q3_K,
     Q2_K, IQ4_XS, IQ4_NL, Q8_0, Q4_1) kept on the CUDA backend, as `--quantization auto` picks there:
-    every Linear on the GEMM, in under 1.1x the bytes of the file's tensors they come from (the embedding
-    table a float one), and transformers' logits on the same weights within float32's rounding."""
+    every Linear on the GEMM and the embedding table in its blocks (QuantEmbedding), in under 1.1x the
+    bytes of the file's blocks, and transformers' logits on the same weights within float32's rounding."""
     from gguf import GGMLQuantizationType, GGUFReader
 
     from services.worker.backends.cuda.ops import TritonOps
     from services.worker.backends.cuda.quant_linear import TritonQuantParts, kept_linears, quantize
+    from services.worker.backends.quant_embedding import QuantEmbedding
     from services.worker.backends.spec import weight_bytes
     from services.worker.loader import load_model
     from shared.engine_defaults import own_quantization
@@ -161,14 +162,13 @@ def test_a_gguf_of_mixed_blocks_on_the_cuda_backend_keeps_them_and_transformers_
     assert own_quantization(path, "auto") == "gguf" and own_quantization(path, "dummy") is None
     cuda = load_model(path, ops=TritonOps(), keep=kept_linears, device=DEVICE)
     quantize(cuda.model, cuda.blocks, cuda.unloaded).to(DEVICE)
-    assert not any(isinstance(m, torch.nn.Linear) for m in cuda.model.modules())  # the head too
+    assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in cuda.model.modules())  # the head too
     assert isinstance(cuda.model.layers[0].attention.wqkv, TritonQuantParts)  # Q4_K's q and k, Q6_K's v
     ids = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(5)).tolist()
     ours = prefill_logits(cuda_runner(cuda, 16), ids).cpu()
     with torch.inference_mode():
         theirs = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-5 * float(theirs.abs().max()))
-    blocks = sum(int(t.n_bytes) for t in GGUFReader(path).tensors  # the norms are float32, the rest blocks
-                 if t.tensor_type != GGMLQuantizationType.F32 and t.name != "token_embd.weight")
-    kept = sum(weight_bytes(m) for m in cuda.model.modules() if isinstance(m, TritonQuantLinear))
+    blocks = sum(int(t.n_bytes) for t in GGUFReader(path).tensors if t.tensor_type != GGMLQuantizationType.F32)
+    kept = sum(weight_bytes(m) for m in cuda.model.modules() if isinstance(m, TritonQuantLinear | QuantEmbedding))
     assert kept < 1.1 * blocks, kept / blocks  # 1.03x

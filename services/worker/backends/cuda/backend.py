@@ -155,7 +155,7 @@ class CudaBackend:
             f", EAGLE-3 head drafting from {self.draft.head.draft_vocab} tokens" if isinstance(self.draft, Eagle3Drafter) \
             else f", draft model {self.draft.config.architecture} of {self.draft.config.num_layers} layers"
         return BackendInfo(backend=self.name, kind=self.kind, num_blocks=self.num_blocks, block_size=self.block_size,
-                           dtype=str(self.model.tok_embeddings.weight.dtype).removeprefix("torch."),
+                           dtype=str(self.model.norm.weight.dtype).removeprefix("torch."),  # the table may be blocks
                            device=f"{self.device} ({device}{head})")
 
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from services.worker.backends.cuda.kernels.quant_gemm import block_k, quant_gemm
+from services.worker.backends.quant_embedding import QuantEmbedding
 from services.worker.loader.quant_blocks import QuantBlocks, linears_kept, parts_of
 
 
@@ -121,12 +122,13 @@ def _fits(blocks: QuantBlocks) -> bool:
 
 
 def kept_linears(blocks: dict[str, QuantBlocks]) -> frozenset[str]:
-    """load_model's `keep` on CUDA: each Linear the file holds in blocks (the embedding table stays floats)."""
-    return linears_kept(blocks, _fits, embedding=False)
+    """load_model's `keep` on CUDA: each Linear the file holds in blocks, and a GGUF's embedding table."""
+    return linears_kept(blocks, _fits, embedding=True)
 
 
 def quantize(model: nn.Module, blocks: dict[str, QuantBlocks], unloaded: frozenset[str]) -> nn.Module:
-    """Every Linear whose weights load_model left unloaded becomes a TritonQuantLinear (or parts)."""
+    """Every Linear whose weights load_model left unloaded becomes a TritonQuantLinear (or parts), the
+    embedding table a QuantEmbedding (its looked-up rows dequantized by torch's ops on the device)."""
     for path, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             where = f"{path}.{name}" if path else name
@@ -136,6 +138,8 @@ def quantize(model: nn.Module, blocks: dict[str, QuantBlocks], unloaded: frozens
             runs = QuantBlocks.runs(parts)
             setattr(module, name, TritonQuantLinear(runs[0], child.bias) if len(runs) == 1
                     else TritonQuantParts(runs, child.bias))
+    if "tok_embeddings.weight" in unloaded:
+        model.tok_embeddings = QuantEmbedding(blocks["tok_embeddings.weight"], model.norm.weight.dtype)
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"weights left unloaded after quantizing: {left[:5]}")
