@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--types", nargs="+", default=list(TYPES))
     args = parser.parse_args()
-    cache = cache_root() / "peers" / "kquants"
+    cache = cache_root() / "kquants"  # beside peers/, which `make bench-peers` removes when it rebuilds
     cache.mkdir(parents=True, exist_ok=True)
     tree = llama_cpp(cache)
     name = f"llama-{args.hidden}x{args.layers}x{args.intermediate}"
