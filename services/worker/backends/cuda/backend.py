@@ -1,5 +1,6 @@
-"""The CUDA backend: bf16/fp16 (or float32) weights on the GPU, GEMMs through torch, our Triton
-kernels for everything else (kernels/), CUDA graphs for decode steps, sampling on the device.
+"""The CUDA backend: bf16/fp16 (or float32) weights on the GPU, GEMMs through torch except a file's
+quantized ones (quant_linear.py), our Triton kernels for everything else (kernels/), CUDA graphs for
+decode steps, sampling on the device.
 
 It also runs on the CPU under TRITON_INTERPRET=1 (no graphs, no memory profiling): that is how CI,
 which has no GPU, checks its forward token for token against the torch backend.
