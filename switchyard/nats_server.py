@@ -44,12 +44,13 @@ class ClusterRole:
 class NatsServer:
     def __init__(self, port: int | None = None, store_dir: str | None = None, auth: bool = False,
                  host: str = "127.0.0.1", auth_dir: str | None = None, cluster: ClusterRole | None = None,
-                 wrapper: list[str] | None = None, log_file: str | None = None):
+                 wrapper: list[str] | None = None, log_file: str | None = None, max_payload: int | None = None):
         """store_dir: where JetStream keeps the registry; a temporary folder (removed at stop) if None.
         auth: one user per service with only its subjects (shared/bus/nats_auth.py); the passwords are
         made once, at the first start, so a restart keeps them (auth_dir: a cluster's shared ones).
         host: the address it listens on. cluster: a node of a routed cluster (JetStream clustered).
-        wrapper: a command it runs under (`ip netns exec h1`: a test's host)."""
+        wrapper: a command it runs under (`ip netns exec h1`: a test's host). max_payload: the largest
+        message it takes, if not nats-server's 1 MB."""
         self.host = host
         self.port = port or free_port()
         self.is_temporary = store_dir is None
@@ -59,6 +60,7 @@ class NatsServer:
         self.cluster = cluster
         self.wrapper = wrapper or []
         self.log_file = log_file
+        self.max_payload = max_payload
         self.monitor_port = free_port()  # its HTTP monitoring (/connz, /jsz, /healthz), on the same address
         self.proc: subprocess.Popen | None = None
 
@@ -73,10 +75,7 @@ class NatsServer:
 
     def start(self) -> NatsServer:
         binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-        config = []
-        if self.auth_dir is not None:
-            conf = Path(self.auth_dir) / nats_auth.CONF_FILE
-            config = ["-c", str(conf if conf.exists() else nats_auth.write(self.auth_dir))]
+        config = ["-c", str(conf)] if (conf := self._config_file()) else []
         if self.cluster is not None:
             c = self.cluster
             config += ["--server_name", c.name, "--cluster_name", c.cluster_name,
@@ -89,6 +88,19 @@ class NatsServer:
                                      start_new_session=True)  # Ctrl-C stops services first, us last
         wait_for_port(self.port, host=self.host)
         return self
+
+    def _config_file(self) -> Path | None:
+        """The auth file, under one that also sets max_payload where asked (nats-server takes one -c,
+        and an include's path relative to the including file's folder)."""
+        auth = None
+        if self.auth_dir is not None:
+            conf = Path(self.auth_dir) / nats_auth.CONF_FILE
+            auth = conf if conf.exists() else nats_auth.write(self.auth_dir)
+        if self.max_payload is None:
+            return auth
+        limits = Path(self.auth_dir or self.store_dir) / f"limits-{self.port}.conf"
+        limits.write_text((f'include "{auth.name}"\n' if auth else "") + f"max_payload: {self.max_payload}\n")
+        return limits
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

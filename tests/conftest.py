@@ -87,12 +87,14 @@ def hf_tokenizer(default_model_path):
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
 
-def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list[str], nats_store: str | None = None):
-    """nats_store: keep JetStream (the registry) there, so a later stack on the same folder finds it."""
+def _start_stack(tmp_path_factory, name: str, num_workers: int, extra_args: list[str], nats_store: str | None = None,
+                 max_payload: int | None = None):
+    """nats_store: keep JetStream (the registry) there, so a later stack on the same folder finds it;
+    max_payload: the bus's largest message, if not nats-server's 1 MB."""
     from switchyard.launcher import Stack
     from switchyard.nats_server import NatsServer, free_port
 
-    nats = NatsServer(store_dir=nats_store, auth=True).start()  # the bus locked, as `make run` has it
+    nats = NatsServer(store_dir=nats_store, auth=True, max_payload=max_payload).start()  # locked, as `make run` has it
     log_dir = tmp_path_factory.mktemp(name)
     stack = Stack(nats_url=nats.url, auth_dir=nats.auth_dir, api_port=free_port(), num_workers=num_workers,
                   log_dir=log_dir,

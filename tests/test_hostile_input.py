@@ -12,8 +12,10 @@ from bench import fuzz
 from services.api.openai.chat_template import ChatTemplateError, render_chat
 from shared.config import ConfigError
 from shared.control.deploy_config import check_name
+from tests.conftest import _start_stack
 
 MESSAGES = [{"role": "user", "content": "a" * 3000}]
+SMALL_PAYLOAD = 64 * 1024
 
 
 @pytest.mark.parametrize(("template", "why"), [
@@ -90,17 +92,25 @@ async def test_a_huge_prompt_is_refused_before_tokenizing_and_never_stalls_anoth
     print(f"\n15 MiB prompt refused after {refused_after:.2f}s; the other stream's widest gap {widest_gap:.2f}s")
 
 
+@pytest.fixture(scope="module")
+def small_payload_stack(tmp_path_factory):
+    """A stack whose nats-server takes messages of at most 64 KiB (a deployment may set it lower than
+    the default 1 MB): a prompt's logprobs pass it at 1,000 tokens rather than 5,000."""
+    stack = _start_stack(tmp_path_factory, "small-payload", num_workers=1, extra_args=[], max_payload=SMALL_PAYLOAD)
+    yield stack
+    stack.stop()
+
+
 @pytest.mark.stack
-async def test_logprobs_too_large_for_one_bus_message_fail_that_request_alone(stack, model_name):
-    """20 prompt logprobs over a 5,000-token prompt pass nats-server's 1 MB max payload in one entry:
-    that request ends with an error naming it, at once, and a request beside it (same gateway,
-    same token batch) finishes as it would alone."""
+async def test_logprobs_too_large_for_one_bus_message_fail_that_request_alone(small_payload_stack, model_name):
+    """20 prompt logprobs over a 1,000-token prompt pass the bus's max payload in one entry: that
+    request ends with an error naming it, at once, and a request beside it (same gateway, same token
+    batch) finishes as it would alone."""
     small = {"model": model_name, "prompt": "The sea is", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-    huge = {"model": model_name, "prompt": [17] * 5000, "max_tokens": 1, "prompt_logprobs": 20}
-    # the 5,000-token prefill comes first: over 120 s on a Zen 1 VM's 2 cores beside the suite's other worker
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=540) as http:
+    huge = {"model": model_name, "prompt": [17] * 1000, "max_tokens": 1, "prompt_logprobs": 20}
+    async with httpx.AsyncClient(base_url=small_payload_stack.base_url, timeout=300) as http:
         lone = (await http.post("/v1/completions", json=small)).json()["choices"][0]["text"]
         big, beside = await asyncio.gather(http.post("/v1/completions", json=huge),
                                            http.post("/v1/completions", json=small))
-    assert big.status_code >= 400 and "max_payload" in big.json()["error"]["message"]
+    assert big.status_code >= 400 and f"({SMALL_PAYLOAD:,}, nats-server's max_payload)" in big.json()["error"]["message"]
     assert beside.json()["choices"][0]["text"] == lone
