@@ -3,7 +3,9 @@
 Writes scatter at (slot, position). Position ctx_len is the drop column: padded tokens (the tail
 of a last prefill chunk, idle slots in a decode) write there and nothing reads it, which keeps
 every write the same shape. With `mxint8_kv_cache` K and V are stored as MXINT8 (int8 elements,
-one E8M0 scale per 32 along head_dim: 8.25 bits an element) and decoded when attention reads them.
+one E8M0 scale per 32 along head_dim: 8.25 bits an element); the emulator keeps each written
+position's decoded values beside them, so a read gathers values rather than decoding every slot's
+whole context at every step (the same values: a code's decoding is exact in the compute dtype).
 """
 
 from __future__ import annotations
@@ -58,11 +60,13 @@ class SlotCache:
             scales = (*shape[:-1], spec.head_dim // BLOCK)
             self.k, self.v = zeros(shape, torch.int8), zeros(shape, torch.int8)
             self.k_scales, self.v_scales = zeros(scales, torch.uint8), zeros(scales, torch.uint8)
+            self.k_values, self.v_values = zeros(shape, spec.dtype), zeros(shape, spec.dtype)  # the emulator's
         else:
             self.k, self.v = zeros(shape, spec.dtype), zeros(shape, spec.dtype)
 
     @property
     def nbytes(self) -> int:
+        """What the device stores (the emulator's decoded values are the host's)."""
         tensors = [self.k, self.v] + ([self.k_scales, self.v_scales] if self.spec.mxint8 else [])
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -72,13 +76,14 @@ class SlotCache:
         if self.spec.mxint8:
             (kq, ks), (vq, vs) = int8_encode(k), int8_encode(v)
             self.k[at], self.k_scales[at], self.v[at], self.v_scales[at] = kq, ks, vq, vs
+            self.k_values[at], self.v_values[at] = int8_decode(kq, ks, self.spec.dtype), int8_decode(vq, vs, self.spec.dtype)
         else:
             self.k[at], self.v[at] = k.to(self.k.dtype), v.to(self.v.dtype)
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> K, V of the slots, [B, kv_heads, ctx_len, head_dim] in the compute dtype."""
         n = self.spec.ctx_len
-        if self.spec.mxint8:
-            return (int8_decode(self.k[slots, :, :n], self.k_scales[slots, :, :n], self.spec.dtype),
-                    int8_decode(self.v[slots, :, :n], self.v_scales[slots, :, :n], self.spec.dtype))
-        return self.k[slots, :, :n], self.v[slots, :, :n]
+        k, v = (self.k_values, self.v_values) if self.spec.mxint8 else (self.k, self.v)
+        if len(slots) == len(k) and bool((slots == torch.arange(len(k), device=slots.device)).all()):
+            return k[:, :, :n], v[:, :, :n]  # a decode: every slot in order, read in place
+        return k[slots, :, :n], v[slots, :, :n]
