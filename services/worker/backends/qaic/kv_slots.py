@@ -52,6 +52,7 @@ class SlotCache:
     def __init__(self, spec: SlotKVSpec, num_slots: int, device: torch.device | str = "cpu"):
         self.spec = spec
         shape = (num_slots, spec.num_kv_heads, spec.ctx_len + 1, spec.head_dim)
+        self.every_slot = torch.arange(num_slots, device=device)  # a decode's slots: read in place
 
         def zeros(size, dtype):
             return torch.zeros(size, dtype=dtype, device=device)
@@ -84,6 +85,6 @@ class SlotCache:
         """-> K, V of the slots, [B, kv_heads, ctx_len, head_dim] in the compute dtype."""
         n = self.spec.ctx_len
         k, v = (self.k_values, self.v_values) if self.spec.mxint8 else (self.k, self.v)
-        if len(slots) == len(k) and bool((slots == torch.arange(len(k), device=slots.device)).all()):
-            return k[:, :, :n], v[:, :, :n]  # a decode: every slot in order, read in place
+        if torch.equal(slots, self.every_slot):
+            return k[:, :, :n], v[:, :, :n]  # a decode: every slot in order
         return k[slots, :, :n], v[slots, :, :n]
