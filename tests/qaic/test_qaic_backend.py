@@ -11,6 +11,7 @@ from services.scheduler.slot_manager import SlotManager
 from services.scheduler.slot_scheduler import SlotScheduler
 from services.worker.backends.qaic.backend import EMULATED_ON, QaicBackend, compute_threads
 from services.worker.backends.qaic.devices import SlicedLinear
+from services.worker.backends.qaic.mx import int8_decode
 from services.worker.backends.qaic.mx_linear import MXFP6Linear, linears
 from services.worker.backends.spec import WorkerSpec
 from services.worker.backends.torch_cpu.ops import TORCH_OPS
@@ -90,6 +91,8 @@ def test_mxint8_kv_agrees_with_the_float_cache_and_the_bytes_are_at_the_formats_
     assert kv_bytes_per_token(mx) * 16 / bf16_kv == 8.25
     cache = mx.kv_caches[0]
     assert cache.k.dtype == torch.int8 and cache.nbytes == 2 * SLOTS * 2 * (CTX_LEN + 1) * (32 + 1)
+    for codes, scales, values in ((cache.k, cache.k_scales, cache.k_values), (cache.v, cache.v_scales, cache.v_values)):
+        assert torch.equal(values, int8_decode(codes, scales, values.dtype))  # what attention reads is the codes' own
     bf16 = qaic_backend(small_llama, kv_cache_dtype="bfloat16")  # without mxint8: kv_cache_dtype's
     assert bf16.kv_caches[0].k.dtype == torch.bfloat16 and kv_bytes_per_token(bf16) == bf16_kv
 
