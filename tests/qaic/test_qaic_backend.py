@@ -91,8 +91,10 @@ def test_mxint8_kv_agrees_with_the_float_cache_and_the_bytes_are_at_the_formats_
     assert kv_bytes_per_token(mx) * 16 / bf16_kv == 8.25
     cache = mx.kv_caches[0]
     assert cache.k.dtype == torch.int8 and cache.nbytes == 2 * SLOTS * 2 * (CTX_LEN + 1) * (32 + 1)
-    for codes, scales, values in ((cache.k, cache.k_scales, cache.k_values), (cache.v, cache.v_scales, cache.v_values)):
-        assert torch.equal(values, int8_decode(codes, scales, values.dtype))  # what attention reads is the codes' own
+    for codes, scales, values in ((cache.k, cache.k_scales, cache.k_values),
+                                  (cache.v, cache.v_scales, cache.v_values)):
+        # what attention reads is the codes' own decoding
+        assert torch.equal(values, int8_decode(codes, scales, values.dtype))
     bf16 = qaic_backend(small_llama, kv_cache_dtype="bfloat16")  # without mxint8: kv_cache_dtype's
     assert bf16.kv_caches[0].k.dtype == torch.bfloat16 and kv_bytes_per_token(bf16) == bf16_kv
 

@@ -77,7 +77,8 @@ class SlotCache:
         if self.spec.mxint8:
             (kq, ks), (vq, vs) = int8_encode(k), int8_encode(v)
             self.k[at], self.k_scales[at], self.v[at], self.v_scales[at] = kq, ks, vq, vs
-            self.k_values[at], self.v_values[at] = int8_decode(kq, ks, self.spec.dtype), int8_decode(vq, vs, self.spec.dtype)
+            self.k_values[at] = int8_decode(kq, ks, self.spec.dtype)
+            self.v_values[at] = int8_decode(vq, vs, self.spec.dtype)
         else:
             self.k[at], self.v[at] = k.to(self.k.dtype), v.to(self.v.dtype)
 
