@@ -85,10 +85,15 @@ struct panels {
     const int8_t *codebook;  /* a codebook format's 16 values */
 };
 
-/* Panel c's 16 weights at inputs i and i + 1 (i even), from their group's scale and low. */
-static inline __attribute__((always_inline)) void weights_at(const struct panels *w, int c, int64_t i, cols scale,
-                                                             cols low, const struct format f, cols *at_i,
-                                                             cols *at_next) {
+/* The inputs one step of the loops below covers, unrolled in pairs: a 5- or 6-bit format's row of
+ * high bits (8 or 4 inputs), so that each pair's place in its row is a constant (its shifts take
+ * immediates, not a count computed each pair); a pair for the others. */
+#define STEP(f) ((f).bits == 5 ? 8 : (f).bits == 6 ? 4 : 2)
+
+/* Panel c's 16 weights at inputs i and i + 1 (i even, t = i % STEP), from their group's scale and low. */
+static inline __attribute__((always_inline)) void weights_at(const struct panels *w, int c, int64_t i, int t,
+                                                             cols scale, cols low, const struct format f,
+                                                             cols *at_i, cols *at_next) {
     if (f.bits == 4 && f.codebook) {
         cols_codebook(w->q + (c * w->k + i) * (PANEL / 2), w->codebook, scale, at_i, at_next);
     } else if (f.bits == 4) {
@@ -97,8 +102,7 @@ static inline __attribute__((always_inline)) void weights_at(const struct panels
         const int width = f.bits - 4, per_row = 8 / width;  /* high bits a value; inputs a row of 16 bytes */
         const uint8_t *panel = w->q + c * w->k * (PANEL / 2 + 2 * width);
         const uint8_t *high = panel + w->k * (PANEL / 2) + (i / per_row) * PANEL;
-        cols_high(panel + i * (PANEL / 2), high, (int)(i % per_row) * width, width, f.has_low ? 0 : 32, scale, low,
-                  at_i, at_next);
+        cols_high(panel + i * (PANEL / 2), high, t * width, width, f.has_low ? 0 : 32, scale, low, at_i, at_next);
     } else if (f.e4m3) {
         *at_i = cols_e4m3(w->q + (c * w->k + i) * PANEL, scale);
         *at_next = cols_e4m3(w->q + (c * w->k + i + 1) * PANEL, scale);
@@ -141,9 +145,12 @@ static inline __attribute__((always_inline)) void direct(const struct panels *w,
     for (int64_t g = 0; g < w->k / f.group; g++) {
         cols scale[FEW_PANELS], low[FEW_PANELS];
         for (int c = 0; c < panels; c++) group_scales(w, c, g, &scale[c], &low[c], f);
-        for (int64_t i = g * f.group; i < (g + 1) * f.group; i += 2) {
+        for (int64_t i0 = g * f.group; i0 < (g + 1) * f.group; i0 += STEP(f))
+#pragma GCC unroll 4
+        for (int t = 0; t < STEP(f); t += 2) {
+            const int64_t i = i0 + t;
             cols wi[FEW_PANELS], wj[FEW_PANELS];
-            for (int c = 0; c < panels; c++) weights_at(w, c, i, scale[c], low[c], f, &wi[c], &wj[c]);
+            for (int c = 0; c < panels; c++) weights_at(w, c, i, t, scale[c], low[c], f, &wi[c], &wj[c]);
             for (int r = 0; r < rows; r++) {
                 const float xi = x[r * w->k + i];
                 for (int c = 0; c < panels; c++) acc[r][c] = cols_fma(wi[c], xi, acc[r][c]);
@@ -166,9 +173,11 @@ static inline __attribute__((always_inline)) void decode_chunk(const struct pane
         for (int c = 0; c < panels; c++) {
             cols scale, low;
             group_scales(w, c, g, &scale, &low, f);
-            for (int64_t i = g * f.group; i < (g + 1) * f.group; i += 2)
-                weights_at(w, c, i, scale, low, f, &buffer[(i - first) * PANELS + c],
-                           &buffer[(i + 1 - first) * PANELS + c]);
+            for (int64_t i0 = g * f.group; i0 < (g + 1) * f.group; i0 += STEP(f))
+#pragma GCC unroll 4
+                for (int t = 0; t < STEP(f); t += 2)
+                    weights_at(w, c, i0 + t, t, scale, low, f, &buffer[(i0 + t - first) * PANELS + c],
+                               &buffer[(i0 + t + 1 - first) * PANELS + c]);
         }
 }
 
