@@ -87,7 +87,8 @@ struct panels {
 
 /* The inputs one step of the loops below covers, unrolled in pairs: a 5- or 6-bit format's row of
  * high bits (8 or 4 inputs), so that each pair's place in its row is a constant (its shifts take
- * immediates, not a count computed each pair); a pair for the others. */
+ * immediates, not a count computed each pair); a pair for the others. A group is a whole number of
+ * rows (5 bits: groups of 32, 6 bits: of 16; kernels_for builds no other) and so is a chunk. */
 #define STEP(f) ((f).bits == 5 ? 8 : (f).bits == 6 ? 4 : 2)
 
 /* Panel c's 16 weights at inputs i and i + 1 (i even, t = i % STEP), from their group's scale and low. */
